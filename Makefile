@@ -1,0 +1,25 @@
+# make install | demo | test | bench   (see README.md)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= cpu,profile,test
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml tools/install.sh
+	bash tools/install.sh $(VENV) $(EXTRAS)
+	touch $@
+
+demo: install
+	$(VENV)/bin/harness demo
+
+test: install
+	$(PY) -m pytest -q -rs tests
+
+bench: install
+	$(PY) benchmarks/input_pipeline.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

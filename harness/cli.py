@@ -1,0 +1,84 @@
+"""The `harness` command line: one parser per subcommand, each dispatching to the module that does the work.
+
+Implementations are imported lazily (`"module:function"` strings) so `harness --help` does not import TensorFlow.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+
+def _command(sub, name: str, target: str, help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=help,
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.set_defaults(_target=target)
+    return p
+
+
+def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--data", nargs="+", required=required, metavar="PATH",
+                   help="shards: a folder, a glob, or paths (local or gs://)")
+    p.add_argument("--mixer", help="mixer.json when not beside the shards as <prefix>-mixer.json")
+    p.add_argument("--config", help="YAML run config (feature spec and options); flags override it")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = _command(sub, "inspect", "harness.data.inspect:main",
+                 "Print the schema, patch shape, per-shard record counts and a ready-to-use config")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--mixer", help="mixer.json when not beside the shards as <prefix>-mixer.json")
+    p.add_argument("--kernel-margin", type=int, default=None,
+                   help="kernel size k of the export (stored patch = patchDimensions + k)")
+    p.add_argument("--records", type=int, default=8, help="records read per shard to infer the schema")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = _command(sub, "synth", "harness.data.synth:main",
+                 "Write a synthetic export laid out exactly as Earth Engine writes it")
+    p.add_argument("output", help="folder to write into")
+    p.add_argument("--kind", choices=["image", "table"], default="image")
+    p.add_argument("--prefix", default="export")
+    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--records", type=int, default=16, help="records (patches or rows) in all")
+    p.add_argument("--bands", nargs="+", default=["B2", "B3", "B4", "B8"])
+    p.add_argument("--label", default="landcover")
+    p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--patch-size", type=int, default=64, help="patchDimensions (without margin)")
+    p.add_argument("--kernel-size", type=int, default=0, help="kernel margin k (stored patch is P + k)")
+    p.add_argument("--dtype", choices=["float", "int64", "bytes"], default="float", help="band storage")
+    p.add_argument("--uncompressed", action="store_true", help="write .tfrecord without GZIP")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = _command(sub, "plan", "harness.distribute.plan:main",
+                 "Print files and records per worker, batch sizes, steps per epoch and dropped records")
+    p.add_argument("data", nargs="+", metavar="DATA")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--replicas-per-worker", type=int, default=1)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--global-batch-size", type=int)
+    g.add_argument("--per-replica-batch-size", type=int)
+    p.add_argument("--json", action="store_true")
+
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    module, _, func = args._target.partition(":")
+    from harness.errors import HarnessError
+    try:
+        return int(getattr(importlib.import_module(module), func)(args) or 0)
+    except HarnessError as e:
+        print(f"harness {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

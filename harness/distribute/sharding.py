@@ -1,0 +1,69 @@
+"""Split an ordered file list between input pipelines (one per worker) so each record is read once per epoch.
+
+Policy after TensorFlow Model Garden's `official/core/input_reader.py`: whole files per worker when there are at
+least as many files as input pipelines, else every worker reads every file and keeps every n-th record (with a
+warning: each worker then reads all the bytes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+FILE = "file"
+RECORD = "record"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardAssignment:
+    """What one input pipeline reads.
+
+    Attributes:
+      files: paths this pipeline opens, in shard order.
+      policy: `"file"` (whole files) or `"record"` (all files, then every `num_input_pipelines`-th record from
+        `input_pipeline_id`).
+      input_pipeline_id: this pipeline's index, 0-based.
+      num_input_pipelines: number of input pipelines (usually workers).
+    """
+
+    files: tuple[str, ...]
+    policy: str
+    input_pipeline_id: int
+    num_input_pipelines: int
+
+    def records(self, counts: dict[str, int]) -> int:
+        """Number of records this pipeline reads per epoch, given the record count of every file."""
+        total = sum(counts[f] for f in self.files)
+        if self.policy == FILE:
+            return total
+        # Record i of the concatenated stream goes to pipeline i % n.
+        n, i = self.num_input_pipelines, self.input_pipeline_id
+        return len(range(i, total, n))
+
+
+def assign_files(files: Sequence[str], num_input_pipelines: int, input_pipeline_id: int, *,
+                 warn: bool = True) -> ShardAssignment:
+    """Choose the files (and the policy) for input pipeline `input_pipeline_id` of `num_input_pipelines`.
+
+    Files go round-robin (`files[id::n]`, as `tf.data.Dataset.shard` on the file list) when
+    `len(files) >= num_input_pipelines`; otherwise the record-level policy applies and a warning is logged.
+
+    Raises:
+      ValueError: if `files` is empty, `num_input_pipelines < 1`, or the id is out of range.
+    """
+    if num_input_pipelines < 1:
+        raise ValueError(f"num_input_pipelines must be >= 1, got {num_input_pipelines}")
+    if not 0 <= input_pipeline_id < num_input_pipelines:
+        raise ValueError(f"input_pipeline_id {input_pipeline_id} out of range [0, {num_input_pipelines})")
+    if not files:
+        raise ValueError("no files to shard")
+    if len(files) >= num_input_pipelines:
+        return ShardAssignment(tuple(files[input_pipeline_id::num_input_pipelines]), FILE, input_pipeline_id,
+                               num_input_pipelines)
+    if warn:
+        log.warning("%d files < %d input pipelines: sharding by record (every worker reads all files and keeps "
+                    "every %d-th record). Reshard the data into a multiple of the workers to read each byte once.",
+                    len(files), num_input_pipelines, num_input_pipelines)
+    return ShardAssignment(tuple(files), RECORD, input_pipeline_id, num_input_pipelines)

@@ -1,0 +1,85 @@
+"""Error types the user can catch. Every message names the file, record index and feature where they apply.
+
+All derive from `HarnessError`, so `except HarnessError` catches any input or configuration problem the harness
+detected before or during training.
+"""
+
+
+class HarnessError(Exception):
+    """Base class of every error the harness raises on purpose."""
+
+
+# --- data: shards and files -------------------------------------------------------------------------------------
+class ShardDiscoveryError(HarnessError):
+    """No shard matched the given folder, glob or paths, or a path does not exist."""
+
+
+class MissingShardError(ShardDiscoveryError):
+    """A numeric shard index is missing from a sequence (00000, 00001, 00003: 00002 lost)."""
+
+
+class CompressionMismatchError(HarnessError):
+    """A file's bytes disagree with the compression it was declared with (GZIP read as uncompressed or reverse)."""
+
+
+class NotTFRecordError(HarnessError):
+    """A file is not TFRecord framing (bad length or CRC in its first record)."""
+
+
+class TruncatedShardError(HarnessError):
+    """A shard ends in the middle of a record; the message gives the last good record index."""
+
+
+class NotExampleError(HarnessError):
+    """Records are not tf.train.Example (a SequenceExample or another protobuf)."""
+
+
+class MixerError(HarnessError):
+    """mixer.json is missing where required, malformed, or disagrees with the shards (totalPatches vs records)."""
+
+
+# --- data: feature spec -----------------------------------------------------------------------------------------
+class SpecError(HarnessError):
+    """A feature spec or config is malformed (unknown dtype, label not declared, patch shape impossible)."""
+
+
+class SpecMismatchError(SpecError):
+    """A record disagrees with the declared spec: base of the specific mismatches below."""
+
+
+class MissingFeatureError(SpecMismatchError):
+    """A declared feature is absent from a record; the message names the closest available key."""
+
+
+class FeatureDtypeError(SpecMismatchError):
+    """A feature is stored with another dtype than declared (label declared int64, stored float)."""
+
+
+class FeatureLengthError(SpecMismatchError):
+    """A feature has another number of values than declared (256 values where a 4x4 patch was declared)."""
+
+
+class EmptyFeatureError(SpecMismatchError):
+    """A declared feature is present but holds no values."""
+
+
+class SchemaDriftError(SpecMismatchError):
+    """Shards of one dataset have different schemas (feature names or dtypes)."""
+
+
+# --- distribution and batching ----------------------------------------------------------------------------------
+class ClusterConfigError(HarnessError):
+    """TF_CONFIG or launcher variables are malformed, inconsistent, or set too late for the strategy."""
+
+
+class BatchSizeError(HarnessError):
+    """Batch sizes are inconsistent (global not divisible by replicas), or an epoch would have zero steps."""
+
+
+# --- training ---------------------------------------------------------------------------------------------------
+class NonFiniteLossError(HarnessError):
+    """The loss became NaN or infinite; the message gives the step number."""
+
+
+class WorkerFailedError(HarnessError):
+    """A worker process exited non-zero or did not arrive in time; the message names the worker."""

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One install path for `make install`, CI and the Dockerfile.
+#   tools/install.sh VENV [EXTRAS]     e.g. tools/install.sh .venv cpu,profile,test
+# Idempotent: packages already present are not fetched again.
+set -euo pipefail
+VENV=${1:-.venv}
+EXTRAS=${2:-cpu,profile,test}
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+
+# System packages: OpenMPI (mpirun, and headers for mpi4py and Horovod's MPI controller).
+need_apt=()
+command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+[ -e /usr/include/x86_64-linux-gnu/openmpi ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include ] \
+  || need_apt+=(libopenmpi-dev)
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip setuptools wheel
+$PIP install -q -e "$HERE[$EXTRAS]"
+# Keras 2 for TF 2.18 (see setup.cfg): --no-deps, or it pulls the full `tensorflow` wheel.
+$PIP install -q --no-deps "tf-keras>=2.18,<2.19"

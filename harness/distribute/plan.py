@@ -1,0 +1,126 @@
+"""The epoch plan: which files and how many records each worker reads, batch sizes, steps, dropped records.
+
+`make_plan` is pure arithmetic over record counts (no TensorFlow): it applies the same sharding policy
+(`harness.distribute.sharding.assign_files`) and batch arithmetic (`harness.distribute.batch`) as training, so
+`harness plan` predicts exactly what a run will do before any machine is started.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Optional, Sequence
+
+from harness.distribute import batch as batch_math
+from harness.distribute.sharding import assign_files
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One epoch of a job, per worker (indexed by rank).
+
+    Attributes:
+      files: the files each worker opens, in shard order.
+      records: records each worker's input pipeline reads per epoch.
+      policy: sharding policy, `"file"` or `"record"` (see `harness.distribute.sharding`).
+      batch: per-replica batch, workers and replicas per worker (global and per-worker batch derive from it).
+      steps_per_epoch: steps every worker runs (the same on all workers).
+      dropped: records each worker reads but drops per epoch (`drop_remainder=True`, equal steps).
+    """
+
+    files: tuple[tuple[str, ...], ...]
+    records: tuple[int, ...]
+    policy: str
+    batch: batch_math.BatchSizes
+    steps_per_epoch: int
+    dropped: tuple[int, ...]
+
+    @property
+    def per_replica_batch_size(self) -> int:
+        return self.batch.per_replica_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch.global_batch_size
+
+    @property
+    def per_worker_batch_size(self) -> int:
+        return self.batch.per_worker_batch_size
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary: job-wide numbers and one entry per worker."""
+        return {
+            "workers": self.batch.workers,
+            "replicas_per_worker": self.batch.replicas_per_worker,
+            "replicas_in_sync": self.batch.replicas_in_sync,
+            "policy": self.policy,
+            "per_replica_batch_size": self.per_replica_batch_size,
+            "per_worker_batch_size": self.per_worker_batch_size,
+            "global_batch_size": self.global_batch_size,
+            "steps_per_epoch": self.steps_per_epoch,
+            "records_per_epoch": sum(self.records),
+            "dropped": sum(self.dropped),
+            "per_worker": [{"rank": w, "files": list(self.files[w]), "records": self.records[w],
+                            "dropped": self.dropped[w]} for w in range(self.batch.workers)],
+        }
+
+    def format(self) -> str:
+        """Plain-text table for people."""
+        b = self.batch
+        lines = [
+            f"{b.workers} workers x {b.replicas_per_worker} replicas = {b.replicas_in_sync} replicas in sync; "
+            f"sharding by {self.policy}",
+            f"batch: per-replica {b.per_replica_batch_size}, per-worker {b.per_worker_batch_size}, "
+            f"global {b.global_batch_size}",
+            f"steps per epoch: {self.steps_per_epoch} (drop_remainder=True, equal on all workers)",
+            f"{'rank':>4}  {'files':>5}  {'records':>8}  {'dropped':>8}",
+        ]
+        lines += [f"{w:>4}  {len(self.files[w]):>5}  {self.records[w]:>8}  {self.dropped[w]:>8}"
+                  for w in range(b.workers)]
+        return "\n".join(lines)
+
+
+def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_per_worker: int,
+              global_batch_size: Optional[int] = None, per_replica_batch_size: Optional[int] = None) -> Plan:
+    """Plan one epoch.
+
+    Args:
+      file_counts: `(path, records)` per file, in shard order (the order training reads them).
+      workers: number of workers (input pipelines).
+      replicas_per_worker: local replicas per worker.
+      global_batch_size, per_replica_batch_size: exactly one.
+
+    Raises:
+      BatchSizeError: as `harness.distribute.batch.batch_sizes`, or if an epoch would have zero steps.
+      ValueError: if `file_counts` is empty, a count is negative, or one path has two different counts.
+    """
+    counts: dict[str, int] = {}
+    for path, n in file_counts:
+        if n < 0 or counts.get(path, n) != n:
+            raise ValueError(f"bad record count {n} for {path}")
+        counts[path] = n
+    batch = batch_math.batch_sizes(workers=workers, replicas_per_worker=replicas_per_worker,
+                                   global_batch_size=global_batch_size,
+                                   per_replica_batch_size=per_replica_batch_size)
+    paths = [path for path, _ in file_counts]
+    shares = [assign_files(paths, workers, w, warn=False) for w in range(workers)]
+    records = tuple(s.records(counts) for s in shares)
+    steps = batch_math.steps_per_epoch(records, batch)
+    return Plan(files=tuple(s.files for s in shares), records=records, policy=shares[0].policy, batch=batch,
+                steps_per_epoch=steps, dropped=batch_math.dropped_records(records, steps, batch))
+
+
+def main(args) -> int:
+    """`harness plan DATA --workers N --replicas-per-worker M (--global-batch-size B | --per-replica-batch-size b)`.
+
+    Discovers the shards and counts their records (`harness.data`), then prints the plan (`--json`: as JSON).
+    """
+    from harness.data.index import record_counts
+    from harness.data.shards import discover_shards
+
+    shards = discover_shards(args.data)
+    counts = record_counts(shards)
+    plan = make_plan([(s.path, n) for s, n in zip(shards, counts)], workers=args.workers,
+                     replicas_per_worker=args.replicas_per_worker, global_batch_size=args.global_batch_size,
+                     per_replica_batch_size=args.per_replica_batch_size)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.format())
+    return 0

@@ -1,0 +1,61 @@
+"""Epoch plan: harness/distribute/plan.py (hand-computed cases)."""
+import json
+
+import pytest
+
+from harness.distribute.plan import make_plan
+from harness.errors import BatchSizeError
+
+
+def test_four_files_four_workers():
+    plan = make_plan([("a", 100), ("b", 100), ("c", 100), ("d", 96)], workers=4, replicas_per_worker=1,
+                     per_replica_batch_size=4)
+    assert plan.policy == "file"
+    assert plan.files == (("a",), ("b",), ("c",), ("d",))
+    assert plan.records == (100, 100, 100, 96)
+    assert plan.steps_per_epoch == 24
+    assert plan.dropped == (4, 4, 4, 0)
+    assert (plan.per_worker_batch_size, plan.global_batch_size) == (4, 16)
+
+
+def test_one_file_two_workers_shards_by_record():
+    plan = make_plan([("only", 200)], workers=2, replicas_per_worker=1, per_replica_batch_size=20)
+    assert plan.policy == "record"
+    assert plan.files == (("only",), ("only",))
+    assert plan.records == (100, 100)
+    assert (plan.global_batch_size, plan.steps_per_epoch, plan.dropped) == (40, 5, (0, 0))
+
+
+def test_files_go_round_robin_with_several_replicas_per_worker():
+    plan = make_plan([(f"f{i}", 10 * (i + 1)) for i in range(5)], workers=2, replicas_per_worker=2,
+                     global_batch_size=12)
+    assert plan.files == (("f0", "f2", "f4"), ("f1", "f3"))
+    assert plan.records == (90, 60)
+    assert (plan.per_replica_batch_size, plan.per_worker_batch_size) == (3, 6)
+    assert plan.steps_per_epoch == 10
+    assert plan.dropped == (30, 0)
+
+
+def test_global_batch_not_divisible_by_replicas():
+    with pytest.raises(BatchSizeError, match="30.*4 replicas"):
+        make_plan([("a", 100)], workers=2, replicas_per_worker=2, global_batch_size=30)
+
+
+def test_zero_steps_names_the_worker_with_fewest_records():
+    with pytest.raises(BatchSizeError, match="worker 1 reads 20 records < per-worker batch 64"):
+        make_plan([("a", 100), ("b", 20)], workers=2, replicas_per_worker=1, per_replica_batch_size=64)
+
+
+def test_conflicting_counts_for_one_path():
+    with pytest.raises(ValueError, match="b"):
+        make_plan([("b", 1), ("b", 2)], workers=1, replicas_per_worker=1, per_replica_batch_size=1)
+
+
+def test_to_dict_is_json_and_format_has_a_row_per_worker():
+    plan = make_plan([("a", 100), ("b", 100), ("c", 100), ("d", 96)], workers=4, replicas_per_worker=1,
+                     per_replica_batch_size=4)
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["steps_per_epoch"] == 24 and d["records_per_epoch"] == 396 and d["dropped"] == 12
+    assert [w["dropped"] for w in d["per_worker"]] == [4, 4, 4, 0]
+    text = plan.format()
+    assert "steps per epoch: 24" in text and len(text.splitlines()) == 4 + 4

@@ -13,3 +13,15 @@ def shared_data() -> pathlib.Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"real exports not found at {SHARED_DATA} (set HARNESS_SHARED_DATA)")
     return SHARED_DATA
+
+
+def pytest_configure(config):
+    """Two logical CPU devices for the whole test process, so MirroredStrategy tests get 2 replicas.
+
+    Must run before TensorFlow initializes its runtime (the first op); tests that need another device layout
+    run in subprocesses."""
+    import harness  # noqa: F401  (selects Keras 2 before TensorFlow is imported)
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)

@@ -1,0 +1,77 @@
+"""Built-in models: a per-pixel classifier for table exports and a small U-Net for image patches.
+
+Both end in a float32 layer, so under a mixed policy the logits and the loss stay float32 (Keras mixed precision
+guide). Users pass their own Keras model through the Python API instead.
+"""
+from __future__ import annotations
+
+import tf_keras as keras
+from tf_keras import layers
+
+
+def pixel_classifier(num_bands: int, num_classes: int, *, hidden: tuple[int, ...] = (64, 64), mean=None,
+                     variance=None) -> keras.Model:
+    """MLP over one pixel's bands.
+
+    Input `[batch, bands]` float32; output logits `[batch, num_classes]` float32. `mean` and `variance` (`[bands]`,
+    from `band_moments`) standardize the input inside the model, so serving needs no separate preprocessing.
+    """
+    x = inputs = keras.Input((num_bands,), name="bands")
+    x = layers.Normalization(mean=mean, variance=variance, name="normalize")(x)
+    for i, width in enumerate(hidden):
+        x = layers.Dense(width, activation="relu", name=f"dense_{i}")(x)
+    outputs = layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, outputs, name="pixel_classifier")
+
+
+def _block(x, filters: int, name: str):
+    for i in range(2):
+        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv{i}")(x)
+        x = layers.BatchNormalization(name=f"{name}_bn{i}")(x)
+        x = layers.ReLU(name=f"{name}_relu{i}")(x)
+    return x
+
+
+def unet(height: int, width: int, num_bands: int, num_classes: int, *, filters: tuple[int, ...] = (16, 32, 64),
+         mean=None, variance=None) -> keras.Model:
+    """Small U-Net (Ronneberger et al., 2015) for per-pixel classification of image patches.
+
+    Input `[batch, height, width, bands]` float32; output logits `[batch, height, width, num_classes]` float32.
+    `height` and `width` must be divisible by 2 ** (len(filters) - 1). `mean`, `variance`: `[bands]`, as in
+    `pixel_classifier`.
+
+    Raises:
+      ValueError: if the patch size is not divisible by the total downsampling factor.
+    """
+    factor = 2 ** (len(filters) - 1)
+    if height % factor or width % factor:
+        raise ValueError(f"U-Net with {len(filters)} levels needs height and width divisible by {factor}, "
+                         f"got {height}x{width}")
+    x = inputs = keras.Input((height, width, num_bands), name="image")
+    x = layers.Normalization(mean=mean, variance=variance, name="normalize")(x)
+    skips = []
+    for level, f in enumerate(filters[:-1]):
+        x = _block(x, f, f"down{level}")
+        skips.append(x)
+        x = layers.MaxPool2D(name=f"pool{level}")(x)
+    x = _block(x, filters[-1], "bottom")
+    for level in reversed(range(len(filters) - 1)):
+        x = layers.Conv2DTranspose(filters[level], 2, strides=2, name=f"up{level}")(x)
+        x = layers.Concatenate(name=f"skip{level}")([x, skips[level]])
+        x = _block(x, filters[level], f"dec{level}")
+    outputs = layers.Conv2D(num_classes, 1, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, outputs, name="unet")
+
+
+def band_moments(dataset, *, batches: int = 8):
+    """Per-band mean and variance (`[bands]` float64 numpy) over the first `batches` batches of a
+    `(inputs, labels)` dataset whose inputs are `[..., bands]` float32; feeds the models' Normalization layer."""
+    import numpy as np
+    total, total_sq, n = 0.0, 0.0, 0
+    for inputs, _ in dataset.take(batches):
+        x = np.asarray(inputs, dtype=np.float64).reshape(-1, inputs.shape[-1])
+        total, total_sq, n = total + x.sum(0), total_sq + (x * x).sum(0), n + x.shape[0]
+    if n == 0:
+        raise ValueError("band_moments: the dataset yielded no batch")
+    mean = total / n
+    return mean, np.maximum(total_sq / n - mean * mean, 1e-12)

@@ -64,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--per-replica-batch-size", type=int)
     p.add_argument("--json", action="store_true")
 
+    launch = sub.add_parser("launch", help="Start a command as several workers")
+    lsub = launch.add_subparsers(dest="launcher", required=True)
+    p = _command(lsub, "local", "harness.launch.local:main",
+                 "N workers on this machine, each with its TF_CONFIG; output prefixed by worker")
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before all workers are stopped")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- harness train ...")
+
     return parser
 
 

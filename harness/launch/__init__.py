@@ -1,0 +1,1 @@
+"""Launchers: start the same `harness train` command as several workers (locally, under MPI, on Kubernetes)."""

@@ -1,0 +1,85 @@
+"""Chief-only writes and resume after a restart (the semantics of Keras' `BackupAndRestore`).
+
+Under MultiWorkerMirroredStrategy every worker must take part in a save (reading sync-on-read variables, such as
+BatchNorm statistics, is an all-reduce), so non-chief workers save into a private temporary folder outside the
+output folder and delete it (tensorflow.org/tutorials/distribute/multi_worker_with_keras, "Model saving and
+loading"). Only the chief writes under `output_dir`.
+
+A backup holds the model, the optimizer (with its step counter and loss scale) and the global step, written at the
+end of every epoch. A restarted job restores it and continues at the next epoch: the steps of an interrupted epoch
+are rolled back with the weights and run again from the epoch's first batch, so in the final model each epoch's
+steps are applied exactly once (the global step and the optimizer's iteration count prove it).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+log = logging.getLogger(__name__)
+
+
+class Backup:
+    """The job's restart point.
+
+    Args:
+      output_dir: the job's output folder (shared by all workers when they run on several hosts).
+      context: the `WorkerContext`; decides who writes where.
+      trackables: objects to save, e.g. `model=model, optimizer=optimizer`.
+    Attributes:
+      step: int64 scalar variable, the global step (optimizer steps taken so far).
+    """
+
+    def __init__(self, output_dir: str, context, **trackables):
+        self.context = context
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.checkpoint = tf.train.Checkpoint(step=self.step, **trackables)
+        self.chief_dir = os.path.join(output_dir, "backup")
+        self._write_dir = self.chief_dir if context.is_chief else tempfile.mkdtemp(
+            prefix=f"harness-backup-worker{context.rank}-")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self._write_dir, max_to_keep=2)
+
+    def restore(self) -> int:
+        """Restore the chief's latest backup, if any. Returns the global step to continue from (0: fresh start)."""
+        latest = tf.train.latest_checkpoint(self.chief_dir)
+        if latest is None:
+            return 0
+        self.checkpoint.restore(latest).expect_partial()
+        step = int(self.step.numpy())
+        log.info("resumed from %s at global step %d", latest, step)
+        return step
+
+    def save(self, step: int) -> None:
+        """Write the backup at global step `step` (every worker calls this; only the chief's copy is kept)."""
+        self.step.assign(step)
+        path = self.manager.save(checkpoint_number=step)
+        if self.context.is_chief:
+            log.debug("backup written: %s", path)
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        self.save(logs["step"])
+
+    def close(self) -> None:
+        """Delete a non-chief worker's temporary copy."""
+        if not self.context.is_chief:
+            shutil.rmtree(self._write_dir, ignore_errors=True)
+
+
+def save_model(model, output_dir: str, context) -> str | None:
+    """Save the final model as `output_dir/model.keras` on the chief; every worker must call it (see module doc).
+
+    Returns the chief's path, None on other workers.
+    """
+    if context.is_chief:
+        path = os.path.join(output_dir, "model.keras")
+        model.save(path)
+        return path
+    scratch = tempfile.mkdtemp(prefix=f"harness-model-worker{context.rank}-")
+    try:
+        model.save(os.path.join(scratch, "model.keras"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return None

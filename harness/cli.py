@@ -24,6 +24,37 @@ def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--config", help="YAML run config (feature spec and options); flags override it")
 
 
+def _train_args(p: argparse.ArgumentParser) -> None:
+    """Flags of `harness train`; every default is None so a YAML `--config` value applies unless a flag is given
+    (defaults then come from `harness.train.job.TrainOptions`)."""
+    S = argparse.SUPPRESS
+    p.add_argument("--data", nargs="+", metavar="PATH", default=S, help="training shards: folder, glob or paths")
+    p.add_argument("--validation-data", nargs="+", metavar="PATH", default=S)
+    p.add_argument("--config", help="YAML run config with `data:` (feature spec) and `train:` sections")
+    p.add_argument("--mixer", default=S, help="mixer.json when not beside the shards as <prefix>-mixer.json")
+    p.add_argument("--label", default=S, help="label feature (class ids, stored as float by Earth Engine)")
+    p.add_argument("--bands", nargs="+", default=S, help="input bands (default: every feature but the label)")
+    p.add_argument("--epochs", type=int, default=S, help="default 5")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--global-batch-size", type=int, default=S, help="examples per step over all replicas")
+    g.add_argument("--per-replica-batch-size", type=int, default=S, help="default 32 when neither is given")
+    p.add_argument("--learning-rate", type=float, default=S, help="Adam learning rate, default 1e-3")
+    p.add_argument("--precision", choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"], default=S,
+                   help="default float32; auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 CPUs/TPUs")
+    p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default=S,
+                   help="default auto: multi-worker when TF_CONFIG names several tasks, mirrored on several GPUs")
+    p.add_argument("--cpu-replicas", type=int, default=S,
+                   help="logical CPU devices for MirroredStrategy on a machine without GPUs (default 1)")
+    p.add_argument("--output", default=S, help="output folder (chief only): backup, model, summary; default runs/train")
+    p.add_argument("--num-classes", type=int, default=S, help="default: the spec's, else max label + 1 in a sample")
+    p.add_argument("--class-weights", default=S, help="none | balanced | w0,w1,... (default none)")
+    p.add_argument("--cache", choices=["auto", "memory", "file", "none"], default=S)
+    p.add_argument("--cache-dir", default=S)
+    p.add_argument("--shuffle-buffer", type=int, default=S, help="records, default 1024")
+    p.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
+    p.add_argument("--seed", type=int, default=S)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -63,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--global-batch-size", type=int)
     g.add_argument("--per-replica-batch-size", type=int)
     p.add_argument("--json", action="store_true")
+
+    p = _command(sub, "train", "harness.train.job:main", "Train on GEE TFRecord shards (one worker or several)")
+    _train_args(p)
+    p = _command(sub, "demo", "harness.train.demo:main",
+                 "Write a synthetic GEE image export (if absent) and train a U-Net on it with 2 CPU replicas")
+    p.add_argument("--output", default="runs/demo")
+    p.add_argument("--data-dir", default="demo-data")
+    p.add_argument("--epochs", type=int, default=4)
 
     launch = sub.add_parser("launch", help="Start a command as several workers")
     lsub = launch.add_subparsers(dest="launcher", required=True)

@@ -1,0 +1,174 @@
+"""`harness train` and `harness demo`: the main job, from shards on disk to a trained model.
+
+Order (every step fails before training starts where it can): worker context and strategy → precision policy →
+shards, record counts and feature spec checked against the first record of every shard → the epoch plan (same
+steps on every worker) → input pipelines per worker → model and optimizer under the strategy's scope → restore
+the backup → train → final model and `summary.json` (chief only).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+
+from harness.data import pipeline as pipeline_lib
+from harness.data import spec as spec_lib
+from harness.data.index import record_counts
+from harness.data.shards import discover_shards, find_mixer
+from harness.distribute import plan as plan_lib
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """Everything `harness train` needs besides the data spec. Field names match the command-line flags and the
+    `train:` section of the YAML config (flags win)."""
+
+    data: tuple[str, ...]
+    validation_data: tuple[str, ...] = ()
+    mixer: str | None = None
+    epochs: int = 5
+    global_batch_size: int | None = None
+    per_replica_batch_size: int | None = None
+    learning_rate: float = 1e-3
+    precision: str = "float32"
+    strategy: str = "auto"
+    cpu_replicas: int = 1
+    output: str = "runs/train"
+    num_classes: int | None = None
+    class_weights: str = "none"
+    cache: str = "auto"
+    cache_dir: str | None = None
+    shuffle_buffer: int = 1024
+    augment: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.global_batch_size is None and self.per_replica_batch_size is None:
+            object.__setattr__(self, "per_replica_batch_size", 32)
+
+
+def _file_counts(paths, mixer=None):
+    shards = discover_shards(list(paths))
+    counts = record_counts(shards)
+    return shards, [(s.path, n) for s, n in zip(shards, counts)]
+
+
+def _class_weights(option: str, num_classes: int, labels) -> list[float] | None:
+    """`none`, `balanced` (n / (classes × count_c), as scikit-learn's), or comma-separated weights."""
+    import numpy as np
+    if option == "none":
+        return None
+    if option == "balanced":
+        counts = np.bincount(np.asarray(labels).ravel(), minlength=num_classes).astype(np.float64)
+        return (counts.sum() / (num_classes * np.maximum(counts, 1))).tolist()
+    weights = [float(w) for w in option.split(",")]
+    if len(weights) != num_classes:
+        raise ValueError(f"--class-weights has {len(weights)} values for {num_classes} classes")
+    return weights
+
+
+def run(options: TrainOptions, spec=None, *, model_fn=None) -> dict:
+    """Train; returns the summary dict (also written to `output/summary.json` by the chief).
+
+    Args:
+      options: `TrainOptions`.
+      spec: a `DataSpec`; inferred from the training shards when None.
+      model_fn: `(spec, num_classes, mean, variance) -> keras.Model` for a user's own model (called under the
+        strategy's scope); the built-in U-Net / pixel classifier when None.
+    Raises:
+      HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
+    """
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from harness.distribute.strategy import make_strategy
+    from harness.train import checkpoint, models, precision
+    from harness.train.loop import LoopConfig, Trainer
+
+    strategy, context = make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
+    say = print if context.is_chief else (lambda *a, **k: None)
+    say(f"worker: {context}")
+    policy = precision.apply_policy(options.precision)
+
+    shards, counts = _file_counts(options.data)
+    spec = spec or spec_lib.infer_spec(shards, mixer=find_mixer(shards, options.mixer))
+    spec_lib.validate_spec(spec, shards)
+    plan = plan_lib.make_plan(counts, workers=context.num_workers, replicas_per_worker=context.replicas_per_worker,
+                              global_batch_size=options.global_batch_size,
+                              per_replica_batch_size=options.per_replica_batch_size)
+    say(plan.format())
+    val_plan = None
+    if options.validation_data:
+        val_shards, val_counts = _file_counts(options.validation_data)
+        spec_lib.validate_spec(spec, val_shards)
+        val_plan = plan_lib.make_plan(val_counts, workers=context.num_workers,
+                                      replicas_per_worker=context.replicas_per_worker,
+                                      per_replica_batch_size=plan.per_replica_batch_size)
+        say(f"validation: {val_plan.steps_per_epoch} steps, {sum(val_plan.dropped)} records dropped")
+
+    def dataset_fn(sh, training, records_per_epoch=None):
+        def fn(input_context):
+            return pipeline_lib.build_dataset(
+                sh, spec, per_replica_batch_size=plan.per_replica_batch_size, training=training,
+                input_pipeline_id=input_context.input_pipeline_id,
+                num_input_pipelines=input_context.num_input_pipelines, records_per_epoch=records_per_epoch,
+                shuffle_buffer=options.shuffle_buffer, cache=options.cache, cache_dir=options.cache_dir,
+                augment=options.augment and training, seed=options.seed)
+        return fn
+
+    # Statistics for the model's Normalization layer and the classes, from this worker's first batches.
+    sample = pipeline_lib.build_dataset(shards, spec, per_replica_batch_size=plan.per_replica_batch_size,
+                                        training=False, cache="none")
+    mean, variance = models.band_moments(sample)
+    labels = tf.concat([y for _, y in sample.take(8)], axis=0).numpy()
+    num_classes = options.num_classes or spec.num_classes or int(labels.max()) + 1
+    class_weights = _class_weights(options.class_weights, num_classes, labels)
+
+    records_per_epoch = plan.steps_per_epoch * plan.per_worker_batch_size
+    train_ds = strategy.distribute_datasets_from_function(dataset_fn(shards, True, records_per_epoch))
+    val_ds = (strategy.distribute_datasets_from_function(dataset_fn(val_shards, False))
+              if val_plan else None)
+
+    with strategy.scope():
+        if model_fn is not None:
+            model = model_fn(spec, num_classes, mean, variance)
+        elif spec.kind == "table":
+            model = models.pixel_classifier(spec.input_shape[-1], num_classes, mean=mean, variance=variance)
+        else:
+            h, w, bands = spec.input_shape
+            model = models.unet(h, w, bands, num_classes, mean=mean, variance=variance)
+        optimizer = precision.wrap_optimizer(keras.optimizers.Adam(options.learning_rate), policy)
+        backup = checkpoint.Backup(options.output, context, model=model, optimizer=optimizer)
+        initial_step = backup.restore()
+
+    config = LoopConfig(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
+                        global_batch_size=plan.global_batch_size, loss_divisor=plan.global_batch_size,
+                        validation_steps=val_plan.steps_per_epoch if val_plan else 0)
+    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
+                      class_weights=class_weights)
+    if initial_step % plan.steps_per_epoch:
+        # Backups are written at epoch ends; a step count between them means the plan changed.
+        raise ValueError(f"backup at step {initial_step} is not at an epoch end of {plan.steps_per_epoch} steps: "
+                         "the data or batch size changed since; use a new --output")
+    history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
+                          initial_step=initial_step, on_epoch_end=[backup.on_epoch_end])
+    model_path = checkpoint.save_model(model, options.output, context)
+    backup.close()
+
+    summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
+               "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
+               "optimizer_iterations": int(optimizer.iterations.numpy()),
+               "history": history, "timing": trainer.timer.summary(), "model": model_path}
+    if context.is_chief:
+        t = summary["timing"]
+        last = history[-1] if history else {}
+        say(f"summary: {t['examples_per_s']:.1f} examples/s, input stall {100 * t['input_stall_share']:.1f}% "
+            f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
+            + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else ""))
+        os.makedirs(options.output, exist_ok=True)
+        with open(os.path.join(options.output, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+    return summary

@@ -42,6 +42,14 @@ class ShardAssignment:
         n, i = self.num_input_pipelines, self.input_pipeline_id
         return len(range(i, total, n))
 
+    def describe(self) -> str:
+        """One line for the log of whoever applies this assignment: the policy and this pipeline's share."""
+        who = f"input pipeline {self.input_pipeline_id} of {self.num_input_pipelines}"
+        if self.policy == FILE:
+            return f"{who}: sharding by file, reads {len(self.files)} whole files"
+        return (f"{who}: sharding by record, reads all {len(self.files)} files and keeps one record in "
+                f"{self.num_input_pipelines}, from record {self.input_pipeline_id}")
+
 
 def assign_files(files: Sequence[str], num_input_pipelines: int, input_pipeline_id: int, *,
                  warn: bool = True) -> ShardAssignment:

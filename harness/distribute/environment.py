@@ -1,0 +1,152 @@
+"""The one module that reads launcher environment variables. Everything else asks `WorkerContext`.
+
+Sources, in order of precedence (the first one present wins):
+
+1. `TF_CONFIG`: the cluster and this task, as tf.distribute reads it
+   (https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_config_environment_variable,
+   https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras). MultiWorkerMirroredStrategy builds
+   its cluster from it, so when it is set it is the truth.
+2. Launcher variables, one row of `LAUNCHERS` each (after accelerate's `utils/environment.py`): the generic
+   `HARNESS_*` seam for any other launcher, then Horovod, Open MPI, MVAPICH2, PMI (MPICH / Intel MPI hydra),
+   Slurm. MPI rows come before Slurm because `mpirun` inside an allocation leaves the allocation's Slurm
+   variables in place while its own are per process.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Mapping, Optional
+
+from harness.errors import ClusterConfigError
+
+TF_CONFIG = "TF_CONFIG"
+CHIEF = "chief"
+WORKER = "worker"
+# Task types that train, in the order MultiWorkerMirroredStrategy numbers them (chief first, then workers).
+TRAINING_TASK_TYPES = (CHIEF, WORKER)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launcher:
+    """The variables one launcher sets in each process. `None`: the launcher has no such variable."""
+
+    name: str
+    rank: str
+    size: str
+    local_rank: Optional[str]
+    local_size: Optional[str]
+
+
+LAUNCHERS: tuple[Launcher, ...] = (
+    Launcher("harness", "HARNESS_RANK", "HARNESS_NUM_WORKERS", "HARNESS_LOCAL_RANK", "HARNESS_LOCAL_SIZE"),
+    Launcher("horovod", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+    Launcher("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+             "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    Launcher("mvapich2", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
+             "MV2_COMM_WORLD_LOCAL_SIZE"),
+    Launcher("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    # SLURM_TASKS_PER_NODE is a compressed list ("2(x3),1"), not a number: the local size is left unknown.
+    Launcher("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LauncherEnv:
+    """What one launcher's variables say about this process (local values `None` when not set)."""
+
+    launcher: str
+    rank: int
+    size: int
+    local_rank: Optional[int]
+    local_size: Optional[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class TFConfig:
+    """A validated `TF_CONFIG`.
+
+    Attributes:
+      cluster: task type -> addresses (`"host:port"`), only `"chief"` and `"worker"`.
+      task_type: this task's type, `"chief"` or `"worker"`.
+      task_index: this task's index within its type.
+    """
+
+    cluster: Mapping[str, tuple[str, ...]]
+    task_type: str
+    task_index: int
+
+    def tasks(self) -> list[tuple[str, int]]:
+        """All training tasks in rank order: the chief (if any), then the workers."""
+        return [(t, i) for t in TRAINING_TASK_TYPES for i in range(len(self.cluster.get(t, ())))]
+
+
+def _environ(environ: Optional[Mapping[str, str]]) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def read_tf_config(environ: Optional[Mapping[str, str]] = None) -> Optional[TFConfig]:
+    """Parse and validate `TF_CONFIG`; `None` when it is unset or empty.
+
+    Raises:
+      ClusterConfigError: if it is not a JSON object, has no `cluster`, names a task type other than chief and
+        worker (parameter servers and evaluators are not supported), has more than one chief, or its `task` type
+        is not in the cluster or its index is out of range.
+    """
+    raw = _environ(environ).get(TF_CONFIG, "").strip()
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ClusterConfigError(f"TF_CONFIG is not valid JSON ({e}): {raw!r}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict) or not config["cluster"]:
+        raise ClusterConfigError(f'TF_CONFIG has no "cluster" object: {raw!r}')
+    cluster = {}
+    for task_type, addresses in config["cluster"].items():
+        if task_type not in TRAINING_TASK_TYPES:
+            raise ClusterConfigError(f'TF_CONFIG cluster has task type "{task_type}": only "chief" and "worker" '
+                                     f"are supported (MultiWorkerMirroredStrategy)")
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            raise ClusterConfigError(f'TF_CONFIG cluster "{task_type}" must be a list of "host:port" strings')
+        cluster[task_type] = tuple(addresses)
+    if len(cluster.get(CHIEF, ())) > 1:
+        raise ClusterConfigError(f"TF_CONFIG cluster has {len(cluster[CHIEF])} chiefs; at most one is allowed")
+    task = config.get("task")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise ClusterConfigError(f'TF_CONFIG has no "task": {{"type": ..., "index": ...}}: {raw!r}')
+    task_type, task_index = task["type"], task["index"]
+    if task_type not in cluster:
+        raise ClusterConfigError(f'TF_CONFIG task type "{task_type}" is not in the cluster '
+                                 f"(task types: {sorted(cluster)})")
+    if type(task_index) is not int or not 0 <= task_index < len(cluster[task_type]):
+        raise ClusterConfigError(f'TF_CONFIG task index {task_index!r} is out of range: the cluster has '
+                                 f'{len(cluster[task_type])} "{task_type}" tasks')
+    return TFConfig(cluster=cluster, task_type=task_type, task_index=task_index)
+
+
+def _int(environ: Mapping[str, str], name: Optional[str]) -> Optional[int]:
+    if name is None or name not in environ:
+        return None
+    try:
+        return int(environ[name])
+    except ValueError:
+        raise ClusterConfigError(f"{name}={environ[name]!r} is not an integer") from None
+
+
+def read_launcher(environ: Optional[Mapping[str, str]] = None) -> Optional[LauncherEnv]:
+    """The first launcher in `LAUNCHERS` whose rank and size variables are both set; `None` if none is.
+
+    Raises:
+      ClusterConfigError: if a value is not an integer or the rank is out of `[0, size)`.
+    """
+    env = _environ(environ)
+    for launcher in LAUNCHERS:
+        if launcher.rank in env and launcher.size in env:
+            found = LauncherEnv(launcher.name, _int(env, launcher.rank), _int(env, launcher.size),
+                                _int(env, launcher.local_rank), _int(env, launcher.local_size))
+            if not 0 <= found.rank < found.size:
+                raise ClusterConfigError(f"{launcher.rank}={found.rank} is out of range for "
+                                         f"{launcher.size}={found.size}")
+            return found
+    return None

@@ -83,3 +83,7 @@ class NonFiniteLossError(HarnessError):
 
 class WorkerFailedError(HarnessError):
     """A worker process exited non-zero or did not arrive in time; the message names the worker."""
+
+
+class ConfigError(HarnessError):
+    """A run config (YAML or flags) has unknown keys, missing required values or values of the wrong type."""

@@ -25,3 +25,15 @@ def pytest_configure(config):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+@pytest.fixture(scope="session")
+def cpu_mirrored():
+    """One MirroredStrategy over the 2 logical CPUs for the whole session.
+
+    Several MirroredStrategy objects in one process reuse collective instance keys and abort with "Shape mismatch
+    in the collective instance"; reduction to one device avoids collectives on a single host's CPUs."""
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                          cross_device_ops=tf.distribute.ReductionToOneDevice())

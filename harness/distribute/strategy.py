@@ -68,7 +68,10 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
         context = WorkerContext.single()
     elif backend is Backend.MIRRORED:
         devices = [f"/gpu:{i}" for i in range(gpus)] if gpus else _logical_cpus(num_cpu_replicas or 1)
-        strategy = tf.distribute.MirroredStrategy(devices)
+        # Logical CPUs of one host: reduce on one device. (Collective all-reduce over logical CPUs also works, but
+        # several MirroredStrategy objects in one process then collide on collective instance keys.)
+        cross_device_ops = None if gpus else tf.distribute.ReductionToOneDevice()
+        strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
         context = WorkerContext(0, 1, 0, len(devices), environment.WORKER, 0, Backend.MIRRORED)
     else:
         strategy, context = _multi_worker(config, gpus, communication)

@@ -172,3 +172,51 @@ def run(options: TrainOptions, spec=None, *, model_fn=None) -> dict:
         with open(os.path.join(options.output, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2, default=str)
     return summary
+
+
+def options_from_args(args) -> tuple[TrainOptions, dict]:
+    """Merge the YAML config (`--config`: `data:` and `train:` sections) with the flags given (flags win).
+
+    Returns `(TrainOptions, data section)`. Raises `ConfigError` for unknown keys, naming them and the valid ones.
+    """
+    import yaml
+
+    from harness.errors import ConfigError
+
+    config = {}
+    if getattr(args, "config", None):
+        with open(args.config) as f:
+            config = yaml.safe_load(f) or {}
+        unknown = set(config) - {"data", "train"}
+        if unknown:
+            raise ConfigError(f"{args.config}: unknown sections {sorted(unknown)}; expected 'data' and 'train'")
+    train = dict(config.get("train") or {})
+    data = dict(config.get("data") or {})
+    given = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("command", "verbose",
+                                                                                       "config")}
+    for key in ("label", "bands"):
+        if key in given:
+            data[key] = given.pop(key)
+    train.update(given)
+    fields = {f.name for f in dataclasses.fields(TrainOptions)}
+    unknown = set(train) - fields
+    if unknown:
+        raise ConfigError(f"unknown train options {sorted(unknown)}; valid: {sorted(fields)}")
+    if "data" not in train:
+        raise ConfigError("no training data: give --data or `train: {data: ...}` in the config")
+    for key in ("data", "validation_data"):
+        if isinstance(train.get(key), str):
+            train[key] = [train[key]]
+        if key in train:
+            train[key] = tuple(train[key])
+    return TrainOptions(**train), data
+
+
+def main(args) -> int:
+    """`harness train ...` (see `harness train --help`)."""
+    options, data = options_from_args(args)
+    spec = None
+    if data:
+        spec = spec_lib.spec_from_config(data, discover_shards(list(options.data)), mixer_path=options.mixer)
+    run(options, spec)
+    return 0

@@ -67,17 +67,23 @@ class Trainer:
       config: `LoopConfig`.
       class_weights: optional `[classes]` float32 weights multiplying each example's (pixel's) loss.
       gradient_tape: seam for Horovod: wraps the `tf.GradientTape` (e.g. `hvd.DistributedGradientTape`).
-      cross_rank_sum: seam for Horovod: sums a host-reduced tensor across ranks (identity under tf.distribute,
-        whose `strategy.reduce` already spans all workers).
+      cross_rank_sum: seam for Horovod: sums a tensor across ranks (identity under tf.distribute, whose
+        `strategy.reduce` already spans all workers). The step's loss is averaged with it, so every rank sees the
+        same loss and stops at the same step.
+      after_first_step: seam for Horovod: called once after the first step, when the optimizer's slots exist
+        (broadcast of rank 0's variables).
     """
 
     def __init__(self, *, model, optimizer, strategy, context, config: LoopConfig, class_weights=None,
-                 gradient_tape: Callable | None = None, cross_rank_sum: Callable | None = None):
+                 gradient_tape: Callable | None = None, cross_rank_sum: Callable | None = None,
+                 after_first_step: Callable[[], None] | None = None):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.context, self.config = context, config
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
         self._wrap_tape = gradient_tape or (lambda tape: tape)
         self._cross_rank_sum = cross_rank_sum or (lambda x: x)
+        self._after_first_step = after_first_step
+        self._ranks = context.num_workers if cross_rank_sum else 1
         self._scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         self.timer = StepTimer(config.warmup_steps)
         self.train_step = tf.function(self._train_step)
@@ -100,7 +106,8 @@ class Trainer:
 
     def _train_step(self, batch):
         per_replica = self.strategy.run(self._replica_train_step, args=batch)
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return self._cross_rank_sum(loss) / self._ranks
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
@@ -155,6 +162,9 @@ class Trainer:
                 batch = next(train_iterator)
                 self.timer.got_input(mark)
                 loss = float(self.train_step(batch))
+                if self._after_first_step is not None:
+                    self._after_first_step()
+                    self._after_first_step = None
                 step += 1
                 self.timer.end(mark, step, cfg.global_batch_size)
                 if not math.isfinite(loss):

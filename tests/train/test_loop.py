@@ -34,8 +34,8 @@ def _dist(strategy, x, y, batch, repeat=True):
     return strategy.experimental_distribute_dataset(ds)
 
 
-def test_fit_learns_and_reports(capsys):
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def test_fit_learns_and_reports(capsys, cpu_mirrored):
+    strategy = cpu_mirrored
     x, y = _table_dataset()
     trainer, model, opt = _trainer(strategy, steps=16, epochs=3)
     history = trainer.fit(iter(_dist(strategy, x, y, 32)), validation=lambda: iter(_dist(strategy, x, y, 32, False)))
@@ -51,8 +51,8 @@ def test_fit_learns_and_reports(capsys):
     assert summary["steps"] == 48 - 2 and summary["warmup_steps"] == 2
 
 
-def test_non_finite_loss_stops_with_step():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def test_non_finite_loss_stops_with_step(cpu_mirrored):
+    strategy = cpu_mirrored
     x, y = _table_dataset(64)
     x[40:] = np.inf                                    # in the batch of step 2 (records 32..63) and later
     trainer, _, _ = _trainer(strategy, steps=4, epochs=1)

@@ -48,8 +48,8 @@ def test_loss_scale_applied_once_one_replica(mixed_float16, scale):
     np.testing.assert_allclose(kernel, [[0.5, -0.5]], rtol=1e-3)
 
 
-def test_loss_scale_applied_once_two_replicas(mixed_float16):
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def test_loss_scale_applied_once_two_replicas(mixed_float16, cpu_mirrored):
+    strategy = cpu_mirrored
     assert strategy.num_replicas_in_sync == 2
     loss, kernel = _one_step(strategy, 64.0)
     assert loss == pytest.approx(np.log(2.0), rel=1e-3)

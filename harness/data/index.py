@@ -1,0 +1,145 @@
+"""Record counts (and uncompressed record bytes) per shard, counted once and cached in a small JSON index.
+
+Earth Engine and the tools around it do not record how many Examples a shard holds, and declared sizes are wrong
+(../shared/data/gee-aces-points/SOURCE.md: 8531 declared, 8316 present), so the harness counts. Counting reads
+the whole shard once inside TensorFlow (batched, no per-record Python); the result is cached under
+`$HARNESS_CACHE_DIR` (default `~/.cache/harness/`) in `record_index.json`, keyed by path, size in bytes and
+modification time, so a later run, or another worker sharing the home folder, does not read the data again.
+A rewritten shard changes size or mtime and is counted again.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from harness.data import records
+from harness.data.shards import GZIP, Shard
+from harness.errors import NotTFRecordError, TruncatedShardError
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "record_index.json"
+_COUNT_BATCH = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStats:
+    """Size of one shard: `records` (count) and `bytes` (sum of serialized record lengths, uncompressed, without
+    TFRecord framing; about the decoded size for float and int64 features: 4 and up to 10 bytes per value)."""
+
+    records: int
+    bytes: int
+
+
+def cache_dir() -> str:
+    """`$HARNESS_CACHE_DIR`, else `~/.cache/harness`."""
+    return os.environ.get("HARNESS_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "harness")
+
+
+def _key(shard: Shard) -> str:
+    st = tf.io.gfile.stat(shard.path)
+    return f"{shard.path}|{st.length}|{st.mtime_nsec}"
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(path: str, new: dict) -> None:
+    """Merge `new` into the index file atomically (write a temporary file, then rename); failures only log."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        merged = {**_load(path), **new}
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".record_index.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(merged, f, indent=0, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not write the record index %s: %s (counts will be recomputed next run)", path, e)
+
+
+def count_shard(shard: Shard) -> ShardStats:
+    """Read one shard to the end and return its ShardStats (no cache).
+
+    Raises:
+      CompressionMismatchError: if the shard's compression disagrees with its bytes.
+      NotTFRecordError: if record 0 is not TFRecord framing, or the file has bytes but no record.
+      TruncatedShardError: if the shard ends inside a record (the message gives the last good record index).
+    """
+    ds = records.dataset(shard, buffer_size=1 << 20).batch(_COUNT_BATCH)
+
+    def add(acc, batch):
+        return (acc[0] + tf.size(batch, out_type=tf.int64),
+                acc[1] + tf.reduce_sum(tf.cast(tf.strings.length(batch), tf.int64)))
+
+    try:
+        n, nbytes = ds.reduce((np.int64(0), np.int64(0)), add)
+        n, nbytes = int(n), int(nbytes)
+    except tf.errors.DataLossError as e:
+        good = _count_until_error(shard)
+        raise records.data_loss_error(shard, good, e) from None
+    if n == 0 and records.has_payload(shard):
+        raise NotTFRecordError(f"{shard.path}: not a TFRecord file (it has bytes but no complete record)")
+    if shard.compression != GZIP:
+        size = tf.io.gfile.stat(shard.path).length
+        if size != nbytes + records.FRAMING_BYTES * n:
+            raise TruncatedShardError(f"{shard.path}: shard truncated after {n} records (last good record index "
+                                      f"{n - 1}): {size - nbytes - records.FRAMING_BYTES * n} trailing bytes "
+                                      "are a partial record header")
+    return ShardStats(n, nbytes)
+
+
+def _count_until_error(shard: Shard) -> int:
+    good = 0
+    try:
+        for _ in records.dataset(shard):
+            good += 1
+    except tf.errors.DataLossError:
+        pass
+    return good
+
+
+def record_stats(shards: Sequence[Shard], *, use_cache: bool = True,
+                 index_path: Optional[str] = None) -> list[ShardStats]:
+    """ShardStats for each shard, in order, from the cached index or by counting (in parallel threads).
+
+    Zero-record shards are valid: they are counted and logged, not an error.
+
+    Raises:
+      the errors of count_shard, for the first bad shard.
+    """
+    index_path = index_path or os.path.join(cache_dir(), INDEX_NAME)
+    cached = _load(index_path) if use_cache else {}
+    keys = [_key(s) for s in shards]
+    todo = [i for i, k in enumerate(keys) if k not in cached]
+    new = {}
+    if todo:
+        log.info("counting records of %d shard(s) (cached in %s)", len(todo), index_path)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+            for i, stats in zip(todo, pool.map(lambda i: count_shard(shards[i]), todo)):
+                new[keys[i]] = {"records": stats.records, "bytes": stats.bytes}
+        if use_cache:
+            _save(index_path, new)
+    out = [ShardStats(**(new.get(k) or cached[k])) for k in keys]
+    empty = [s.path for s, st in zip(shards, out) if st.records == 0]
+    if empty:
+        log.warning("%d shard(s) hold zero records (counted, not an error): %s", len(empty), ", ".join(empty))
+    return out
+
+
+def record_counts(shards: Sequence[Shard], **kwargs) -> list[int]:
+    """Number of records of each shard, in order (see record_stats; cached by path, size and mtime)."""
+    return [s.records for s in record_stats(shards, **kwargs)]

@@ -1,0 +1,115 @@
+"""`harness inspect PATH...`: schema, implied patch shape, per-shard record counts and compression, and a config.
+
+Reads the first records of the first non-empty shard for the schema, the first record of every other shard to
+report schema differences, and counts every shard through the cached index (harness.data.index).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Optional
+
+import yaml
+
+from harness.data import index, records, spec as spec_lib
+from harness.data.records import BYTES
+from harness.data.shards import Mixer, discover_shards, find_mixer
+from harness.errors import SpecError
+
+log = logging.getLogger(__name__)
+
+
+def _patch_text(info: records.FeatureInfo, mixer: Optional[Mixer], margin: Optional[int]) -> str:
+    """The patch a value count implies: 65536 -> 256x256 (+ the margin split off by the mixer or --kernel-margin)."""
+    n = info.nbytes if info.dtype == BYTES and info.length == 1 else info.length
+    side = spec_lib._square(n)
+    if not side or n < 4:
+        return ""
+    text = f"{side}x{side}"
+    if mixer is not None:
+        p = mixer.patch_dimensions[0]
+        text += f" = {p}x{p} + margin {side - p}" if side != p else f" (mixer patchDimensions {p}x{p})"
+    elif margin:
+        text += f" = {side - margin}x{side - margin} + margin {margin}"
+    return text
+
+
+def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[int] = None,
+           records_to_read: int = 8) -> dict:
+    """Everything `inspect` prints, as a JSON-ready dict (features, shards, mixer, warnings, config)."""
+    shards = discover_shards(paths)
+    mixer = find_mixer(shards, mixer_path)
+    stats = index.record_stats(shards)
+    schema = spec_lib.read_schema(shards, records_to_read)
+    warnings = []
+    first = {}
+    for shard, st in zip(shards, stats):
+        if st.records:
+            first[shard.path] = {k: (v.dtype, v.length) for k, v in
+                                 records.schema_of(records.first_examples(shard, 1)[0]).items()}
+    reference = next(iter(first.items()), (None, {}))
+    for path, sch in first.items():
+        if sch != reference[1]:
+            diff = sorted(set(sch.items()) ^ set(reference[1].items()))
+            warnings.append(f"schema of {path} differs from {reference[0]}: {diff[:6]}")
+    total = sum(st.records for st in stats)
+    if mixer is not None and mixer.total_patches != total:
+        warnings.append(f"{mixer.path}: totalPatches {mixer.total_patches} but the shards hold {total} records")
+    empty = [s.path for s, st in zip(shards, stats) if st.records == 0]
+    if empty:
+        warnings.append(f"{len(empty)} zero-record shard(s): {', '.join(empty)}")
+    try:
+        spec = spec_lib.infer_spec(shards, mixer=mixer, kernel_margin=kernel_margin, schema=schema)
+        config = {"data": spec.to_config()}
+        groups = spec_lib.guess_band_groups(spec.bands)
+    except SpecError as e:
+        config, groups = None, {}
+        warnings.append(f"no config inferred: {e}")
+    return {
+        "features": [{"name": n, "dtype": i.dtype, "values": i.length,
+                      **({"bytes": i.nbytes} if i.dtype == BYTES else {}),
+                      "patch": _patch_text(i, mixer, kernel_margin)} for n, i in schema.items()],
+        "shards": [{"path": s.path, "index": s.index, "records": st.records, "bytes": st.bytes,
+                    "compression": s.compression or "NONE"} for s, st in zip(shards, stats)],
+        "total_records": total,
+        "mixer": None if mixer is None else {"path": mixer.path, "patchDimensions": list(mixer.patch_dimensions),
+                                             "patchesPerRow": mixer.patches_per_row,
+                                             "totalPatches": mixer.total_patches},
+        "band_groups": {g: list(b) for g, b in groups.items()},
+        "warnings": warnings,
+        "config": config,
+    }
+
+
+def format_text(rep: dict) -> str:
+    lines = ["features (first records):", f"  {'name':<28} {'dtype':<7} {'values':>8}  patch"]
+    for f in rep["features"]:
+        values = f"{f['values']}" + (f" ({f['bytes']} B)" if "bytes" in f else "")
+        lines.append(f"  {f['name']:<28} {f['dtype']:<7} {values:>8}  {f['patch']}".rstrip())
+    if rep["mixer"]:
+        m = rep["mixer"]
+        lines.append(f"mixer: {m['path']} patchDimensions {m['patchDimensions']} patchesPerRow "
+                     f"{m['patchesPerRow']} totalPatches {m['totalPatches']}")
+    lines.append("shards:")
+    for s in rep["shards"]:
+        lines.append(f"  {s['records']:>9} records  {s['compression']:<5} {s['path']}")
+    lines.append(f"  {rep['total_records']:>9} records in {len(rep['shards'])} shard(s)")
+    if rep["band_groups"]:
+        lines.append("band groups detected (add `band_groups:` to the config to deliver them as separate inputs):")
+        for g, b in rep["band_groups"].items():
+            lines.append(f"  {g}: {b}")
+    for w in rep["warnings"]:
+        lines.append(f"warning: {w}")
+    if rep["config"]:
+        lines.append("config:")
+        lines.append(yaml.safe_dump(rep["config"], sort_keys=False, default_flow_style=None).rstrip())
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    rep = report(args.paths, mixer_path=args.mixer, kernel_margin=args.kernel_margin,
+                 records_to_read=args.records)
+    print(json.dumps(rep, indent=2) if args.json else format_text(rep))
+    return 0
+
+

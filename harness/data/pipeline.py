@@ -1,0 +1,340 @@
+"""The tf.data input pipeline: shards -> (inputs, labels) batches for one input pipeline (worker).
+
+Order (tf.data performance guide, https://www.tensorflow.org/guide/data_performance):
+  list files -> shard (harness.distribute.sharding.assign_files) -> interleave (parallel; deterministic only for
+  evaluation or record-level sharding) -> cache (raw records, before any randomness) -> shuffle -> keep
+  `records_per_epoch` -> repeat (training) -> batch + parse (in the order the record size calls for) -> augment
+  -> prefetch.
+
+Parse order: small records are batched first and parsed with one vectorized `tf.io.parse_example` per batch;
+large records (image patches, MB each) are parsed one by one in parallel and then batched, which keeps all
+cores busy on the float-list decoding and does not hold a whole batch of serialized copies. The threshold
+(VECTORIZE_MAX_RECORD_BYTES) comes from benchmarks/input_pipeline.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import random
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from harness.data import index
+from harness.data.records import BYTES, INT64
+from harness.data.shards import Shard
+from harness.data.spec import CLASSIFICATION, IMAGE, TIME, DataSpec
+from harness.distribute.sharding import RECORD, assign_files
+from harness.errors import BatchSizeError, SpecError
+
+log = logging.getLogger(__name__)
+
+AUTOTUNE = tf.data.AUTOTUNE
+# Mean serialized record size above which records are parsed one by one (then batched); below, batch then parse.
+VECTORIZE_MAX_RECORD_BYTES = 64 * 1024
+# The shuffle buffer holds serialized records; its default is sized to about this many bytes.
+SHUFFLE_BUFFER_BYTES = 256 * 1024 * 1024
+MAX_DEFAULT_SHUFFLE = 16384
+# "auto" caches in memory when this pipeline's records take at most this fraction of the available memory.
+MEMORY_CACHE_FRACTION = 0.5
+READ_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+# --- parsing -----------------------------------------------------------------------------------------------------
+def feature_description(spec: DataSpec) -> dict:
+    """`tf.io.parse_example` features for the spec: fixed-length lists of S*S (image) or scalars (table)."""
+    n = spec.values_per_feature()
+    shape = [n] if spec.kind == IMAGE else []
+    out = {}
+    for name in spec.features:
+        dt = spec.dtype_of(name)
+        if dt == BYTES:
+            out[name] = tf.io.FixedLenFeature([], tf.string)
+        else:
+            out[name] = tf.io.FixedLenFeature(shape, tf.int64 if dt == INT64 else tf.float32)
+    return out
+
+
+def _band(spec: DataSpec, name: str, value: tf.Tensor) -> tf.Tensor:
+    """One parsed band as float32 [N, S*S] (image) or [N] (table)."""
+    if spec.dtype_of(name) == BYTES:
+        value = tf.io.decode_raw(value, tf.uint8)
+    return tf.cast(value, tf.float32)
+
+
+def _spatial(spec: DataSpec, x: tf.Tensor, *, mask: bool) -> tf.Tensor:
+    """[N, S, S, C] (or [N, S, S] for a mask) -> cropped and/or resized to the delivered size."""
+    if spec.crop_margin and spec.kernel_margin:
+        a = spec.kernel_margin // 2
+        x = x[:, a:a + spec.patch_size, a:a + spec.patch_size]
+    if spec.resize and spec.resize != (spec.patch_size if spec.crop_margin else spec.stored_size):
+        size = [spec.resize, spec.resize]
+        if mask:
+            x = tf.image.resize(x[..., None], size, method="nearest")[..., 0]
+        else:
+            x = tf.image.resize(x, size, method="bilinear")
+    return x
+
+
+def _stack(spec: DataSpec, parsed: dict, bands: Sequence[str]) -> tf.Tensor:
+    x = tf.stack([_band(spec, b, parsed[b]) for b in bands], axis=-1)  # [N, S*S, C] or [N, C]
+    if spec.kind == IMAGE:
+        s = spec.stored_size
+        x = _spatial(spec, tf.reshape(x, [-1, s, s, len(bands)]), mask=False)
+    return x
+
+
+def decode(spec: DataSpec, serialized: tf.Tensor):
+    """Serialized Examples [N] -> (inputs, labels) per the spec (see build_dataset for shapes and dtypes)."""
+    parsed = tf.io.parse_example(serialized, feature_description(spec))
+    if spec.band_groups:
+        groups = {g: _stack(spec, parsed, b) for g, b in spec.band_groups.items()}
+        inputs = tf.stack(list(groups.values()), axis=1) if spec.group_delivery == TIME else groups
+    else:
+        inputs = _stack(spec, parsed, spec.bands)
+    if spec.label is None:
+        return inputs
+    label = parsed[spec.label]
+    if spec.task == CLASSIFICATION:
+        # Earth Engine stores class ids as floats (3.0): round, then cast (GEE_FORMAT.md).
+        label = tf.cast(tf.round(label) if label.dtype.is_floating else label, tf.int32)
+    else:
+        label = tf.cast(label, tf.float32)
+    if spec.kind == IMAGE:
+        s = spec.stored_size
+        label = _spatial(spec, tf.reshape(label, [-1, s, s]), mask=True)
+    return inputs, label
+
+
+def decode_one(spec: DataSpec, serialized: tf.Tensor):
+    """One serialized Example (scalar) -> one element (no batch axis)."""
+    return tf.nest.map_structure(lambda t: t[0], decode(spec, serialized[None]))
+
+
+# --- augmentation ------------------------------------------------------------------------------------------------
+def _where(flag: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    return tf.where(tf.reshape(flag, [-1] + [1] * (a.shape.rank - 1)), a, b)
+
+
+def _dihedral(x: tf.Tensor, flags: tf.Tensor, h_axis: int) -> tf.Tensor:
+    """Per example: optional transpose, vertical flip, horizontal flip (together the 8 flips/90-degree rotations)."""
+    perm = list(range(x.shape.rank))
+    perm[h_axis], perm[h_axis + 1] = perm[h_axis + 1], perm[h_axis]
+    x = _where(flags[:, 0], tf.transpose(x, perm), x)
+    x = _where(flags[:, 1], tf.reverse(x, [h_axis]), x)
+    return _where(flags[:, 2], tf.reverse(x, [h_axis + 1]), x)
+
+
+def augment_batch(spec: DataSpec, inputs, labels, seed: tf.Tensor):
+    """Random flips and 90-degree rotations, the same for an example's bands (any number, any group) and mask.
+
+    Args:
+      seed: int64 [2], a stateless random seed (tf.random.stateless_uniform).
+    """
+    batch = tf.shape(labels)[0]
+    flags = tf.random.stateless_uniform([batch, 3], seed=seed) < 0.5
+    h_axis = 2 if (spec.band_groups and spec.group_delivery == TIME) else 1
+    inputs = tf.nest.map_structure(lambda t: _dihedral(t, flags, h_axis), inputs)
+    return inputs, _dihedral(labels, flags, 1)
+
+
+# --- cache -------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CacheChoice:
+    """Where the raw records are cached: kind "memory" | "file" | "none", the file (for "file") and why."""
+
+    kind: str
+    path: Optional[str]
+    reason: str
+
+
+def _available_memory() -> int:
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # psutil is a dependency; keep the pipeline usable without it
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
+                 available: Optional[int] = None) -> CacheChoice:
+    """Decide the cache for `nbytes` of serialized records (the index's counted bytes, about the decoded size).
+
+    Raises:
+      ValueError: for an unknown mode, or mode "file" without cache_dir.
+    """
+    def gb(b: int) -> str:
+        return f"{b / 1e9:.2f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
+
+    path = os.path.join(cache_dir, name) if cache_dir else None
+    if mode == "none":
+        return CacheChoice("none", None, "cache='none'")
+    if mode == "memory":
+        return CacheChoice("memory", None, "cache='memory'")
+    if mode == "file":
+        if not cache_dir:
+            raise ValueError("cache='file' needs cache_dir")
+        return CacheChoice("file", path, "cache='file'")
+    if mode != "auto":
+        raise ValueError(f"cache must be auto, memory, file or none, got {mode!r}")
+    available = _available_memory() if available is None else available
+    budget = int(available * MEMORY_CACHE_FRACTION)
+    if nbytes <= budget:
+        return CacheChoice("memory", None, f"{gb(nbytes)} of records fit in {MEMORY_CACHE_FRACTION:.0%} of the "
+                                           f"{gb(available)} available memory")
+    if path:
+        return CacheChoice("file", path, f"{gb(nbytes)} of records exceed {gb(budget)} of memory: cached in files")
+    return CacheChoice("none", None, f"{gb(nbytes)} of records exceed {gb(budget)} of memory and no --cache-dir "
+                                     "was given: not cached")
+
+
+# --- the pipeline ------------------------------------------------------------------------------------------------
+def parse_per_record(mean_record_bytes: float) -> bool:
+    """True when records are large enough to parse one by one (in parallel) rather than in batches."""
+    return mean_record_bytes > VECTORIZE_MAX_RECORD_BYTES
+
+
+def _read_files(paths, compressions, *, deterministic: bool, shuffle_files: bool, seed) -> tf.data.Dataset:
+    files = tf.data.Dataset.from_tensor_slices((list(paths), list(compressions)))
+    if shuffle_files and len(paths) > 1:
+        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    def read(path, compression):
+        return tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
+
+    cycle = max(1, min(len(paths), os.cpu_count() or 4))
+    if cycle == 1:
+        return files.flat_map(read)
+    return files.interleave(read, cycle_length=cycle, block_length=1, num_parallel_calls=AUTOTUNE,
+                            deterministic=deterministic)
+
+
+def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_size: int, training: bool,
+                  input_pipeline_id: int = 0, num_input_pipelines: int = 1,
+                  records_per_epoch: Optional[int] = None, shuffle_buffer: Optional[int] = None,
+                  cache: str = "auto", cache_dir: Optional[str] = None, augment: bool = False,
+                  seed: Optional[int] = None) -> tf.data.Dataset:
+    """The dataset of one input pipeline, yielding `(inputs, labels)` batches of `per_replica_batch_size`.
+
+    Shapes and dtypes (B = per_replica_batch_size; H = W = spec.output_size; C = bands):
+      image: inputs float32 [B, H, W, C]; with band groups a dict {group: [B, H, W, Cg]} or, for
+        group_delivery "time", [B, T, H, W, Cg]; labels int32 [B, H, W] (float32 for regression).
+      table: inputs float32 [B, C] (dict / [B, T, Cg] with groups); labels int32 [B].
+    Batches always have exactly B examples (drop_remainder=True); records left over are logged.
+
+    Args:
+      shards: every shard of the dataset, in order (discover_shards); zero-record shards are skipped.
+      spec: the feature spec (validate_spec it first); it must have a label.
+      per_replica_batch_size: examples per batch delivered to one replica.
+      training: True: read order not deterministic, shuffle, keep records_per_epoch, repeat forever, optional
+        augmentation. False: one deterministic pass, no shuffle or augmentation.
+      input_pipeline_id / num_input_pipelines: this pipeline among all (usually the worker index and count);
+        files (or records) are split by assign_files.
+      records_per_epoch: keep exactly the first this-many records of each epoch of this pipeline's shuffled
+        stream and drop the rest (read, not parsed), so every worker runs the same number of steps.
+      shuffle_buffer: records in the shuffle buffer; default min(records, ~256 MB of records, 16384).
+      cache: "auto" (memory when the pipeline's records fit in half the available memory, else files under
+        cache_dir, else none), "memory", "file" (needs cache_dir) or "none". Raw records are cached, before any
+        randomness.
+      augment: random flips and 90-degree rotations of image and mask together (training images only).
+      seed: seeds file order, shuffle and augmentation; None for a random seed.
+
+    Raises:
+      SpecError: if the spec has no label.
+      BatchSizeError: if records_per_epoch exceeds this pipeline's records or is below one batch, or an
+        evaluation pass would yield no batch.
+      ValueError: from assign_files (bad pipeline id or count, no files) or for a bad cache mode.
+      and the errors of index.record_stats (bad or truncated shards).
+    """
+    if spec.label is None:
+        raise SpecError("the spec has no label: declare `label:` to build a training or evaluation dataset")
+    if per_replica_batch_size < 1:
+        raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {per_replica_batch_size}")
+    seed = random.randrange(2 ** 31) if seed is None else seed
+    stats = index.record_stats(shards)
+    nonempty = [(s, st) for s, st in zip(shards, stats) if st.records > 0]
+    if len(nonempty) < len(shards):
+        log.info("skipping %d zero-record shard(s)", len(shards) - len(nonempty))
+    if not nonempty:
+        raise BatchSizeError("every shard holds zero records")
+    assignment = assign_files([s.path for s, _ in nonempty], num_input_pipelines, input_pipeline_id)
+    by_path = {s.path: (s, st) for s, st in nonempty}
+    my_records = assignment.records({p: st.records for p, (_, st) in by_path.items()})
+    total_bytes = sum(st.bytes for _, st in nonempty)
+    mean_bytes = total_bytes / sum(st.records for _, st in nonempty)
+    my_bytes = int(my_records * mean_bytes)
+
+    deterministic = not training or assignment.policy == RECORD  # record sharding needs one order on all workers
+    ds = _read_files(assignment.files, [by_path[p][0].compression for p in assignment.files],
+                     deterministic=deterministic, shuffle_files=training and assignment.policy != RECORD,
+                     seed=seed)
+    if assignment.policy == RECORD:
+        ds = ds.shard(num_input_pipelines, input_pipeline_id)
+
+    digest = hashlib.sha1("|".join(assignment.files).encode()).hexdigest()[:12]
+    choice = choose_cache(cache, my_bytes, cache_dir=cache_dir,
+                          name=f"harness-{digest}-p{input_pipeline_id}of{num_input_pipelines}")
+    log.info("input pipeline %d/%d: %d files, %d records, cache: %s (%s)", input_pipeline_id,
+             num_input_pipelines, len(assignment.files), my_records, choice.kind, choice.reason)
+    if choice.kind == "memory":
+        ds = ds.cache()
+    elif choice.kind == "file":
+        tf.io.gfile.makedirs(cache_dir)
+        ds = ds.cache(choice.path)
+
+    if training:
+        buffer = shuffle_buffer or max(1, min(my_records, int(SHUFFLE_BUFFER_BYTES // max(mean_bytes, 1)),
+                                              MAX_DEFAULT_SHUFFLE))
+        ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        if records_per_epoch is not None:
+            ds = _keep_first(ds, records_per_epoch, my_records, per_replica_batch_size)
+        ds = ds.repeat()
+    else:
+        per_pass = my_records if records_per_epoch is None else min(records_per_epoch, my_records)
+        if records_per_epoch is not None and records_per_epoch < my_records:
+            ds = _keep_first(ds, records_per_epoch, my_records, per_replica_batch_size)
+        if per_pass < per_replica_batch_size:
+            raise BatchSizeError(f"{per_pass} records < per-replica batch {per_replica_batch_size}: no batch")
+        if per_pass % per_replica_batch_size:
+            log.info("evaluation drops the last %d records (drop_remainder)", per_pass % per_replica_batch_size)
+
+    if parse_per_record(mean_bytes):
+        ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = ds.batch(per_replica_batch_size, drop_remainder=True)
+    else:
+        ds = ds.batch(per_replica_batch_size, drop_remainder=True)
+        ds = ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+
+    if augment and training:
+        if spec.kind != IMAGE:
+            log.warning("augment ignored: flips and rotations apply to image patches, not tables")
+        else:
+            seeds = tf.data.Dataset.random(seed=seed).batch(2, drop_remainder=True)
+            ds = tf.data.Dataset.zip((ds, seeds)).map(
+                lambda batch, s: augment_batch(spec, batch[0], batch[1], s), num_parallel_calls=AUTOTUNE,
+                deterministic=deterministic)
+    ds = ds.prefetch(AUTOTUNE)
+    options = tf.data.Options()
+    # The harness shards by itself (assign_files); tf.distribute must not shard again.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
+
+
+def _keep_first(ds: tf.data.Dataset, keep: int, available: int, batch: int) -> tf.data.Dataset:
+    """Keep the first `keep` records of each pass and drop the rest with enumerate + filter (not take), so the
+    upstream is still read to its end and a cache before it completes during the first epoch."""
+    if keep > available:
+        raise BatchSizeError(f"records_per_epoch {keep} exceeds the {available} records of this input pipeline")
+    if keep < batch:
+        raise BatchSizeError(f"records_per_epoch {keep} < per-replica batch {batch}: an epoch would have no step")
+    if keep < available:
+        log.info("records_per_epoch %d: %d of this input pipeline's %d records are read and dropped each epoch",
+                 keep, available - keep, available)
+    def first(i, _):
+        return i < keep
+
+    def record(_, r):
+        return r
+
+    return ds.enumerate().filter(first).map(record)

@@ -1,0 +1,471 @@
+"""The feature spec: which features are inputs and label, how they are stored, and what the model receives.
+
+One source of truth for shapes: the pipeline parses by it, the model is built from `input_shape`/`label_shape`,
+`validate_spec` checks the shards against it before training, and `harness inspect` prints one ready to use.
+Storage facts (../shared/GEE_FORMAT.md): one feature per band, keyed by band name, in arbitrary order; numbers are
+float lists (int64 and bytes lists exist too); an image band is a flat row-major list of S*S values where
+S = patchDimensions + kernel margin; labels are stored as floats and are cast after parsing.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import difflib
+import logging
+import math
+from typing import Mapping, Optional, Sequence, Union
+
+from harness.data import records
+from harness.data.records import BYTES, EMPTY, FLOAT, INT64, FeatureInfo
+from harness.data.shards import Mixer, Shard
+from harness.errors import (EmptyFeatureError, FeatureDtypeError, FeatureLengthError, MissingFeatureError,
+                            SchemaDriftError, SpecError, SpecMismatchError)
+
+log = logging.getLogger(__name__)
+
+IMAGE, TABLE = "image", "table"
+DICT, TIME = "dict", "time"
+CLASSIFICATION, REGRESSION = "classification", "regression"
+DTYPES = (FLOAT, INT64, BYTES)
+# Names Earth Engine users give the label, most likely first (checked case-insensitively).
+LABEL_NAMES = ("label", "labels", "class", "classes", "landcover", "land_cover", "lc", "target", "y")
+
+Shape = tuple[int, ...]
+
+
+def _closest(name: str, keys: Sequence[str]) -> Optional[str]:
+    """The available key most like `name`: a case-insensitive match first (`Landcover` -> `landcover`)."""
+    for k in keys:
+        if k.lower() == name.lower():
+            return k
+    lowered = {k.lower(): k for k in keys}
+    m = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[m[0]] if m else None
+
+
+def _square(n: int) -> Optional[int]:
+    r = math.isqrt(n)
+    return r if r * r == n else None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """What to read from each record and how to deliver it.
+
+    Attributes:
+      kind: "image" (each band a flat list of S*S values; inputs [batch, height, width, bands]) or "table" (each
+        band one value; inputs [batch, bands]).
+      bands: input feature names, in channel order.
+      label: the label feature, or None (an unlabelled spec can be inspected and validated, not trained on).
+      dtypes: storage dtype per feature, "float" | "int64" | "bytes" (uint8 raw bytes, one string of S*S bytes per
+        band); features not listed are "float", as Earth Engine writes them.
+      patch_size: P, the patch side WITHOUT the kernel margin (mixer patchDimensions), pixels; images only.
+      kernel_margin: k, extra pixels stored per side pair: the stored patch is (P+k) x (P+k).
+      crop_margin: crop the stored patch to its central P x P (rows/cols [k//2, k//2 + P]) after parsing.
+      resize: deliver patches resized to resize x resize (bilinear for bands, nearest for the label mask).
+      band_groups: group name -> its bands (multi-temporal or multi-sensor inputs), in delivery order; when set,
+        `bands` is their concatenation.
+      group_delivery: "dict" (one tensor per group) or "time" (groups stacked on axis 1: [batch, time, h, w, c]
+        or [batch, time, c]; every group must then have the same number of bands).
+      num_classes: number of label classes, when known.
+      task: "classification" (label cast to int32) or "regression" (label float32).
+    """
+
+    kind: str
+    bands: tuple[str, ...]
+    label: Optional[str] = None
+    dtypes: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    patch_size: Optional[int] = None
+    kernel_margin: int = 0
+    crop_margin: bool = False
+    resize: Optional[int] = None
+    band_groups: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    group_delivery: str = DICT
+    num_classes: Optional[int] = None
+    task: str = CLASSIFICATION
+
+    def __post_init__(self):
+        def fix(name, value):
+            object.__setattr__(self, name, value)
+
+        fix("bands", tuple(self.bands))
+        fix("dtypes", dict(self.dtypes))
+        fix("band_groups", {str(g): tuple(b) for g, b in dict(self.band_groups).items()})
+        if self.band_groups:
+            grouped = tuple(b for g in self.band_groups.values() for b in g)
+            if self.bands and set(self.bands) != set(grouped):
+                raise SpecError(f"bands {list(self.bands)} differ from the bands of band_groups {list(grouped)}")
+            fix("bands", grouped)
+        self._check()
+
+    def _check(self) -> None:
+        if self.kind not in (IMAGE, TABLE):
+            raise SpecError(f"kind must be 'image' or 'table', got {self.kind!r}")
+        if not self.bands:
+            raise SpecError("no bands declared")
+        dup = [b for b, n in collections.Counter(self.bands).items() if n > 1]
+        if dup:
+            raise SpecError(f"bands declared twice: {dup}")
+        if self.label is not None and self.label in self.bands:
+            raise SpecError(f"label {self.label!r} is also declared as a band")
+        for name, dt in self.dtypes.items():
+            if dt not in DTYPES:
+                raise SpecError(f"feature {name!r}: dtype must be one of {DTYPES}, got {dt!r}")
+        if self.label is not None and self.dtype_of(self.label) == BYTES:
+            raise SpecError(f"label {self.label!r}: a bytes label is not supported (declare float or int64)")
+        if self.task not in (CLASSIFICATION, REGRESSION):
+            raise SpecError(f"task must be 'classification' or 'regression', got {self.task!r}")
+        if self.group_delivery not in (DICT, TIME):
+            raise SpecError(f"group_delivery must be 'dict' or 'time', got {self.group_delivery!r}")
+        if self.group_delivery == TIME and self.band_groups:
+            sizes = {g: len(b) for g, b in self.band_groups.items()}
+            if len(set(sizes.values())) > 1:
+                raise SpecError(f"group_delivery 'time' needs groups of equal size, got {sizes}")
+        if self.kind == IMAGE:
+            if not self.patch_size or self.patch_size < 1:
+                raise SpecError(f"an image spec needs patch_size >= 1, got {self.patch_size!r}")
+            if self.kernel_margin < 0:
+                raise SpecError(f"kernel_margin must be >= 0, got {self.kernel_margin}")
+            if self.resize is not None and self.resize < 1:
+                raise SpecError(f"resize must be >= 1, got {self.resize}")
+        elif any(self.dtype_of(b) == BYTES for b in self.bands):
+            raise SpecError("a table spec takes numeric bands only (float or int64)")
+
+    # --- construction ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: Mapping) -> "DataSpec":
+        """Build a spec from the `data:` section of a YAML run config.
+
+        Keys (all optional except as noted):
+          kind: image | table (default: image when patch_size is given, else table)
+          bands: [names]                  (required unless band_groups is given)
+          label: name
+          dtype: float | int64 | bytes    (storage of every band; default float)
+          dtypes: {feature: dtype}        (per-feature storage, overrides dtype; the label included)
+          patch_size: P                   (images: patchDimensions, without margin)
+          kernel_margin: k                (images: stored patch is P + k; default 0)
+          crop_margin: bool               (crop to the central P x P; default false)
+          resize: R                       (deliver R x R patches)
+          band_groups: {group: [bands]}   (named inputs; order kept)
+          group_delivery: dict | time     (default dict)
+          num_classes: int
+          task: classification | regression (default classification)
+
+        Raises:
+          SpecError: for an unknown key (naming the closest known one) or an inconsistent spec.
+        """
+        known = {"kind", "bands", "label", "dtype", "dtypes", "patch_size", "kernel_margin", "crop_margin",
+                 "resize", "band_groups", "group_delivery", "num_classes", "task"}
+        config = dict(config or {})
+        for key in config:
+            if key not in known:
+                hint = _closest(key, sorted(known))
+                raise SpecError(f"unknown data config key {key!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
+        groups = config.get("band_groups") or {}
+        bands = tuple(config.get("bands") or ())
+        dtypes = {b: config.get("dtype", FLOAT) for b in bands or (b for g in groups.values() for b in g)}
+        dtypes.update(config.get("dtypes") or {})
+        kind = config.get("kind") or (IMAGE if config.get("patch_size") else TABLE)
+        return cls(kind=kind, bands=bands, label=config.get("label"), dtypes=dtypes,
+                   patch_size=config.get("patch_size"), kernel_margin=int(config.get("kernel_margin") or 0),
+                   crop_margin=bool(config.get("crop_margin", False)), resize=config.get("resize"),
+                   band_groups=groups, group_delivery=config.get("group_delivery", DICT),
+                   num_classes=config.get("num_classes"), task=config.get("task", CLASSIFICATION))
+
+    def to_config(self) -> dict:
+        """The `data:` section that from_config reads back into an equal spec (defaults left out)."""
+        out: dict = {"kind": self.kind}
+        if self.band_groups:
+            out["band_groups"] = {g: list(b) for g, b in self.band_groups.items()}
+            out["group_delivery"] = self.group_delivery
+        else:
+            out["bands"] = list(self.bands)
+        if self.label:
+            out["label"] = self.label
+        stored = {f: self.dtype_of(f) for f in self.features}
+        if len(set(stored.values())) == 1:
+            out["dtype"] = next(iter(stored.values()))
+        else:
+            out["dtypes"] = stored
+        if self.kind == IMAGE:
+            out["patch_size"] = self.patch_size
+            out["kernel_margin"] = self.kernel_margin
+            if self.crop_margin:
+                out["crop_margin"] = True
+            if self.resize:
+                out["resize"] = self.resize
+        if self.num_classes:
+            out["num_classes"] = self.num_classes
+        if self.task != CLASSIFICATION:
+            out["task"] = self.task
+        return out
+
+    def replace(self, **changes) -> "DataSpec":
+        return dataclasses.replace(self, **changes)
+
+    # --- derived facts -----------------------------------------------------------------------------------------
+    @property
+    def features(self) -> tuple[str, ...]:
+        """Every feature read from a record: the bands, then the label."""
+        return self.bands + ((self.label,) if self.label else ())
+
+    def dtype_of(self, feature: str) -> str:
+        return self.dtypes.get(feature, FLOAT)
+
+    @property
+    def stored_size(self) -> Optional[int]:
+        """S = P + k, the side of a stored patch in pixels (images), else None."""
+        return self.patch_size + self.kernel_margin if self.kind == IMAGE else None
+
+    @property
+    def output_size(self) -> Optional[int]:
+        """Side of a delivered patch: resize, else P when cropping, else S (images), else None."""
+        if self.kind != IMAGE:
+            return None
+        return self.resize or (self.patch_size if self.crop_margin else self.stored_size)
+
+    def values_per_feature(self) -> int:
+        """Values each band (and the label) holds in a record: S*S for images (bytes for a uint8 band), 1 for
+        tables."""
+        return self.stored_size ** 2 if self.kind == IMAGE else 1
+
+    def _shape(self, channels: int) -> Shape:
+        return (self.output_size, self.output_size, channels) if self.kind == IMAGE else (channels,)
+
+    @property
+    def input_shape(self) -> Union[Shape, dict[str, Shape]]:
+        """Model input shape without the batch axis: (height, width, bands) after crop/resize for images,
+        (bands,) for tables; with band groups a dict {group: shape} ("dict") or (time, ...) ("time")."""
+        if not self.band_groups:
+            return self._shape(len(self.bands))
+        if self.group_delivery == TIME:
+            first = next(iter(self.band_groups.values()))
+            return (len(self.band_groups),) + self._shape(len(first))
+        return {g: self._shape(len(b)) for g, b in self.band_groups.items()}
+
+    @property
+    def label_shape(self) -> Shape:
+        """(height, width) of the label mask for images, () for tables."""
+        return (self.output_size, self.output_size) if self.kind == IMAGE else ()
+
+
+# --- inference ---------------------------------------------------------------------------------------------------
+def merged_schema(examples) -> dict[str, FeatureInfo]:
+    """One schema over several Examples: per feature the first non-empty FeatureInfo (empty if never filled)."""
+    out: dict[str, FeatureInfo] = {}
+    for ex in examples:
+        for name, info in records.schema_of(ex).items():
+            if name not in out or (out[name].dtype == EMPTY and info.dtype != EMPTY):
+                out[name] = info
+    return dict(sorted(out.items()))
+
+
+def guess_label(names: Sequence[str]) -> Optional[str]:
+    lowered = {n.lower(): n for n in names}
+    for candidate in LABEL_NAMES:
+        if candidate in lowered:
+            return lowered[candidate]
+    return None
+
+
+def guess_band_groups(bands: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Groups from a shared `_suffix` (`red_before ... nir_before`, `red_during ... nir_during`): returned only
+    when there are at least two suffixes, each over the same band stems in the same order, and every band fits."""
+    groups: dict[str, list[str]] = {}
+    for b in bands:
+        stem, sep, suffix = b.rpartition("_")
+        if not sep or not stem:
+            return {}
+        groups.setdefault(suffix, []).append(stem)
+    stems = [tuple(s) for s in groups.values()]
+    if len(groups) < 2 or len(set(stems)) != 1 or len(stems[0]) < 1:
+        return {}
+    return {g: tuple(f"{s}_{g}" for s in stems[0]) for g in groups}
+
+
+def _image_side(schema: Mapping[str, FeatureInfo], exclude: Optional[str]) -> Optional[int]:
+    """S when the most common value count among numeric features (raw bytes for uint8 bands) is S*S > 1."""
+    counts = collections.Counter(_values(i) for n, i in schema.items() if n != exclude and i.dtype != EMPTY)
+    if not counts:
+        return None
+    length, _ = counts.most_common(1)[0]
+    side = _square(length) if length > 1 else None
+    return side
+
+
+def _values(info: FeatureInfo) -> int:
+    return info.nbytes if info.dtype == BYTES and info.length == 1 else info.length
+
+
+def infer_spec(shards: Sequence[Shard], *, mixer: Optional[Mixer] = None, label: Optional[str] = None,
+               kernel_margin: Optional[int] = None, records_to_read: int = 8, group_bands: bool = False,
+               schema: Optional[Mapping[str, FeatureInfo]] = None) -> DataSpec:
+    """Infer a spec from the first records of the first non-empty shard.
+
+    Image when the most common value count is a square S*S > 1 (or a mixer is present): bands are the features
+    with S*S values; P comes from the mixer's patchDimensions, else P = S - kernel_margin (default 0). Table
+    otherwise: bands are the numeric single-value features. The label is `label`, else the first feature named
+    like one (LABEL_NAMES: label, class, landcover, ...), else None.
+
+    Args:
+      group_bands: also group bands by suffix (guess_band_groups) into a dict-delivered spec.
+      schema: a schema already read (skips reading).
+
+    Raises:
+      SpecError: if no shard holds a record, the label is absent, or the mixer and the stored side disagree.
+      and the reading errors of records.first_examples.
+    """
+    if schema is None:
+        schema = read_schema(shards, records_to_read)
+    if label is not None and label not in schema:
+        hint = _closest(label, list(schema))
+        raise MissingFeatureError(f"{shards[0].path}: label {label!r} absent from the records" +
+                                  (f"; closest available key: {hint!r}" if hint else f"; keys: {list(schema)}"))
+    label = label or guess_label(list(schema))
+    side = _image_side(schema, label)
+    if mixer is not None or side:
+        if not side:
+            raise SpecError(f"{shards[0].path}: a mixer is present but no feature holds a square patch")
+        if mixer is not None:
+            p_w, p_h = mixer.patch_dimensions
+            if p_w != p_h:
+                raise SpecError(f"{mixer.path}: non-square patchDimensions {mixer.patch_dimensions} are not supported")
+            patch, margin = p_w, side - p_w
+            if margin < 0 or (kernel_margin is not None and kernel_margin != margin):
+                raise SpecError(f"{mixer.path}: patchDimensions {p_w} and stored side {side} imply a kernel margin "
+                                f"of {margin}" + (f", not {kernel_margin}" if kernel_margin is not None else ""))
+        else:
+            margin = kernel_margin or 0
+            patch = side - margin
+            if patch < 1:
+                raise SpecError(f"kernel margin {margin} leaves no patch in a stored side of {side}")
+        bands = [n for n, i in schema.items() if n != label and i.dtype != EMPTY and _values(i) == side * side]
+        if label is not None and _values(schema[label]) != side * side:
+            log.warning("label %r holds %d values, not a %dx%d mask: ignored", label, _values(schema[label]),
+                        side, side)
+            label = None
+        kind = IMAGE
+    else:
+        bands = [n for n, i in schema.items() if n != label and i.dtype in (FLOAT, INT64) and i.length == 1]
+        patch, margin, kind = None, 0, TABLE
+    if not bands:
+        raise SpecError(f"{shards[0].path}: no feature usable as a band in {list(schema)}")
+    dtypes = {n: schema[n].dtype for n in bands + ([label] if label else [])}
+    groups = guess_band_groups(bands) if group_bands else {}
+    return DataSpec(kind=kind, bands=tuple(bands), label=label, dtypes=dtypes, patch_size=patch,
+                    kernel_margin=margin, band_groups=groups)
+
+
+def read_schema(shards: Sequence[Shard], n: int = 8) -> dict[str, FeatureInfo]:
+    """merged_schema of the first `n` records of the first shard holding any.
+
+    Raises:
+      SpecError: if every shard is empty; and the errors of records.first_examples.
+    """
+    for shard in shards:
+        examples = records.first_examples(shard, n)
+        if examples:
+            return merged_schema(examples)
+    raise SpecError(f"no record in any of the {len(shards)} shard(s): nothing to infer a spec from")
+
+
+# --- validation --------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ValidationReport:
+    """Result of validate_spec: shards checked (first record) and zero-record shards skipped (not an error)."""
+
+    checked: tuple[str, ...]
+    empty: tuple[str, ...]
+
+
+def _side_text(n: int) -> str:
+    side = _square(n)
+    return f" ({n} = {side}x{side})" if side and n > 1 else ""
+
+
+def check_feature(spec: DataSpec, name: str, schema: Mapping[str, FeatureInfo], where: str) -> Optional[SpecMismatchError]:
+    """The mismatch between the declared feature `name` and one record's schema, or None if it matches.
+
+    `where` names the file and record ("path: record 0").
+    """
+    expected_dtype, n = spec.dtype_of(name), spec.values_per_feature()
+    role = "label" if name == spec.label else "band"
+    if name not in schema:
+        hint = _closest(name, list(schema))
+        return MissingFeatureError(f"{where}: {role} {name!r} declared but absent; " +
+                                   (f"closest available key: {hint!r}" if hint else f"available: {list(schema)}"))
+    info = schema[name]
+    if info.dtype == EMPTY or info.length == 0 or (info.dtype == BYTES and info.nbytes == 0):
+        return EmptyFeatureError(f"{where}: {role} {name!r} is present but holds no values "
+                                 f"(expected {expected_dtype}, {n} values)")
+    if info.dtype != expected_dtype:
+        note = ""
+        if role == "label" and expected_dtype == INT64 and info.dtype == FLOAT:
+            note = ("; Earth Engine stores every number as float (class 3 as 3.0): declare the label 'float', "
+                    "the harness casts it to int32")
+        return FeatureDtypeError(f"{where}: {role} {name!r}: expected dtype {expected_dtype}, found "
+                                 f"{info.dtype}{note}")
+    found = _values(info)
+    if info.dtype == BYTES and info.length != 1:
+        return FeatureLengthError(f"{where}: {role} {name!r}: expected one bytes string of {n} bytes, found "
+                                  f"{info.length} strings")
+    if found != n:
+        unit = "bytes" if info.dtype == BYTES else "values"
+        if spec.kind == IMAGE:
+            declared = f"{n} {unit} ({spec.stored_size}x{spec.stored_size} patch: P={spec.patch_size} + " \
+                       f"margin {spec.kernel_margin})"
+        else:
+            declared = f"{n} value (table)"
+        return FeatureLengthError(f"{where}: {role} {name!r}: expected {declared}, found {found} "
+                                  f"{unit}{_side_text(found)}")
+    return None
+
+
+def validate_spec(spec: DataSpec, shards: Sequence[Shard]) -> ValidationReport:
+    """Check the spec against the first record of every shard, before any training.
+
+    Also a cheap framing check of each shard (its first record is read with its compression).
+
+    Returns:
+      a ValidationReport; zero-record shards are listed there and logged, not an error.
+
+    Raises:
+      MissingFeatureError: a declared feature is absent (the message names the closest key: `Landcover` vs
+        `landcover`).
+      FeatureDtypeError: stored with another dtype (e.g. label declared int64 but stored float).
+      FeatureLengthError: another number of values (e.g. 256 values where a 4x4 patch was declared).
+      EmptyFeatureError: present but empty.
+      SchemaDriftError: a declared feature matches in some shards and not in others (message lists both).
+      CompressionMismatchError, NotTFRecordError, TruncatedShardError, NotExampleError: bad shard framing/content.
+      SpecError: if every shard is empty.
+    """
+    problems: dict[str, list[tuple[Shard, SpecMismatchError]]] = {f: [] for f in spec.features}
+    good: dict[str, list[tuple[Shard, FeatureInfo]]] = {f: [] for f in spec.features}
+    checked, empty = [], []
+    for shard in shards:
+        examples = records.first_examples(shard, 1)
+        if not examples:
+            empty.append(shard.path)
+            continue
+        checked.append(shard.path)
+        schema = records.schema_of(examples[0])
+        for f in spec.features:
+            err = check_feature(spec, f, schema, f"{shard.path}: record 0")
+            if err is None:
+                good[f].append((shard, schema[f]))
+            else:
+                problems[f].append((shard, err))
+    if empty:
+        log.warning("%d zero-record shard(s) skipped (counted, not an error): %s", len(empty), ", ".join(empty))
+    if not checked:
+        raise SpecError(f"all {len(shards)} shard(s) hold zero records")
+    for f in spec.features:
+        if not problems[f]:
+            continue
+        shard, err = problems[f][0]
+        if not good[f]:
+            raise err
+        ok = good[f][0][0]
+        raise SchemaDriftError(f"shards differ for feature {f!r}: {len(good[f])} shard(s) match the spec (e.g. "
+                               f"{ok.path}) but {len(problems[f])} do not; first: {err}")
+    return ValidationReport(tuple(checked), tuple(empty))

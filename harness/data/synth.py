@@ -1,0 +1,176 @@
+"""Write synthetic exports laid out exactly as Earth Engine writes them (../shared/GEE_FORMAT.md).
+
+Image export: shards `<prefix>-00000.tfrecord.gz` ... (GZIP unless uncompressed: `.tfrecord`), one
+tf.train.Example per patch, one feature per band holding a flat row-major list of S*S values (S = P + k, the
+kernel margin k overlapping the neighbouring patches, k/2 per side), patches row-major over a grid
+`patchesPerRow` wide, split in order across the shards (earlier shards full, the last ones smaller), plus
+`<prefix>-mixer.json`. The label is a float list (as Earth Engine stores class ids).
+Table export: `<prefix>.tfrecord.gz` (or `<prefix>-0000i.tfrecord.gz` when split), one Example per row, each band
+a float_list of one value.
+
+The bands are smooth random fields of the pixel position on the export's grid (so overlapping margins agree
+between neighbours), and the label is the argmax over classes of a fixed linear function of the bands at each
+pixel: learnable from the bands alone, by a 1x1 convolution as by a small U-Net.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from harness.data.records import BYTES, FLOAT, INT64
+
+_COMPONENTS = 3  # sinusoids per band
+
+
+class _Field:
+    """Smooth band values at global pixel positions, and the classes they imply."""
+
+    def __init__(self, rng: np.random.Generator, bands: int, classes: int, wavelength: float):
+        self.freq = rng.normal(size=(bands, _COMPONENTS, 2)) / wavelength * 2 * math.pi
+        self.phase = rng.uniform(0, 2 * math.pi, size=(bands, _COMPONENTS))
+        self.amp = rng.uniform(0.5, 1.0, size=(bands, _COMPONENTS))
+        self.weights = rng.normal(size=(classes, bands))
+
+    def values(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Band values in about [-1.5, 1.5], shape rows.shape + (bands,)."""
+        pos = np.stack([rows, cols], axis=-1).astype(np.float64)  # [..., 2]
+        angle = np.einsum("...d,bcd->...bc", pos, self.freq) + self.phase
+        return (np.sin(angle) * self.amp).sum(-1) / math.sqrt(_COMPONENTS)
+
+    def classes(self, values: np.ndarray) -> np.ndarray:
+        return np.argmax(values @ self.weights.T, axis=-1)
+
+
+def _store(values: np.ndarray, dtype: str) -> tf.train.Feature:
+    """One band (any shape) as Earth Engine stores it: float reflectance-like, int64 DN-like, or uint8 bytes."""
+    flat = values.reshape(-1)
+    if dtype == FLOAT:
+        return tf.train.Feature(float_list=tf.train.FloatList(value=(0.15 + 0.1 * flat).astype(np.float32)))
+    if dtype == INT64:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=np.round(1500 + 1000 * flat).astype(np.int64)))
+    if dtype == BYTES:
+        raw = np.clip(np.round(128 + 80 * flat), 0, 255).astype(np.uint8).tobytes()
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[raw]))
+    raise ValueError(f"dtype must be float, int64 or bytes, got {dtype!r}")
+
+
+def _split(records: int, shards: int) -> list[int]:
+    if shards < 1 or records < shards:
+        raise ValueError(f"need records >= shards >= 1, got {records} records for {shards} shards")
+    return [records // shards + (1 if i < records % shards else 0) for i in range(shards)]
+
+
+def _write(path: str, examples, compressed: bool) -> None:
+    with tf.io.TFRecordWriter(path, "GZIP" if compressed else "") as w:
+        for ex in examples:
+            w.write(ex.SerializeToString())
+
+
+def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4, records: int = 16,
+                       bands: Sequence[str] = ("B2", "B3", "B4", "B8"), label: Optional[str] = "landcover",
+                       classes: int = 4, patch_size: int = 64, kernel_size: int = 0, dtype: str = FLOAT,
+                       compressed: bool = True, seed: int = 0) -> list[str]:
+    """Write an image export of `records` patches over `shards` shards, with its mixer.
+
+    Args:
+      patch_size: P (patchDimensions), pixels.
+      kernel_size: k, the kernel margin: each stored band holds (P+k)^2 values.
+      dtype: band storage, "float" | "int64" | "bytes" (label always float, as Earth Engine writes it).
+      label: label band name, or None for no label.
+
+    Returns:
+      the shard paths in order, then the mixer path.
+
+    Raises:
+      ValueError: if records < shards, or for an unknown dtype.
+    """
+    tf.io.gfile.makedirs(out_dir)
+    rng = np.random.default_rng(seed)
+    field = _Field(rng, len(bands), classes, wavelength=max(8.0, patch_size / 2))
+    per_row = max(1, math.ceil(math.sqrt(records)))
+    side, half = patch_size + kernel_size, kernel_size // 2
+    local = np.arange(side) - half
+    ext = ".tfrecord.gz" if compressed else ".tfrecord"
+
+    def example(i: int) -> tf.train.Example:
+        row, col = divmod(i, per_row)
+        rows, cols = np.meshgrid(row * patch_size + local, col * patch_size + local, indexing="ij")
+        values = field.values(rows, cols)  # [S, S, bands]
+        feats = {b: _store(values[..., j], dtype) for j, b in enumerate(bands)}
+        if label:
+            cls = field.classes(values).astype(np.float32).reshape(-1)
+            feats[label] = tf.train.Feature(float_list=tf.train.FloatList(value=cls))
+        return tf.train.Example(features=tf.train.Features(feature=feats))
+
+    paths, start = [], 0
+    for s, n in enumerate(_split(records, shards)):
+        path = os.path.join(out_dir, f"{prefix}-{s:05d}{ext}")
+        _write(path, (example(i) for i in range(start, start + n)), compressed)
+        paths.append(path)
+        start += n
+    res = 10.0 / 111320  # ~10 m in degrees
+    mixer = {"projection": {"crs": "EPSG:4326", "affine": {"doubleMatrix": [res, 0.0, 89.39, 0.0, -res, 27.45]}},
+             "patchDimensions": [patch_size, patch_size], "patchesPerRow": per_row, "totalPatches": records}
+    mixer_path = os.path.join(out_dir, f"{prefix}-mixer.json")
+    with tf.io.gfile.GFile(mixer_path, "w") as f:
+        json.dump(mixer, f)
+    return paths + [mixer_path]
+
+
+def write_table_export(out_dir: str, *, prefix: str = "export", shards: int = 1, records: int = 256,
+                       bands: Sequence[str] = ("B2", "B3", "B4", "B8"), label: Optional[str] = "class",
+                       classes: int = 4, dtype: str = FLOAT, compressed: bool = True, seed: int = 0) -> list[str]:
+    """Write a table export (points): one Example per row, each band one value, label a float class id.
+
+    One file `<prefix>.tfrecord.gz` as Earth Engine writes table exports; `<prefix>-0000i...` when shards > 1.
+
+    Returns:
+      the shard paths in order.
+
+    Raises:
+      ValueError: if records < shards, or dtype is not float or int64.
+    """
+    if dtype not in (FLOAT, INT64):
+        raise ValueError(f"table bands are float or int64, got {dtype!r}")
+    tf.io.gfile.makedirs(out_dir)
+    rng = np.random.default_rng(seed)
+    field = _Field(rng, len(bands), classes, wavelength=50.0)
+    ext = ".tfrecord.gz" if compressed else ".tfrecord"
+    points = rng.uniform(0, 1000, size=(records, 2))
+    values = field.values(points[:, 0], points[:, 1])  # [records, bands]
+    cls = field.classes(values)
+
+    def example(i: int) -> tf.train.Example:
+        feats = {b: _store(values[i, j:j + 1], dtype) for j, b in enumerate(bands)}
+        if label:
+            feats[label] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(cls[i])]))
+        return tf.train.Example(features=tf.train.Features(feature=feats))
+
+    paths, start = [], 0
+    sizes = _split(records, shards)
+    for s, n in enumerate(sizes):
+        name = f"{prefix}{ext}" if shards == 1 else f"{prefix}-{s:05d}{ext}"
+        path = os.path.join(out_dir, name)
+        _write(path, (example(i) for i in range(start, start + n)), compressed)
+        paths.append(path)
+        start += n
+    return paths
+
+
+def main(args) -> int:
+    """`harness synth`: write the export and print its files."""
+    common = dict(prefix=args.prefix, shards=args.shards, records=args.records, bands=args.bands,
+                  label=args.label or None, classes=args.classes, dtype=args.dtype,
+                  compressed=not args.uncompressed, seed=args.seed)
+    if args.kind == "image":
+        paths = write_image_export(args.output, patch_size=args.patch_size, kernel_size=args.kernel_size, **common)
+    else:
+        paths = write_table_export(args.output, **common)
+    for p in paths:
+        print(p)
+    return 0

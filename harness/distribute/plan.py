@@ -11,7 +11,8 @@ import json
 from typing import Optional, Sequence
 
 from harness.distribute import batch as batch_math
-from harness.distribute.sharding import assign_files
+from harness.distribute.sharding import assign_nonempty
+from harness.errors import BatchSizeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +20,7 @@ class Plan:
     """One epoch of a job, per worker (indexed by rank).
 
     Attributes:
-      files: the files each worker opens, in shard order.
+      files: the files each worker opens, in shard order (zero-record files skipped).
       records: records each worker's input pipeline reads per epoch.
       policy: sharding policy, `"file"` or `"record"` (see `harness.distribute.sharding`).
       batch: per-replica batch, workers and replicas per worker (global and per-worker batch derive from it).
@@ -84,13 +85,15 @@ def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_
     """Plan one epoch.
 
     Args:
-      file_counts: `(path, records)` per file, in shard order (the order training reads them).
+      file_counts: `(path, records)` per file, in shard order (the order training reads them). Zero-record files
+        are skipped, as the input pipeline skips them (`sharding.assign_nonempty`).
       workers: number of workers (input pipelines).
       replicas_per_worker: local replicas per worker.
       global_batch_size, per_replica_batch_size: exactly one.
 
     Raises:
-      BatchSizeError: as `harness.distribute.batch.batch_sizes`, or if an epoch would have zero steps.
+      BatchSizeError: as `harness.distribute.batch.batch_sizes`, if every file holds zero records, or if an epoch
+        would have zero steps.
       ValueError: if `file_counts` is empty, a count is negative, or one path has two different counts.
     """
     counts: dict[str, int] = {}
@@ -101,8 +104,9 @@ def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_
     batch = batch_math.batch_sizes(workers=workers, replicas_per_worker=replicas_per_worker,
                                    global_batch_size=global_batch_size,
                                    per_replica_batch_size=per_replica_batch_size)
-    paths = [path for path, _ in file_counts]
-    shares = [assign_files(paths, workers, w, warn=False) for w in range(workers)]
+    if not any(counts.values()):
+        raise BatchSizeError(f"every file holds zero records ({len(counts)} files)")
+    shares = [assign_nonempty(file_counts, workers, w, warn=False) for w in range(workers)]
     records = tuple(s.records(counts) for s in shares)
     steps = batch_math.steps_per_epoch(records, batch)
     return Plan(files=tuple(s.files for s in shares), records=records, policy=shares[0].policy, batch=batch,

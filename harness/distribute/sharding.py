@@ -75,3 +75,18 @@ def assign_files(files: Sequence[str], num_input_pipelines: int, input_pipeline_
                     "every %d-th record). Reshard the data into a multiple of the workers to read each byte once.",
                     len(files), num_input_pipelines, num_input_pipelines)
     return ShardAssignment(tuple(files), RECORD, input_pipeline_id, num_input_pipelines)
+
+
+def assign_nonempty(file_counts: Sequence[tuple[str, int]], num_input_pipelines: int, input_pipeline_id: int, *,
+                    warn: bool = True) -> ShardAssignment:
+    """`assign_files` over the files that hold at least one record, in order.
+
+    Zero-record files (Earth Engine writes them) are skipped: under the file policy each would take a worker's
+    turn and leave that worker short. The epoch plan and the input pipeline both split files this way, so the
+    records the plan counts are the records the pipeline reads.
+
+    Raises:
+      ValueError: as `assign_files`, including when every file holds zero records.
+    """
+    return assign_files([path for path, n in file_counts if n > 0], num_input_pipelines, input_pipeline_id,
+                        warn=warn)

@@ -59,3 +59,16 @@ def test_to_dict_is_json_and_format_has_a_row_per_worker():
     assert [w["dropped"] for w in d["per_worker"]] == [4, 4, 4, 0]
     text = plan.format()
     assert "steps per epoch: 24" in text and len(text.splitlines()) == 4 + 4
+
+
+def test_zero_record_files_are_skipped_as_the_input_pipeline_skips_them():
+    # Counting the empty file would give worker 1 nothing (and zero steps); skipped, each worker gets one file.
+    plan = make_plan([("a", 10), ("empty", 0), ("b", 50)], workers=2, replicas_per_worker=1,
+                     per_replica_batch_size=5)
+    assert (plan.policy, plan.files, plan.records) == ("file", (("a",), ("b",)), (10, 50))
+    assert (plan.steps_per_epoch, plan.dropped) == (2, (0, 40))
+
+
+def test_every_file_empty():
+    with pytest.raises(BatchSizeError, match="every file holds zero records"):
+        make_plan([("a", 0), ("b", 0)], workers=1, replicas_per_worker=1, per_replica_batch_size=1)

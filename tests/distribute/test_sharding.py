@@ -4,12 +4,12 @@ import os
 import tempfile
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import harness  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf
 
-from harness.distribute.sharding import FILE, RECORD, assign_files
+from harness.distribute.sharding import FILE, RECORD, assign_files, assign_nonempty
 
 
 def _write(folder: str, counts: list[int]) -> list[str]:
@@ -24,9 +24,10 @@ def _write(folder: str, counts: list[int]) -> list[str]:
     return paths
 
 
-def _read(paths: list[str], workers: int, worker: int):
+def _read(paths: list[str], counts: list[int], workers: int, worker: int, skip_empty: bool):
     """Worker `worker`'s records, read exactly as the input pipeline reads them."""
-    share = assign_files(paths, workers, worker, warn=False)
+    share = (assign_nonempty(list(zip(paths, counts)), workers, worker, warn=False) if skip_empty
+             else assign_files(paths, workers, worker, warn=False))
     ds = tf.data.TFRecordDataset(list(share.files))
     if share.policy == RECORD:
         ds = ds.shard(workers, worker)
@@ -34,15 +35,18 @@ def _read(paths: list[str], workers: int, worker: int):
 
 
 @settings(max_examples=40, deadline=None)
-@given(counts=st.lists(st.integers(0, 20), min_size=1, max_size=8), workers=st.integers(1, 6))
-def test_every_record_is_read_exactly_once_per_epoch(counts, workers):
+@given(counts=st.lists(st.integers(0, 20), min_size=1, max_size=8), workers=st.integers(1, 6),
+       skip_empty=st.booleans())
+def test_every_record_is_read_exactly_once_per_epoch(counts, workers, skip_empty):
+    assume(any(counts) or not skip_empty)  # all empty: assign_nonempty raises (tested below)
     with tempfile.TemporaryDirectory() as folder:
         paths = _write(folder, counts)
         by_path = dict(zip(paths, counts))
+        opened = sum(n > 0 for n in counts) if skip_empty else len(paths)
         seen = collections.Counter()
         for w in range(workers):
-            share, ids = _read(paths, workers, w)
-            assert share.policy == (FILE if len(paths) >= workers else RECORD)
+            share, ids = _read(paths, counts, workers, w, skip_empty)
+            assert share.policy == (FILE if opened >= workers else RECORD)
             assert len(ids) == share.records(by_path)
             seen.update(ids)
     assert seen == collections.Counter(range(sum(counts)))
@@ -57,3 +61,10 @@ def test_describe_names_the_policy():
 def test_bad_arguments(files, n, i):
     with pytest.raises(ValueError):
         assign_files(files, n, i)
+
+
+def test_assign_nonempty_skips_zero_record_files():
+    share = assign_nonempty([("a", 3), ("e", 0), ("b", 1), ("c", 2)], 3, 1)
+    assert (share.files, share.policy) == (("b",), FILE)
+    with pytest.raises(ValueError, match="no files"):
+        assign_nonempty([("e", 0)], 1, 0)

@@ -1,0 +1,143 @@
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from harness.data import pipeline as P, shards as S, spec as SP
+from harness.errors import BatchSizeError
+
+
+@pytest.fixture(scope="module")
+def image(image_export):
+    found = S.discover_shards(str(image_export))
+    return found, SP.infer_spec(found, mixer=S.find_mixer(found))
+
+
+@pytest.fixture(scope="module")
+def table(table_export):
+    found = S.discover_shards(str(table_export))
+    return found, SP.infer_spec(found)
+
+
+def _all(ds):
+    return [tf.nest.map_structure(lambda t: t.numpy(), b) for b in ds]
+
+
+def test_image_shapes_dtypes_and_crop(image):
+    found, spec = image
+    (x, y), = _all(P.build_dataset(found, spec, per_replica_batch_size=10, training=False))
+    assert x.shape == (10, 12, 12, 3) and x.dtype == np.float32 and y.shape == (10, 12, 12) and y.dtype == np.int32
+    (xc, yc), = _all(P.build_dataset(found, spec.replace(crop_margin=True), per_replica_batch_size=10,
+                                     training=False))
+    np.testing.assert_array_equal(xc, x[:, 2:10, 2:10])  # rows/cols [k/2, k/2 + P]
+    np.testing.assert_array_equal(yc, y[:, 2:10, 2:10])
+    (xr, yr), = _all(P.build_dataset(found, spec.replace(resize=24), per_replica_batch_size=10, training=False))
+    assert xr.shape == (10, 24, 24, 3) and yr.shape == (10, 24, 24)
+    np.testing.assert_array_equal(yr[:, ::2, ::2], y)  # nearest neighbour keeps the mask's classes in place
+
+
+def test_band_groups_dict_and_time(image):
+    found, spec = image
+    grouped = spec.replace(bands=(), band_groups={"t0": ("B2",), "t1": ("B3",), "t2": ("B4",)})
+    (x, _), = _all(P.build_dataset(found, grouped, per_replica_batch_size=10, training=False))
+    (flat, _), = _all(P.build_dataset(found, spec, per_replica_batch_size=10, training=False))
+    assert set(x) == {"t0", "t1", "t2"} and x["t1"].shape == (10, 12, 12, 1)
+    np.testing.assert_array_equal(x["t2"][..., 0], flat[..., 2])
+    (xt, _), = _all(P.build_dataset(found, grouped.replace(group_delivery="time"), per_replica_batch_size=5,
+                                    training=False))[:1]
+    assert xt.shape == (5, 3, 12, 12, 1)
+
+
+def test_table_real_points_labels_int32(shared_data):
+    found = S.discover_shards(str(shared_data / "gee-aces-points/testing.tfrecord.gz"))
+    spec = SP.infer_spec(found)
+    batches = _all(P.build_dataset(found, spec, per_replica_batch_size=100, training=False))
+    assert len(batches) == 1219 // 100
+    x, y = batches[0]
+    assert x.shape == (100, 8) and x.dtype == np.float32 and y.shape == (100,) and y.dtype == np.int32
+    assert set(np.unique(np.concatenate([b[1] for b in batches]))) <= {0, 1, 2, 3, 4}
+
+
+def test_vectorized_and_per_record_parse_agree(image, monkeypatch):
+    found, spec = image
+    a = _all(P.build_dataset(found, spec, per_replica_batch_size=5, training=False))
+    monkeypatch.setattr(P, "VECTORIZE_MAX_RECORD_BYTES", 0)
+    b = _all(P.build_dataset(found, spec, per_replica_batch_size=5, training=False))
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+
+
+def _ids(batches):
+    return [round(float(v), 6) for x, _ in batches for v in x[:, 0]]
+
+
+@pytest.mark.parametrize("pipelines", [2, 3])  # 2 files: by file for 2, by record for 3
+def test_input_pipelines_split_records_once(table, pipelines):
+    found, spec = table
+    every = sorted(_ids(_all(P.build_dataset(found, spec, per_replica_batch_size=1, training=False))))
+    parts = [_ids(_all(P.build_dataset(found, spec, per_replica_batch_size=1, training=False,
+                                       input_pipeline_id=i, num_input_pipelines=pipelines)))
+             for i in range(pipelines)]
+    assert sorted(sum(parts, [])) == every and len(every) == 64
+
+
+def test_evaluation_is_deterministic(table):
+    found, spec = table
+    assert _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=8, training=False))) == \
+        _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=8, training=False)))
+
+
+def test_records_per_epoch_keeps_first_n_of_each_epoch(table, caplog):
+    caplog.set_level(logging.INFO)
+    found, spec = table
+    ds = P.build_dataset(found, spec, per_replica_batch_size=8, training=True, records_per_epoch=40, seed=0,
+                         cache="none")
+    ids = _ids(_all(ds.take(15)))  # 3 epochs of 5 steps: training repeats forever
+    epochs = [ids[i:i + 40] for i in range(0, 120, 40)]
+    assert all(len(set(e)) == 40 for e in epochs)  # no record twice within an epoch
+    assert epochs[0] != epochs[1]  # reshuffled each epoch
+    assert "24 of this input pipeline's 64 records are read and dropped each epoch" in caplog.text
+    with pytest.raises(BatchSizeError, match="exceeds"):
+        P.build_dataset(found, spec, per_replica_batch_size=8, training=True, records_per_epoch=65)
+
+
+def test_augment_moves_image_and_mask_together(image):
+    found, spec = image
+    x = np.random.default_rng(0).normal(size=(16, 12, 12, 5)).astype(np.float32)
+    y = x.argmax(-1).astype(np.int32)  # the mask is a per-pixel function of the bands
+    xa, ya = P.augment_batch(spec, tf.constant(x), tf.constant(y), tf.constant([1, 2], tf.int64))
+    xa, ya = xa.numpy(), ya.numpy()
+    np.testing.assert_array_equal(ya, xa.argmax(-1))
+    for i in range(16):  # each example is one of the 8 flips/rotations of its input
+        variants = [np.rot90(v, k) for v in (x[i], x[i][:, ::-1]) for k in range(4)]
+        assert any(np.array_equal(xa[i], v) for v in variants)
+    assert not np.array_equal(xa, x)
+
+
+def test_training_dataset_augments_and_repeats(image):
+    found, spec = image
+    ds = P.build_dataset(found, spec.replace(crop_margin=True), per_replica_batch_size=4, training=True,
+                         augment=True, seed=1)
+    batches = _all(ds.take(6))  # 24 > 10 records: repeats
+    assert all(x.shape == (4, 8, 8, 3) and y.shape == (4, 8, 8) for x, y in batches)
+
+
+def test_cache_choice_and_file_cache(table, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    assert P.choose_cache("auto", 10, cache_dir=None, name="n", available=1000).kind == "memory"
+    c = P.choose_cache("auto", 900, cache_dir=str(tmp_path), name="n", available=1000)
+    assert c.kind == "file" and c.path == str(tmp_path / "n") and "exceed" in c.reason
+    assert P.choose_cache("auto", 900, cache_dir=None, name="n", available=1000).kind == "none"
+    found, spec = table
+    ds = P.build_dataset(found, spec, per_replica_batch_size=8, training=False, cache="file",
+                         cache_dir=str(tmp_path / "c"))
+    assert len(_all(ds)) == 8 and list((tmp_path / "c").iterdir())
+    assert "cache: file" in caplog.text
+
+
+def test_eval_smaller_than_batch(table):
+    found, spec = table
+    with pytest.raises(BatchSizeError):
+        P.build_dataset(found, spec, per_replica_batch_size=100, training=False)

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml tools/install.sh
+$(STAMP): setup.cfg pyproject.toml tools/install.sh tools/install_horovod.sh
 	bash tools/install.sh $(VENV) $(EXTRAS)
 	touch $@
 

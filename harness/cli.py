@@ -119,6 +119,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("tensorflow", "absl", "h5py"):   # their INFO lines drown ours
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     module, _, func = args._target.partition(":")
     from harness.errors import HarnessError
     try:

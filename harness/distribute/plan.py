@@ -68,7 +68,8 @@ class Plan:
         """Plain-text table for people."""
         b = self.batch
         lines = [
-            f"{b.workers} workers x {b.replicas_per_worker} replicas = {b.replicas_in_sync} replicas in sync; "
+            f"{b.workers} worker{'s' if b.workers > 1 else ''} x {b.replicas_per_worker} replicas per worker = "
+            f"{b.replicas_in_sync} replicas in sync; "
             f"sharding by {self.policy}",
             f"batch: per-replica {b.per_replica_batch_size}, per-worker {b.per_worker_batch_size}, "
             f"global {b.global_batch_size}",

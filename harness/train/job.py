@@ -17,6 +17,7 @@ from harness.data import spec as spec_lib
 from harness.data.index import record_counts
 from harness.data.shards import discover_shards, find_mixer
 from harness.distribute import plan as plan_lib
+from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class TrainOptions:
             object.__setattr__(self, "per_replica_batch_size", 32)
 
 
-def _file_counts(paths, mixer=None):
+def _file_counts(paths):
     shards = discover_shards(list(paths))
     counts = record_counts(shards)
     return shards, [(s.path, n) for s, n in zip(shards, counts)]
@@ -70,12 +71,16 @@ def _class_weights(option: str, num_classes: int, labels) -> list[float] | None:
     return weights
 
 
-def run(options: TrainOptions, spec=None, *, model_fn=None) -> dict:
+def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, model_fn=None,
+        distribution=None) -> dict:
     """Train; returns the summary dict (also written to `output/summary.json` by the chief).
 
     Args:
       options: `TrainOptions`.
-      spec: a `DataSpec`; inferred from the training shards when None.
+      spec: a `DataSpec`; else inferred from the training shards and overridden by `data_config` (the `data:`
+        section of a config, see `DataSpec.from_config`).
+      distribution: `(strategy, context)` already built by `make_strategy`; built from `options` when None.
+        The strategy must exist before any other TensorFlow op runs.
       model_fn: `(spec, num_classes, mean, variance) -> keras.Model` for a user's own model (called under the
         strategy's scope); the built-in U-Net / pixel classifier when None.
     Raises:
@@ -88,13 +93,15 @@ def run(options: TrainOptions, spec=None, *, model_fn=None) -> dict:
     from harness.train import checkpoint, models, precision
     from harness.train.loop import LoopConfig, Trainer
 
-    strategy, context = make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
+    strategy, context = distribution or make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
     say = print if context.is_chief else (lambda *a, **k: None)
     say(f"worker: {context}")
     policy = precision.apply_policy(options.precision)
 
     shards, counts = _file_counts(options.data)
-    spec = spec or spec_lib.infer_spec(shards, mixer=find_mixer(shards, options.mixer))
+    spec = spec or resolve_spec(data_config or {}, options)
+    if spec.label is None:
+        raise ConfigError(f"no label feature found in {shards[0].path}: give --label")
     spec_lib.validate_spec(spec, shards)
     plan = plan_lib.make_plan(counts, workers=context.num_workers, replicas_per_worker=context.replicas_per_worker,
                               global_batch_size=options.global_batch_size,
@@ -181,8 +188,6 @@ def options_from_args(args) -> tuple[TrainOptions, dict]:
     """
     import yaml
 
-    from harness.errors import ConfigError
-
     config = {}
     if getattr(args, "config", None):
         with open(args.config) as f:
@@ -215,8 +220,19 @@ def options_from_args(args) -> tuple[TrainOptions, dict]:
 def main(args) -> int:
     """`harness train ...` (see `harness train --help`)."""
     options, data = options_from_args(args)
-    spec = None
-    if data:
-        spec = spec_lib.spec_from_config(data, discover_shards(list(options.data)), mixer_path=options.mixer)
-    run(options, spec)
+    run(options, data_config=data)
     return 0
+
+
+def resolve_spec(data: dict, options: TrainOptions):
+    """The spec inferred from the training shards, overridden by whatever the config or flags declare."""
+    shards = discover_shards(list(options.data))
+    inferred = spec_lib.infer_spec(shards, mixer=find_mixer(shards, options.mixer), label=data.get("label"))
+    if not data:
+        return inferred
+    config = inferred.to_config()
+    if "bands" in data or "band_groups" in data:
+        config.pop("dtypes", None)
+        config.pop("band_groups", None)
+    config.update(data)
+    return spec_lib.DataSpec.from_config(config)

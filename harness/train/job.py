@@ -166,6 +166,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     backup.close()
 
     summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
+               "weights_sha256": weights_digest(model),
                "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
                "optimizer_iterations": int(optimizer.iterations.numpy()),
                "history": history, "timing": trainer.timer.summary(), "model": model_path}
@@ -179,6 +180,16 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         with open(os.path.join(options.output, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2, default=str)
     return summary
+
+
+def weights_digest(model) -> str:
+    """SHA-256 over the model's weights in order: equal on every worker when the replicas are in sync."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for w in model.get_weights():
+        digest.update(w.tobytes())
+    return digest.hexdigest()
 
 
 def options_from_args(args) -> tuple[TrainOptions, dict]:

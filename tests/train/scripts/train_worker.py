@@ -1,0 +1,43 @@
+"""Test driver: run `harness.train.job.run` as one worker and print what the test compares.
+
+Usage: train_worker.py OUTPUT_BASE DATA... [-- key=value ...] (TrainOptions fields; ints/floats parsed).
+Each worker trains with `output = OUTPUT_BASE/worker<rank>`, so a test can prove that only the chief's folder is
+created. Prints one line `RESULT {json}` with rank, last loss, weights digest, steps.
+"""
+import json
+import os
+import sys
+
+import harness  # noqa: F401
+
+from harness.distribute.strategy import make_strategy
+from harness.train import job
+
+
+def _value(text):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def main():
+    base, rest = sys.argv[1], sys.argv[2:]
+    split = rest.index("--") if "--" in rest else len(rest)
+    kwargs = {"epochs": 2, "per_replica_batch_size": 32, "learning_rate": 1e-2}
+    kwargs.update({k: _value(v) for k, v in (kv.split("=", 1) for kv in rest[split + 1:])})
+    strategy, context = make_strategy("auto")  # before any other TensorFlow op
+    options = job.TrainOptions(data=tuple(rest[:split]), output=os.path.join(base, f"worker{context.rank}"),
+                               **kwargs)
+    summary = job.run(options, distribution=(strategy, context))
+    print("RESULT " + json.dumps({
+        "rank": context.rank, "loss": summary["history"][-1]["loss"] if summary["history"] else None,
+        "weights_sha256": summary["weights_sha256"], "optimizer_iterations": summary["optimizer_iterations"],
+        "initial_step": summary["initial_step"], "final_step": summary["final_step"],
+        "epochs_run": [h["epoch"] for h in summary["history"]]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Real processes on CPU: 2 MultiWorkerMirroredStrategy workers on localhost, the chief-only write rule, and
+resume after a killed run."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.data import synth
+from harness.launch.local import run_local
+
+SCRIPT = pathlib.Path(__file__).parent / "scripts" / "train_worker.py"
+
+
+def _results(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        if "RESULT " in line:
+            r = json.loads(line.split("RESULT ", 1)[1])
+            out[r["rank"]] = r
+    return out
+
+
+@pytest.fixture(scope="module")
+def table_export(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("table")
+    return synth.write_table_export(str(folder), prefix="points", shards=4, records=1024, seed=3)
+
+
+def test_two_workers_same_loss_identical_weights_chief_only_writes(table_export, tmp_path):
+    import io
+    out = io.StringIO()
+    run_local([sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=2"], workers=2,
+              timeout_s=300, out=out)
+    results = _results(out.getvalue())
+    assert sorted(results) == [0, 1], out.getvalue()[-3000:]
+    assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
+    assert results[0]["loss"] == results[1]["loss"]
+    # 4 files of 256 records, 2 workers -> 512 records each; per-replica 32 -> 16 steps per epoch.
+    assert results[0]["final_step"] == results[1]["final_step"] == 32
+    assert results[0]["optimizer_iterations"] == 32
+    # Chief-only writes: each worker was given its own output folder; only the chief's exists.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker0"]
+    written = sorted(p.name for p in (tmp_path / "worker0").iterdir())
+    assert written == ["backup", "model.keras", "summary.json"]
+
+
+def _latest_step(folder: pathlib.Path):
+    """Global step of the latest complete backup (the `checkpoint` state file is written last), or None."""
+    state = folder / "checkpoint"
+    if not state.exists():
+        return None
+    line = state.read_text().splitlines()[0]          # model_checkpoint_path: "ckpt-128"
+    return int(line.rsplit("-", 1)[1].strip('"'))
+
+
+def test_resume_after_killed_run(table_export, tmp_path):
+    """Kill a run after its first epoch's backup; the restart continues at epoch 2, with no step repeated or
+    lost: final global step and optimizer iterations = epochs x steps per epoch."""
+    cmd = [sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=4", "per_replica_batch_size=8"]
+    env = dict(os.environ, TF_CONFIG="")
+    backup = tmp_path / "worker0" / "backup"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    while _latest_step(backup) is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    last_backup = _latest_step(backup)
+    assert last_backup is not None, proc.stdout.read()[-3000:]
+    steps_per_epoch = 1024 // 8
+    assert last_backup % steps_per_epoch == 0 and last_backup < 4 * steps_per_epoch
+
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = _results(done.stdout)[0]
+    assert result["initial_step"] == last_backup and result["initial_step"] >= steps_per_epoch
+    assert result["epochs_run"] == list(range(last_backup // steps_per_epoch + 1, 5))
+    assert result["final_step"] == result["optimizer_iterations"] == 4 * steps_per_epoch

@@ -13,8 +13,8 @@ import yaml
 
 from harness.data import index, records, spec as spec_lib
 from harness.data.records import BYTES
-from harness.data.shards import Mixer, discover_shards, find_mixer
-from harness.errors import SpecError
+from harness.data.shards import Mixer, check_mixer, discover_shards, find_mixer
+from harness.errors import MixerError, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,11 @@ def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[i
             diff = sorted(set(sch.items()) ^ set(reference[1].items()))
             warnings.append(f"schema of {path} differs from {reference[0]}: {diff[:6]}")
     total = sum(st.records for st in stats)
-    if mixer is not None and mixer.total_patches != total:
-        warnings.append(f"{mixer.path}: totalPatches {mixer.total_patches} but the shards hold {total} records")
+    if mixer is not None:
+        try:
+            check_mixer(mixer, [st.records for st in stats])
+        except MixerError as e:
+            warnings.append(str(e))
     empty = [s.path for s, st in zip(shards, stats) if st.records == 0]
     if empty:
         warnings.append(f"{len(empty)} zero-record shard(s): {', '.join(empty)}")

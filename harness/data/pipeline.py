@@ -25,7 +25,7 @@ import tensorflow as tf
 from harness.data import index
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard
-from harness.data.spec import CLASSIFICATION, IMAGE, TIME, DataSpec
+from harness.data.spec import CLASSIFICATION, IMAGE, TIME, DataSpec, validate_spec
 from harness.distribute.sharding import RECORD, assign_files
 from harness.errors import BatchSizeError, SpecError
 
@@ -40,6 +40,8 @@ MAX_DEFAULT_SHUFFLE = 16384
 # "auto" caches in memory when this pipeline's records take at most this fraction of the available memory.
 MEMORY_CACHE_FRACTION = 0.5
 READ_BUFFER_BYTES = 4 * 1024 * 1024
+# Small records travel from the file readers in batches of this many (see _read_files).
+READ_BATCH = 256
 
 
 # --- parsing -----------------------------------------------------------------------------------------------------
@@ -196,12 +198,17 @@ def parse_per_record(mean_record_bytes: float) -> bool:
     return mean_record_bytes > VECTORIZE_MAX_RECORD_BYTES
 
 
-def _read_files(paths, compressions, *, deterministic: bool, shuffle_files: bool, seed) -> tf.data.Dataset:
+def _read_files(paths, compressions, *, deterministic: bool, shuffle_files: bool, seed,
+                read_batch: Optional[int]) -> tf.data.Dataset:
+    """Records of the files, interleaved in parallel; as batches of up to `read_batch` records of one file when
+    given (small records: a parallel interleave costs microseconds per element, so it moves batches)."""
     files = tf.data.Dataset.from_tensor_slices((list(paths), list(compressions)))
     if shuffle_files and len(paths) > 1:
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+
     def read(path, compression):
-        return tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
+        ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
+        return ds.batch(read_batch) if read_batch else ds
 
     cycle = max(1, min(len(paths), os.cpu_count() or 4))
     if cycle == 1:
@@ -214,7 +221,7 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
                   input_pipeline_id: int = 0, num_input_pipelines: int = 1,
                   records_per_epoch: Optional[int] = None, shuffle_buffer: Optional[int] = None,
                   cache: str = "auto", cache_dir: Optional[str] = None, augment: bool = False,
-                  seed: Optional[int] = None) -> tf.data.Dataset:
+                  seed: Optional[int] = None, validate: bool = True) -> tf.data.Dataset:
     """The dataset of one input pipeline, yielding `(inputs, labels)` batches of `per_replica_batch_size`.
 
     Shapes and dtypes (B = per_replica_batch_size; H = W = spec.output_size; C = bands):
@@ -239,19 +246,24 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
         randomness.
       augment: random flips and 90-degree rotations of image and mask together (training images only).
       seed: seeds file order, shuffle and augmentation; None for a random seed.
+      validate: check the spec against the first record of every shard first (spec.validate_spec; one record
+        read per shard).
 
     Raises:
       SpecError: if the spec has no label.
       BatchSizeError: if records_per_epoch exceeds this pipeline's records or is below one batch, or an
         evaluation pass would yield no batch.
       ValueError: from assign_files (bad pipeline id or count, no files) or for a bad cache mode.
-      and the errors of index.record_stats (bad or truncated shards).
+      and the errors of spec.validate_spec (declared features vs records) and index.record_stats (bad or
+      truncated shards), raised before any batch is produced.
     """
     if spec.label is None:
         raise SpecError("the spec has no label: declare `label:` to build a training or evaluation dataset")
     if per_replica_batch_size < 1:
         raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {per_replica_batch_size}")
     seed = random.randrange(2 ** 31) if seed is None else seed
+    if validate:
+        validate_spec(spec, shards)
     stats = index.record_stats(shards)
     nonempty = [(s, st) for s, st in zip(shards, stats) if st.records > 0]
     if len(nonempty) < len(shards):
@@ -266,15 +278,18 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
     my_bytes = int(my_records * mean_bytes)
 
     deterministic = not training or assignment.policy == RECORD  # record sharding needs one order on all workers
+    per_record = parse_per_record(mean_bytes)
+    batched = not per_record and assignment.policy != RECORD  # elements are batches of raw records
     ds = _read_files(assignment.files, [by_path[p][0].compression for p in assignment.files],
                      deterministic=deterministic, shuffle_files=training and assignment.policy != RECORD,
-                     seed=seed)
+                     seed=seed, read_batch=READ_BATCH if batched else None)
     if assignment.policy == RECORD:
         ds = ds.shard(num_input_pipelines, input_pipeline_id)
 
     digest = hashlib.sha1("|".join(assignment.files).encode()).hexdigest()[:12]
     choice = choose_cache(cache, my_bytes, cache_dir=cache_dir,
-                          name=f"harness-{digest}-p{input_pipeline_id}of{num_input_pipelines}")
+                          name=f"harness-{digest}-{'train' if training else 'eval'}-p{input_pipeline_id}of"
+                               f"{num_input_pipelines}")
     log.info("input pipeline %d/%d: %d files, %d records, cache: %s (%s)", input_pipeline_id,
              num_input_pipelines, len(assignment.files), my_records, choice.kind, choice.reason)
     if choice.kind == "memory":
@@ -283,6 +298,8 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
         tf.io.gfile.makedirs(cache_dir)
         ds = ds.cache(choice.path)
 
+    if batched and (training or records_per_epoch is not None):
+        ds, batched = ds.unbatch(), False  # shuffle and records_per_epoch work on records
     if training:
         buffer = shuffle_buffer or max(1, min(my_records, int(SHUFFLE_BUFFER_BYTES // max(mean_bytes, 1)),
                                               MAX_DEFAULT_SHUFFLE))
@@ -299,11 +316,14 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
         if per_pass % per_replica_batch_size:
             log.info("evaluation drops the last %d records (drop_remainder)", per_pass % per_replica_batch_size)
 
-    if parse_per_record(mean_bytes):
+    if per_record:
         ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         ds = ds.batch(per_replica_batch_size, drop_remainder=True)
     else:
-        ds = ds.batch(per_replica_batch_size, drop_remainder=True)
+        if batched:  # evaluation: regroup the files' record batches across file boundaries
+            ds = ds.rebatch(per_replica_batch_size, drop_remainder=True)
+        else:
+            ds = ds.batch(per_replica_batch_size, drop_remainder=True)
         ds = ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
 
     if augment and training:

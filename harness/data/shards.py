@@ -241,3 +241,11 @@ def find_mixer(shards: Sequence[Shard], mixer_path: Optional[str] = None) -> Opt
                     raise
                 log.debug("%s is not a mixer", candidate)
     return None
+
+
+def check_mixer(mixer: Mixer, record_counts: Sequence[int]) -> None:
+    """Raise MixerError when the mixer's totalPatches differs from the records counted in the shards."""
+    total = sum(record_counts)
+    if mixer.total_patches != total:
+        raise MixerError(f"{mixer.path}: totalPatches {mixer.total_patches} but the shards hold {total} records "
+                         "(a shard lost or added?)")

@@ -263,7 +263,7 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
         raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {per_replica_batch_size}")
     seed = random.randrange(2 ** 31) if seed is None else seed
     if validate:
-        validate_spec(spec, shards)
+        _validate_once(spec, shards)
     stats = index.record_stats(shards)
     nonempty = [(s, st) for s, st in zip(shards, stats) if st.records > 0]
     if len(nonempty) < len(shards):
@@ -339,6 +339,18 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
     # The harness shards by itself (assign_files); tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options)
+
+
+_VALIDATED: set = set()
+
+
+def _validate_once(spec: DataSpec, shards: Sequence[Shard]) -> None:
+    """validate_spec, once per process for a given spec and shard list (build_dataset runs once per input
+    pipeline, and the training job builds several datasets on the same shards)."""
+    key = (repr(spec), tuple(shards))
+    if key not in _VALIDATED:
+        validate_spec(spec, shards)
+        _VALIDATED.add(key)
 
 
 def _keep_first(ds: tf.data.Dataset, keep: int, available: int, batch: int) -> tf.data.Dataset:

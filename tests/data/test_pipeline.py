@@ -151,3 +151,10 @@ def test_eval_smaller_than_batch(table):
     found, spec = table
     with pytest.raises(BatchSizeError):
         P.build_dataset(found, spec, per_replica_batch_size=100, training=False)
+
+
+def test_build_checks_the_spec_before_any_batch(image):
+    from harness.errors import MissingFeatureError
+    found, spec = image
+    with pytest.raises(MissingFeatureError, match="'LandCover'.*closest available key: 'landcover'"):
+        P.build_dataset(found, spec.replace(label="LandCover"), per_replica_batch_size=2, training=True)

@@ -72,11 +72,15 @@ class Trainer:
         same loss and stops at the same step.
       after_first_step: seam for Horovod: called once after the first step, when the optimizer's slots exist
         (broadcast of rank 0's variables).
+      step_hooks: objects with `before_step(step)` and `after_step(step)` (step: the 1-based global number of the
+        step), called around each training step outside its timed span (e.g. the profiler's trace window).
+      timer: the `StepTimer` to record steps in (default: a new one with `config.warmup_steps`).
     """
 
     def __init__(self, *, model, optimizer, strategy, context, config: LoopConfig, class_weights=None,
                  gradient_tape: Callable | None = None, cross_rank_sum: Callable | None = None,
-                 after_first_step: Callable[[], None] | None = None):
+                 after_first_step: Callable[[], None] | None = None, step_hooks: Sequence = (),
+                 timer: StepTimer | None = None):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.context, self.config = context, config
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
@@ -85,7 +89,8 @@ class Trainer:
         self._after_first_step = after_first_step
         self._ranks = context.num_workers if cross_rank_sum else 1
         self._scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
-        self.timer = StepTimer(config.warmup_steps)
+        self.timer = timer or StepTimer(config.warmup_steps)
+        self.step_hooks = tuple(step_hooks)
         self.train_step = tf.function(self._train_step)
         self.eval_step = tf.function(self._eval_step)
 
@@ -158,6 +163,8 @@ class Trainer:
             first_timed = len(self.timer.steps)
             loss_sum = 0.0
             for _ in range(cfg.steps_per_epoch):
+                for hook in self.step_hooks:
+                    hook.before_step(step + 1)
                 mark = self.timer.begin()
                 batch = next(train_iterator)
                 self.timer.got_input(mark)
@@ -167,6 +174,8 @@ class Trainer:
                     self._after_first_step = None
                 step += 1
                 self.timer.end(mark, step, cfg.global_batch_size)
+                for hook in self.step_hooks:
+                    hook.after_step(step)
                 if not math.isfinite(loss):
                     raise NonFiniteLossError(f"loss is {loss} at step {step} (epoch {epoch + 1}); lower the "
                                              "learning rate or check the input for NaN/inf values")

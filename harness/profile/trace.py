@@ -1,0 +1,191 @@
+"""tf.profiler traces of a window of steps on every worker, their check, and the profiler's own input analysis.
+
+Each worker traces into its own folder, `LOGDIR/worker-<rank>/plugins/profile/<run>/<host>.xplane.pb`: workers on
+one host share the host name and the second-resolution run folder, so with one folder for all, a later worker's
+trace would overwrite an earlier one's. TensorBoard shows each `worker-<rank>` as a run
+(`tensorboard --logdir LOGDIR`). Steps inside the window are marked with `tf.profiler.experimental.Trace("train",
+step_num=...)`, which is what the profiler's step-time and input-pipeline analysis keys on.
+
+The input-bound figure is read with tensorboard-plugin-profile's converter (`xspace_to_tool_data`, tool
+`input_pipeline_analyzer`), the code behind TensorBoard's Profile tab, so it is the profiler's number, not ours.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from typing import Optional
+
+import tensorflow as tf
+
+from harness.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def parse_step_window(text: str) -> tuple[int, int]:
+    """`"10:20"` -> `(10, 20)`: global steps 10 to 20, both traced (as Keras' `profile_batch="10,20"`).
+
+    Raises:
+      ConfigError: unless the text is `START:STOP` with 1 <= START <= STOP.
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*[:,]\s*(\d+)\s*", text or "")
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ConfigError(f"--profile-steps {text!r}: expected START:STOP with 1 <= START <= STOP (e.g. 10:20)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def worker_logdir(logdir: str, rank: int) -> str:
+    return os.path.join(logdir, f"worker-{rank}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceResult:
+    """What one worker's window left: the `.xplane.pb` (None when missing), its size, the steps traced, and the
+    error when tracing failed."""
+
+    rank: int
+    logdir: str
+    xplane: Optional[str]
+    bytes: int
+    steps: tuple[int, int]
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.xplane is not None and self.bytes > 0
+
+    def to_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), ok=self.ok)
+
+
+class ProfileWindow:
+    """A `Trainer` step hook: starts tf.profiler before step `first`, stops it after step `last`.
+
+    Call `close()` after training: it stops a window the run did not reach the end of, and returns the
+    `TraceResult` (also for a window never started, with the error saying so).
+    """
+
+    def __init__(self, logdir: str, *, first: int, last: int, rank: int):
+        self.logdir, self.first, self.last, self.rank = worker_logdir(logdir, rank), first, last, rank
+        self._active = False
+        self._done = False
+        self._step_trace = None
+        self._error = ""
+
+    def before_step(self, step: int) -> None:
+        if not self._done and not self._active and self.first <= step <= self.last:
+            try:
+                tf.io.gfile.makedirs(self.logdir)
+                tf.profiler.experimental.start(self.logdir)
+                self._active = True
+            except (tf.errors.AlreadyExistsError, tf.errors.UnavailableError) as e:
+                self._error, self._done = f"profiler did not start: {e}", True
+                log.warning("worker %d: %s", self.rank, self._error)
+        if self._active:
+            self._step_trace = tf.profiler.experimental.Trace("train", step_num=step, _r=1)
+            self._step_trace.__enter__()
+
+    def after_step(self, step: int) -> None:
+        if self._step_trace is not None:
+            self._step_trace.__exit__(None, None, None)
+            self._step_trace = None
+        if self._active and step >= self.last:
+            self._stop()
+
+    def _stop(self) -> None:
+        try:
+            tf.profiler.experimental.stop()
+        except tf.errors.UnavailableError as e:
+            self._error = f"profiler did not stop: {e}"
+        self._active, self._done = False, True
+
+    def close(self) -> TraceResult:
+        if self._step_trace is not None:
+            self._step_trace.__exit__(None, None, None)
+            self._step_trace = None
+        if self._active:
+            self._stop()
+        if not self._done and not self._error:
+            self._error = f"the run ended before step {self.first}: nothing traced"
+        return find_trace(self.logdir, rank=self.rank, steps=(self.first, self.last), error=self._error)
+
+
+def find_trace(logdir: str, *, rank: int, steps: tuple[int, int], error: str = "") -> TraceResult:
+    """The newest `.xplane.pb` under `logdir/plugins/profile/`, as a `TraceResult`."""
+    found = tf.io.gfile.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
+    if not found:
+        return TraceResult(rank, logdir, None, 0, steps, error or f"no .xplane.pb under {logdir}/plugins/profile")
+    newest = max(found, key=lambda p: (os.path.basename(os.path.dirname(p)), p))
+    size = tf.io.gfile.stat(newest).length
+    return TraceResult(rank, logdir, newest, size, steps, error or ("" if size else f"{newest} is empty"))
+
+
+def missing_traces(results: list[dict], workers: int) -> list[str]:
+    """Lines naming each worker whose trace is missing or empty (`results`: gathered `TraceResult.to_dict()`s)."""
+    by_rank = {r["rank"]: r for r in results}
+    out = []
+    for rank in range(workers):
+        r = by_rank.get(rank)
+        if r is None:
+            out.append(f"worker {rank}: no trace reported")
+        elif not r["ok"]:
+            out.append(f"worker {rank}: {r['error'] or 'trace missing'} (log dir {r['logdir']})")
+    return out
+
+
+def _converter():
+    """tensorboard-plugin-profile's `xspace_to_tool_data` (module `xprof` in its newer releases)."""
+    try:
+        from tensorboard_plugin_profile.convert import raw_to_tool_data
+    except ImportError:
+        from xprof.convert import raw_to_tool_data  # type: ignore[no-redef]
+    return raw_to_tool_data
+
+
+_PERCENT = re.compile(r"([\d.]+)\s*%\s*of the total step time")
+
+
+def profiler_input_analysis(xplane: str) -> dict:
+    """The profiler's input-pipeline analysis of one trace.
+
+    Returns:
+      `{"input_percent", "conclusion", "step_time_ms", "input_ms", "hardware_type", "steps"}`; `input_percent`
+      is the share of step time the profiler attributes to waiting for input (its "input-bound" figure), None
+      when the analyzer found no step. On failure: `{"error": ...}`.
+    """
+    try:
+        convert = _converter()
+        data, _ = convert.xspace_to_tool_data([xplane], "input_pipeline_analyzer^", {})
+    except Exception as e:  # ImportError, or the converter's own failures: report, never fail the run
+        return {"error": f"input_pipeline_analyzer failed on {xplane}: {type(e).__name__}: {e}"}
+    if not data:
+        return {"error": f"input_pipeline_analyzer returned nothing for {xplane}"}
+    tables = json.loads(data)
+    props = (tables[0] or {}).get("p", {}) if tables else {}
+    rows = (tables[0] or {}).get("rows", []) if tables else []
+    conclusion = props.get("input_conclusion", "")
+    m = _PERCENT.search(conclusion)
+    step_ms, input_ms = _float(props.get("steptime_ms_average")), _float(props.get("infeed_time_ms_avg"))
+    if m:
+        percent = float(m.group(1))
+    elif rows and step_ms:
+        percent = 100.0 * (input_ms or 0.0) / step_ms
+    else:
+        percent = None
+    return {"input_percent": percent, "conclusion": conclusion, "step_time_ms": step_ms, "input_ms": input_ms,
+            "hardware_type": props.get("hardware_type"), "steps": len(rows)}
+
+
+def _float(value) -> Optional[float]:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def tensorboard_command(logdir: str) -> str:
+    return f"tensorboard --logdir {os.path.abspath(logdir) if '://' not in logdir else logdir}"
+

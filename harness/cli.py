@@ -111,6 +111,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before all workers are stopped")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- harness train ...")
+    p = _command(lsub, "k8s", "harness.launch.k8s:main",
+                 "Write Kubernetes manifests (TFJob, MPIJob, or Indexed Job + headless Service) for a command")
+    p.add_argument("--kind", choices=["tfjob", "mpijob", "indexed-job"], required=True)
+    p.add_argument("--workers", type=int, required=True, help="training pods")
+    p.add_argument("--gpus-per-worker", type=int, default=0, help="nvidia.com/gpu per pod (mpijob: MPI slots too)")
+    p.add_argument("--image", required=True, help="container image built from the Dockerfile")
+    p.add_argument("--name", default="harness-train", help="job name (DNS label)")
+    p.add_argument("--namespace", help="default: kubectl's current namespace")
+    p.add_argument("--port", type=int, default=2222, help="workers' gRPC port (tfjob, indexed-job)")
+    p.add_argument("--volume-claim", default="harness-shared",
+                   help="ReadWriteMany PersistentVolumeClaim for data and output ('' for none)")
+    p.add_argument("--mount-path", default="/mnt/harness", help="where the claim is mounted in every pod")
+    p.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8")
+    p.add_argument("--memory", help="memory request and limit per pod, e.g. 32Gi")
+    p.add_argument("--restart-policy", default="OnFailure",
+                   help="OnFailure | Never (indexed-job); also ExitCode | Always (tfjob, mpijob)")
+    p.add_argument("--backoff-limit", type=int, default=3, help="retries of the whole job")
+    p.add_argument("--mpi-launcher", choices=["mpirun", "horovodrun"], default="mpirun", help="mpijob only")
+    p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- harness train ...")
 
     return parser
 

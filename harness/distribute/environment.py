@@ -5,7 +5,11 @@ Sources, in order of precedence (the first one present wins):
 1. `TF_CONFIG`: the cluster and this task, as tf.distribute reads it
    (https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_config_environment_variable,
    https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras). MultiWorkerMirroredStrategy builds
-   its cluster from it, so when it is set it is the truth.
+   its cluster from it, so when it is set it is the truth. Kubeflow's TFJob operator writes it in each pod.
+   Without it, a Kubernetes Indexed Job (`harness launch k8s --kind indexed-job`) implies one:
+   `JOB_COMPLETION_INDEX` (set by Kubernetes) plus `HARNESS_K8S_SERVICE`, `HARNESS_K8S_JOB`,
+   `HARNESS_NUM_WORKERS`, `HARNESS_PORT` (set by the manifest) give worker i at `<job>-<i>.<service>:<port>`
+   (see `indexed_job_tf_config`).
 2. Launcher variables, one row of `LAUNCHERS` each (after accelerate's `utils/environment.py`): the generic
    `HARNESS_*` seam for any other launcher, then Horovod, Open MPI, MVAPICH2, PMI (MPICH / Intel MPI hydra),
    Slurm. MPI rows come before Slurm because `mpirun` inside an allocation leaves the allocation's Slurm
@@ -86,16 +90,18 @@ def _environ(environ: Optional[Mapping[str, str]]) -> Mapping[str, str]:
 
 
 def read_tf_config(environ: Optional[Mapping[str, str]] = None) -> Optional[TFConfig]:
-    """Parse and validate `TF_CONFIG`; `None` when it is unset or empty.
+    """Parse and validate `TF_CONFIG`; when it is unset or empty, the one a Kubernetes Indexed Job implies
+    (`indexed_job_tf_config`), else `None`.
 
     Raises:
       ClusterConfigError: if it is not a JSON object, has no `cluster`, names a task type other than chief and
         worker (parameter servers and evaluators are not supported), has more than one chief, or its `task` type
         is not in the cluster or its index is out of range.
     """
-    raw = _environ(environ).get(TF_CONFIG, "").strip()
+    env = _environ(environ)
+    raw = env.get(TF_CONFIG, "").strip()
     if not raw:
-        return None
+        return indexed_job_tf_config(env)
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -123,6 +129,52 @@ def read_tf_config(environ: Optional[Mapping[str, str]] = None) -> Optional[TFCo
         raise ClusterConfigError(f'TF_CONFIG task index {task_index!r} is out of range: the cluster has '
                                  f'{len(cluster[task_type])} "{task_type}" tasks')
     return TFConfig(cluster=cluster, task_type=task_type, task_index=task_index)
+
+
+# A Kubernetes Indexed Job: the index Kubernetes sets, and the variables `harness launch k8s` writes.
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+K8S_SERVICE = "HARNESS_K8S_SERVICE"
+K8S_JOB = "HARNESS_K8S_JOB"
+NUM_WORKERS = "HARNESS_NUM_WORKERS"
+PORT = "HARNESS_PORT"
+# Optional "host:port,..." (one per index) in place of the DNS names, for clusters that need other addresses
+# (host networking) and for tests on one machine.
+WORKER_ADDRESSES = "HARNESS_WORKER_ADDRESSES"
+DEFAULT_PORT = 2222
+
+
+def indexed_job_tf_config(environ: Optional[Mapping[str, str]] = None) -> Optional[TFConfig]:
+    """The TF_CONFIG of pod `JOB_COMPLETION_INDEX` of an Indexed Job behind a headless Service; `None` unless both
+    `JOB_COMPLETION_INDEX` and `HARNESS_K8S_SERVICE` are set.
+
+    Pod i of Job `<job>` with `subdomain: <service>` is reachable at `<job>-<i>.<service>` (Kubernetes: "Indexed
+    Job for parallel processing with static work assignment", "Job with pod-to-pod communication"), so worker i
+    is `<job>-<i>.<service>:<port>`, or the i-th entry of `HARNESS_WORKER_ADDRESSES` when that is set.
+
+    Raises:
+      ClusterConfigError: if `HARNESS_K8S_JOB` or `HARNESS_NUM_WORKERS` is missing, a value is not an integer,
+        the index is out of range, or `HARNESS_WORKER_ADDRESSES` does not list one address per worker.
+    """
+    env = _environ(environ)
+    if JOB_COMPLETION_INDEX not in env or not env.get(K8S_SERVICE):
+        return None
+    for name in (K8S_JOB, NUM_WORKERS):
+        if not env.get(name):
+            raise ClusterConfigError(f"{name} is not set: an Indexed Job pod ({JOB_COMPLETION_INDEX}="
+                                     f"{env[JOB_COMPLETION_INDEX]}, {K8S_SERVICE}={env[K8S_SERVICE]}) needs it to "
+                                     f"build TF_CONFIG (harness launch k8s --kind indexed-job sets it)")
+    index, workers = _int(env, JOB_COMPLETION_INDEX), _int(env, NUM_WORKERS)
+    port = _int(env, PORT) if env.get(PORT) else DEFAULT_PORT
+    if not 0 <= index < workers:
+        raise ClusterConfigError(f"{JOB_COMPLETION_INDEX}={index} is out of range for {NUM_WORKERS}={workers}")
+    if env.get(WORKER_ADDRESSES):
+        addresses = tuple(a.strip() for a in env[WORKER_ADDRESSES].split(","))
+        if len(addresses) != workers or not all(a.rpartition(":")[0] for a in addresses):
+            raise ClusterConfigError(f"{WORKER_ADDRESSES}={env[WORKER_ADDRESSES]!r} must list {workers} "
+                                     f'"host:port" addresses ({NUM_WORKERS}={workers})')
+    else:
+        addresses = tuple(f"{env[K8S_JOB]}-{i}.{env[K8S_SERVICE]}:{port}" for i in range(workers))
+    return TFConfig(cluster={WORKER: addresses}, task_type=WORKER, task_index=index)
 
 
 def _int(environ: Mapping[str, str], name: Optional[str]) -> Optional[int]:

@@ -1,0 +1,310 @@
+"""`harness launch k8s --kind tfjob|mpijob|indexed-job ...`: Kubernetes manifests that run `harness train` unchanged.
+
+Three kinds, one per kind of cluster (generating YAML is in scope; applying it is `kubectl apply -f`):
+
+- `tfjob`: a Kubeflow training-operator `TFJob` (kubeflow.org/v1). N `Worker` replicas; the container must be
+  named `tensorflow` with a port named `tfjob-port` (2222), from which the operator writes each pod's TF_CONFIG
+  (`{"cluster": {"worker": ["<job>-worker-0.<ns>.svc:2222", ...]}, "task": {...}, "environment": "cloud"}`).
+  MultiWorkerMirroredStrategy reads it; worker 0 is the chief.
+- `mpijob`: a Kubeflow mpi-operator `MPIJob` (kubeflow.org/v2beta1), for `--backend horovod`. A launcher pod runs
+  `mpirun` (or `horovodrun`) over N worker pods of `slotsPerWorker = G` ranks each; the workers only run `sshd`
+  as the image's non-root user (the operator mounts the SSH keys at `sshAuthMountPath` and writes the hostfile).
+- `indexed-job`: a plain `batch/v1` Job with `completionMode: Indexed` and a headless Service, for clusters
+  without operators. Pod i has hostname `<job>-<i>` under the service's subdomain, and the harness builds
+  TF_CONFIG itself from `JOB_COMPLETION_INDEX` and the `HARNESS_K8S_*` variables set here
+  (`harness.distribute.environment.indexed_job_tf_config`).
+
+Every training pod gets its GPUs as `nvidia.com/gpu` limits, the shared volume (a ReadWriteMany
+PersistentVolumeClaim for data and output, mounted at the same path everywhere: the chief writes the backup that
+every worker restores), a memory-backed `/dev/shm` (NCCL and tf.data need more than the runtime's 64 MB), and the
+image's non-root user. The user's own settings (node selectors, tolerations, service account, secrets, extra
+env...) go in an `--overrides` YAML with three sections, merged last: `manifest` into each top-level object,
+`pod` into every pod spec, `container` into every container that runs `harness` (dicts merge, lists append,
+other values replace).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import sys
+from typing import Any, Mapping, Optional, Sequence
+
+from harness.errors import ConfigError
+
+KINDS = ("tfjob", "mpijob", "indexed-job")
+PORT = 2222
+TF_CONTAINER = "tensorflow"      # the training-operator finds the TF container and its port by these names
+TF_PORT_NAME = "tfjob-port"
+USER, UID = "harness", 1000      # the Dockerfile's non-root user
+HOME = f"/home/{USER}"
+GPU_RESOURCE = "nvidia.com/gpu"
+# restartPolicy values each kind accepts (replica specs of the operators; pods of a batch/v1 Job).
+RESTART_POLICIES = {"tfjob": ("OnFailure", "ExitCode", "Never", "Always"),
+                    "mpijob": ("OnFailure", "ExitCode", "Never", "Always"),
+                    "indexed-job": ("OnFailure", "Never")}
+# Set in every training container; under MPI also exported by `mpirun -x` (ssh sessions start with a bare env).
+BASE_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+MPI_EXPORTED = ("TF_USE_LEGACY_KERAS", "PYTHONUNBUFFERED", "PATH", "LD_LIBRARY_PATH", "NCCL_DEBUG")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+OVERRIDE_SECTIONS = ("manifest", "pod", "container")
+
+
+@dataclasses.dataclass(frozen=True)
+class K8sOptions:
+    """What `harness launch k8s` generates. Field names match its flags.
+
+    Attributes:
+      kind: one of `KINDS`.
+      command: what each worker runs (`tfjob`, `indexed-job`) or each MPI rank runs (`mpijob`).
+      workers: training pods.
+      image: container image (see the Dockerfile).
+      gpus_per_worker: GPUs per pod (`nvidia.com/gpu` limit); for `mpijob` also the MPI slots (ranks) per pod.
+      name: job name (a DNS label: it prefixes pod and host names).
+      namespace: metadata.namespace, or None for kubectl's current one.
+      port: the workers' gRPC port (tfjob, indexed-job).
+      volume_claim: PersistentVolumeClaim mounted at `mount_path` in every pod; None for no shared volume.
+      cpu, memory: requests and limits per training pod, e.g. "8" and "32Gi"; None to leave unset.
+      restart_policy: per pod (indexed-job) or per replica type (operators); see `RESTART_POLICIES`.
+      backoff_limit: retries of the whole job before it is marked failed.
+      mpi_launcher: `mpirun` or `horovodrun` (mpijob).
+      overrides: the user's own settings, see the module doc.
+    """
+
+    kind: str
+    command: tuple[str, ...]
+    workers: int
+    image: str
+    gpus_per_worker: int = 0
+    name: str = "harness-train"
+    namespace: Optional[str] = None
+    port: int = PORT
+    volume_claim: Optional[str] = "harness-shared"
+    mount_path: str = "/mnt/harness"
+    cpu: Optional[str] = None
+    memory: Optional[str] = None
+    restart_policy: str = "OnFailure"
+    backoff_limit: int = 3
+    mpi_launcher: str = "mpirun"
+    overrides: Optional[Mapping[str, Any]] = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConfigError(f"--kind {self.kind!r}: one of {', '.join(KINDS)}")
+        if not self.command:
+            raise ConfigError("no command to run in the pods (put it after --, e.g. -- harness train ...)")
+        if self.workers < 1 or self.gpus_per_worker < 0:
+            raise ConfigError(f"--workers must be >= 1 and --gpus-per-worker >= 0, got {self.workers} and "
+                              f"{self.gpus_per_worker}")
+        # Pod hostnames are `<name>-<index>` (Indexed Job) or `<name>-worker-<index>` (operators): DNS labels.
+        longest = f"{self.name}-launcher" if self.kind == "mpijob" else f"{self.name}-worker-{self.workers - 1}"
+        if not _DNS_LABEL.match(self.name) or len(longest) > 63:
+            raise ConfigError(f"--name {self.name!r} must be a DNS label (lower-case letters, digits, '-', starting "
+                              f"with a letter) short enough that {longest!r} has at most 63 characters")
+        if self.restart_policy not in RESTART_POLICIES[self.kind]:
+            raise ConfigError(f"--restart-policy {self.restart_policy!r} is not valid for {self.kind}: one of "
+                              f"{', '.join(RESTART_POLICIES[self.kind])}")
+        if self.mpi_launcher not in ("mpirun", "horovodrun"):
+            raise ConfigError(f"--mpi-launcher {self.mpi_launcher!r}: mpirun or horovodrun")
+        unknown = set(self.overrides or {}) - set(OVERRIDE_SECTIONS)
+        if unknown:
+            raise ConfigError(f"overrides: unknown sections {sorted(unknown)}; expected {list(OVERRIDE_SECTIONS)}")
+
+
+def manifests(options: K8sOptions) -> list[dict]:
+    """The objects to apply, in order (the Service before the Job that needs its DNS names)."""
+    build = {"tfjob": tfjob, "mpijob": mpijob, "indexed-job": indexed_job}[options.kind]
+    return build(options)
+
+
+# --- the three kinds -------------------------------------------------------------------------------------------
+def tfjob(o: K8sOptions) -> list[dict]:
+    container = _container(o, TF_CONTAINER, list(o.command), gpus=o.gpus_per_worker,
+                           ports=[{"name": TF_PORT_NAME, "containerPort": o.port, "protocol": "TCP"}])
+    manifest = {
+        "apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(o),
+        "spec": {
+            "runPolicy": {"backoffLimit": o.backoff_limit, "cleanPodPolicy": "Running"},
+            "tfReplicaSpecs": {"Worker": {"replicas": o.workers, "restartPolicy": o.restart_policy,
+                                          "template": _template(o, [container])}},
+        },
+    }
+    return [_override(o, manifest)]
+
+
+def mpijob(o: K8sOptions) -> list[dict]:
+    slots = max(o.gpus_per_worker, 1)
+    launcher = _container(o, "launcher", launcher_command(o), gpus=0, training=False)
+    worker = _container(o, "worker", ["/usr/sbin/sshd", "-De", "-f", f"{HOME}/.sshd_config"],
+                        gpus=o.gpus_per_worker)
+    manifest = {
+        "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": _metadata(o),
+        "spec": {
+            "slotsPerWorker": slots,
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": f"{HOME}/.ssh",
+            "launcherCreationPolicy": "WaitForWorkersReady",  # no ssh to workers whose sshd is not up yet
+            "runPolicy": {"backoffLimit": o.backoff_limit, "cleanPodPolicy": "Running"},
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": o.restart_policy,
+                             "template": _template(o, [launcher])},
+                "Worker": {"replicas": o.workers, "template": _template(o, [worker])},
+            },
+        },
+    }
+    return [_override(o, manifest)]
+
+
+def launcher_command(o: K8sOptions) -> list[str]:
+    """The MPIJob launcher's command: every rank of every worker pod runs `o.command`.
+
+    The operator points Open MPI at its hostfile (`OMPI_MCA_orte_default_hostfile`); horovodrun is given the same
+    file, whose lines (`host slots=N`) it reads as they are.
+    """
+    ranks = str(o.workers * max(o.gpus_per_worker, 1))
+    if o.mpi_launcher == "horovodrun":
+        return ["horovodrun", "-np", ranks, "--hostfile", "/etc/mpi/hostfile", *o.command]
+    exported = [a for name in MPI_EXPORTED for a in ("-x", name)]
+    return ["mpirun", "-np", ranks, "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl",
+            "^openib", *exported, *o.command]
+
+
+def indexed_job(o: K8sOptions) -> list[dict]:
+    env = {"HARNESS_K8S_JOB": o.name, "HARNESS_K8S_SERVICE": o.name, "HARNESS_NUM_WORKERS": str(o.workers),
+           "HARNESS_PORT": str(o.port)}
+    container = _container(o, "harness", list(o.command), gpus=o.gpus_per_worker, env=env,
+                           ports=[{"name": "grpc", "containerPort": o.port, "protocol": "TCP"}])
+    template = _template(o, [container])
+    template["spec"].update(subdomain=o.name, restartPolicy=o.restart_policy)
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": _metadata(o),
+        "spec": {"clusterIP": "None", "selector": _labels(o),
+                 # DNS names exist before the pods are Ready: workers look each other up while starting.
+                 "publishNotReadyAddresses": True,
+                 "ports": [{"name": "grpc", "port": o.port, "targetPort": o.port, "protocol": "TCP"}]},
+    }
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(o),
+        "spec": {"completionMode": "Indexed", "completions": o.workers, "parallelism": o.workers,
+                 "backoffLimit": o.backoff_limit, "template": template},
+    }
+    return [_override(o, service, pods=False), _override(o, job)]
+
+
+# --- shared pieces ---------------------------------------------------------------------------------------------
+def _labels(o: K8sOptions) -> dict:
+    return {"app.kubernetes.io/name": "harness", "harness/job": o.name}
+
+
+def _metadata(o: K8sOptions) -> dict:
+    meta = {"name": o.name, "labels": _labels(o)}
+    if o.namespace:
+        meta["namespace"] = o.namespace
+    return meta
+
+
+def _container(o: K8sOptions, name: str, command: list[str], *, gpus: int, env: Optional[dict] = None,
+               ports: Optional[list] = None, training: bool = True) -> dict:
+    container = {"name": name, "image": o.image, "imagePullPolicy": "IfNotPresent", "command": command,
+                 "env": [{"name": k, "value": v} for k, v in {**BASE_ENV, **(env or {})}.items()],
+                 "workingDir": HOME}
+    if ports:
+        container["ports"] = ports
+    if training:
+        amounts = {k: v for k, v in (("cpu", o.cpu), ("memory", o.memory)) if v}
+        limits = dict(amounts, **({GPU_RESOURCE: str(gpus)} if gpus else {}))
+        if limits:
+            container["resources"] = {"limits": limits, **({"requests": amounts} if amounts else {})}
+        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        if o.volume_claim:
+            container["volumeMounts"].append({"name": "shared", "mountPath": o.mount_path})
+    return container
+
+
+def _template(o: K8sOptions, containers: list[dict]) -> dict:
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    if o.volume_claim:
+        volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": o.volume_claim}})
+    spec = {"containers": containers, "volumes": volumes,
+            "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True}}
+    return {"metadata": {"labels": _labels(o)}, "spec": spec}
+
+
+def _override(o: K8sOptions, manifest: dict, *, pods: bool = True) -> dict:
+    """Merge the user's `manifest`, `pod` and `container` sections into `manifest` (see the module doc)."""
+    over = o.overrides or {}
+    if pods:
+        for template in _pod_templates(manifest):
+            merge(template["spec"], over.get("pod") or {})
+            for c in template["spec"]["containers"]:
+                if c["name"] != "launcher":   # the MPI launcher only starts the ranks
+                    merge(c, over.get("container") or {})
+    return merge(manifest, over.get("manifest") or {})
+
+
+def _pod_templates(manifest: dict) -> list[dict]:
+    spec = manifest["spec"]
+    if "template" in spec:
+        return [spec["template"]]
+    replicas = spec.get("tfReplicaSpecs") or spec.get("mpiReplicaSpecs") or {}
+    return [r["template"] for r in replicas.values()]
+
+
+def merge(base: dict, extra: Mapping) -> dict:
+    """Merge `extra` into `base` in place: dicts recursively, lists appended, anything else replaced."""
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            merge(base[key], value)
+        elif isinstance(value, list) and isinstance(base.get(key), list):
+            base[key].extend(value)
+        else:
+            base[key] = value
+    return base
+
+
+def to_yaml(objects: Sequence[dict], options: K8sOptions) -> str:
+    """A YAML stream of `objects`, with a header saying how it was made and where the user's settings go."""
+    import yaml
+
+    argv = shlex.join(["harness", "launch", "k8s", "--kind", options.kind, "--workers", str(options.workers),
+                       "--gpus-per-worker", str(options.gpus_per_worker), "--image", options.image, "--",
+                       *options.command])
+    header = (f"# Generated by: {argv}\n"
+              "# Your own settings (nodeSelector, tolerations, serviceAccountName, imagePullSecrets, env, ...):\n"
+              "# put them in an overrides file (sections manifest / pod / container) and pass --overrides FILE,\n"
+              "# so that regenerating keeps them. Apply with: kubectl apply -f THIS_FILE\n")
+    return header + yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+
+
+def load_overrides(path: Optional[str]) -> Optional[dict]:
+    """Read the `--overrides` YAML (None when no path)."""
+    if not path:
+        return None
+    import yaml
+
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with sections {list(OVERRIDE_SECTIONS)}")
+    return data
+
+
+def main(args) -> int:
+    """`harness launch k8s --kind KIND --workers N [--gpus-per-worker G] --image IMAGE [...] -- CMD...`."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    options = K8sOptions(kind=args.kind, command=tuple(command), workers=args.workers, image=args.image,
+                         gpus_per_worker=args.gpus_per_worker, name=args.name, namespace=args.namespace,
+                         port=args.port, volume_claim=args.volume_claim or None, mount_path=args.mount_path,
+                         cpu=args.cpu, memory=args.memory, restart_policy=args.restart_policy,
+                         backoff_limit=args.backoff_limit, mpi_launcher=args.mpi_launcher,
+                         overrides=load_overrides(args.overrides))
+    text = to_yaml(manifests(options), options)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}: kubectl apply -f {args.output}", file=sys.stderr)
+    return 0

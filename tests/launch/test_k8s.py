@@ -1,0 +1,256 @@
+"""`harness launch k8s`: manifests checked against the real schemas, and the Indexed Job's TF_CONFIG.
+
+TFJob and MPIJob are validated with jsonschema against the `openAPIV3Schema` of their CRDs (../shared/k8s, see
+SOURCE.md there), made strict the way `kubectl apply --validate=strict` is: an object that lists its properties
+accepts no others (the CRDs leave that open, and the API server would silently prune a misspelt field). Pod
+templates and core objects (Service, Job) go through the `kubernetes` client's models, and must come back
+unchanged from a round trip through them (a field the model does not know would be dropped).
+"""
+import copy
+import os
+import pathlib
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+import yaml
+
+from harness.distribute import environment
+from harness.errors import ClusterConfigError, ConfigError
+from harness.launch import k8s
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHARED_K8S = pathlib.Path(os.environ.get("HARNESS_SHARED_K8S", ROOT.parent / "shared" / "k8s"))
+CRDS = {("kubeflow.org/v1", "TFJob"): "kubeflow.org_tfjobs.yaml",
+        ("kubeflow.org/v2beta1", "MPIJob"): "kubeflow.org_mpijobs.yaml"}
+CORE_MODELS = {("v1", "Service"): "V1Service", ("batch/v1", "Job"): "V1Job"}
+CMD = ("harness", "train", "--data", "/mnt/harness/data", "--output", "/mnt/harness/runs/a")
+
+
+# --- validation helpers ------------------------------------------------------------------------------------------
+def _strict(schema):
+    """Copy of an OpenAPI schema where every object with `properties` rejects other keys."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+_SCHEMAS = {}
+
+
+def crd_schema(api_version: str, kind: str) -> dict:
+    if (api_version, kind) not in _SCHEMAS:
+        path = SHARED_K8S / CRDS[(api_version, kind)]
+        if not path.is_file():
+            pytest.fail(f"CRD not found at {path} (set HARNESS_SHARED_K8S)")
+        crd = yaml.safe_load(path.read_text())
+        assert crd["spec"]["names"]["kind"] == kind
+        group, version = api_version.split("/")
+        assert crd["spec"]["group"] == group
+        (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
+        _SCHEMAS[(api_version, kind)] = _strict(served["schema"]["openAPIV3Schema"])
+    return _SCHEMAS[(api_version, kind)]
+
+
+def round_trip(obj: dict, model: str) -> None:
+    """Deserialize `obj` into the kubernetes client model and back; nothing may be lost or changed."""
+    from kubernetes.client import ApiClient
+
+    api = ApiClient()
+    parsed = api._ApiClient__deserialize(copy.deepcopy(obj), model)
+    assert api.sanitize_for_serialization(parsed) == obj
+
+
+def validate(manifest: dict) -> None:
+    key = (manifest["apiVersion"], manifest["kind"])
+    if key in CORE_MODELS:
+        round_trip(manifest, CORE_MODELS[key])
+        return
+    jsonschema.validate(manifest, crd_schema(*key))
+    replicas = manifest["spec"].get("tfReplicaSpecs") or manifest["spec"]["mpiReplicaSpecs"]
+    for spec in replicas.values():
+        round_trip(spec["template"], "V1PodTemplateSpec")
+
+
+def _make(kind, **kw):
+    kw.setdefault("workers", 2)
+    kw.setdefault("image", "registry.example/harness:0.1.0")
+    return k8s.manifests(k8s.K8sOptions(kind=kind, command=CMD, **kw))
+
+
+def _containers(template):
+    return {c["name"]: c for c in template["spec"]["containers"]}
+
+
+def _env(container):
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+# --- TFJob -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gpus", [0, 4])
+def test_tfjob_matches_crd_and_operator_conventions(gpus):
+    (job,) = _make("tfjob", workers=3, gpus_per_worker=gpus, cpu="8", memory="32Gi")
+    validate(job)
+    (worker,) = job["spec"]["tfReplicaSpecs"].values()
+    assert list(job["spec"]["tfReplicaSpecs"]) == ["Worker"]
+    assert worker["replicas"] == 3 and worker["restartPolicy"] == "OnFailure"
+    c = _containers(worker["template"])["tensorflow"]
+    assert c["command"] == list(CMD)
+    assert c["ports"] == [{"name": "tfjob-port", "containerPort": 2222, "protocol": "TCP"}]
+    assert c["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", **({"nvidia.com/gpu": "4"} if gpus else {})}
+    assert {"name": "shared", "mountPath": "/mnt/harness"} in c["volumeMounts"]
+    spec = worker["template"]["spec"]
+    assert {"name": "shared", "persistentVolumeClaim": {"claimName": "harness-shared"}} in spec["volumes"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert "TF_CONFIG" not in _env(c)  # the operator writes it
+
+
+# --- MPIJob ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_mpijob_matches_crd(launcher):
+    (job,) = _make("mpijob", workers=2, gpus_per_worker=8, mpi_launcher=launcher)
+    validate(job)
+    spec = job["spec"]
+    assert spec["slotsPerWorker"] == 8 and spec["mpiImplementation"] == "OpenMPI"
+    assert spec["sshAuthMountPath"] == "/home/harness/.ssh"
+    launcher_pod, workers = spec["mpiReplicaSpecs"]["Launcher"], spec["mpiReplicaSpecs"]["Worker"]
+    assert launcher_pod["replicas"] == 1 and workers["replicas"] == 2
+    cmd = _containers(launcher_pod["template"])["launcher"]["command"]
+    assert cmd[0] == launcher and cmd[cmd.index("-np") + 1] == "16"   # 2 pods x 8 slots
+    assert cmd[-len(CMD):] == list(CMD)
+    assert "resources" not in _containers(launcher_pod["template"])["launcher"]   # no GPU for the launcher
+    w = _containers(workers["template"])["worker"]
+    assert w["command"][0] == "/usr/sbin/sshd" and w["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+
+
+# --- Indexed Job + headless Service ------------------------------------------------------------------------------
+def test_indexed_job_and_headless_service_are_valid_core_objects():
+    service, job = _make("indexed-job", workers=4, gpus_per_worker=1, port=2345, restart_policy="Never")
+    validate(service)
+    validate(job)
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
+    assert service["spec"]["ports"][0]["port"] == 2345
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 4, 4)
+    pod = spec["template"]
+    assert pod["spec"]["subdomain"] == service["metadata"]["name"]   # hostnames <job>-<i>.<service>
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    env = _env(_containers(pod)["harness"])
+    assert env["HARNESS_K8S_JOB"] == job["metadata"]["name"]
+    assert env["HARNESS_K8S_SERVICE"] == service["metadata"]["name"]
+    assert (env["HARNESS_NUM_WORKERS"], env["HARNESS_PORT"]) == ("4", "2345")
+
+
+def test_indexed_job_pod_environment_gives_dns_cluster():
+    _, job = _make("indexed-job", workers=3, name="unet", namespace="geo")
+    env = dict(_env(_containers(job["spec"]["template"])["harness"]), JOB_COMPLETION_INDEX="2")
+    config = environment.read_tf_config(env)
+    assert config.cluster == {"worker": ("unet-0.unet:2222", "unet-1.unet:2222", "unet-2.unet:2222")}
+    assert (config.task_type, config.task_index) == ("worker", 2)
+
+
+def test_explicit_tf_config_wins_over_indexed_job():
+    env = {"JOB_COMPLETION_INDEX": "1", "HARNESS_K8S_SERVICE": "s", "HARNESS_K8S_JOB": "j",
+           "HARNESS_NUM_WORKERS": "2",
+           "TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}'}
+    assert environment.read_tf_config(env).cluster == {"worker": ("a:1",)}
+    # Without the service variable, a pod of someone else's Indexed Job is not a harness cluster.
+    assert environment.read_tf_config({"JOB_COMPLETION_INDEX": "0"}) is None
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"HARNESS_NUM_WORKERS": "2"}, "HARNESS_K8S_JOB is not set"),
+    ({"HARNESS_K8S_JOB": "j"}, "HARNESS_NUM_WORKERS is not set"),
+    ({"HARNESS_K8S_JOB": "j", "HARNESS_NUM_WORKERS": "2", "JOB_COMPLETION_INDEX": "2"}, "out of range"),
+    ({"HARNESS_K8S_JOB": "j", "HARNESS_NUM_WORKERS": "two"}, "not an integer"),
+    ({"HARNESS_K8S_JOB": "j", "HARNESS_NUM_WORKERS": "2", "HARNESS_WORKER_ADDRESSES": "a:1"}, "must list 2"),
+])
+def test_indexed_job_bad_environment_is_named(env, match):
+    full = {"JOB_COMPLETION_INDEX": "0", "HARNESS_K8S_SERVICE": "s", **env}
+    with pytest.raises(ClusterConfigError, match=match):
+        environment.read_tf_config(full)
+
+
+# --- the user's settings, and bad options --------------------------------------------------------------------------
+OVERRIDES = {
+    "manifest": {"metadata": {"labels": {"team": "geo"}, "annotations": {"owner": "me"}}},
+    "pod": {"nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "serviceAccountName": "trainer"},
+    "container": {"env": [{"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/var/secrets/key.json"}]},
+}
+
+
+@pytest.mark.parametrize("kind", k8s.KINDS)
+def test_overrides_land_in_every_object_and_stay_valid(kind):
+    objects = _make(kind, overrides=OVERRIDES)
+    for obj in objects:
+        validate(obj)
+        assert obj["metadata"]["labels"]["team"] == "geo"
+        assert obj["metadata"]["labels"]["harness/job"] == "harness-train"   # merged, not replaced
+    main = objects[-1]
+    templates = k8s._pod_templates(main)
+    for t in templates:
+        assert t["spec"]["serviceAccountName"] == "trainer"
+        for c in t["spec"]["containers"]:
+            env = _env(c)
+            assert env["TF_USE_LEGACY_KERAS"] == "1"                          # appended, not replaced
+            assert ("GOOGLE_APPLICATION_CREDENTIALS" in env) == (c["name"] != "launcher")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(kind="indexed-job", restart_policy="ExitCode"), "not valid for indexed-job"),
+    (dict(kind="tfjob", name="Bad_Name"), "DNS label"),
+    (dict(kind="tfjob", name="x" * 60), "at most 63"),
+    (dict(kind="tfjob", command=()), "no command"),
+    (dict(kind="mpijob", overrides={"pods": {}}), "unknown sections"),
+    (dict(kind="k8s"), "one of tfjob"),
+])
+def test_bad_options_are_config_errors(kw, match):
+    kw = {"command": CMD, "workers": 2, "image": "i", **kw}
+    with pytest.raises(ConfigError, match=match):
+        k8s.manifests(k8s.K8sOptions(**kw))
+
+
+def test_schema_check_catches_mistakes():
+    (job,) = _make("tfjob")
+    bad = copy.deepcopy(job)
+    bad["spec"]["tfReplicaSpec"] = bad["spec"].pop("tfReplicaSpecs")   # misspelt
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+    bad = copy.deepcopy(job)
+    bad["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = "2"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+    bad = copy.deepcopy(job)
+    bad["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+
+
+def test_cli_writes_a_yaml_stream(tmp_path):
+    overrides = tmp_path / "mine.yaml"
+    overrides.write_text(yaml.safe_dump(OVERRIDES))
+    out = tmp_path / "job.yaml"
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "k8s", "--kind", "indexed-job",
+                        "--workers", "2", "--gpus-per-worker", "1", "--image", "h:1", "--overrides", str(overrides),
+                        "-o", str(out), "--", *CMD], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert text.startswith("# Generated by: harness launch k8s --kind indexed-job")
+    objects = list(yaml.safe_load_all(text))
+    assert [o["kind"] for o in objects] == ["Service", "Job"]
+    for obj in objects:
+        validate(obj)
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "k8s", "--kind", "tfjob", "--workers", "2",
+                        "--image", "h:1", "--name", "UPPER", "--", *CMD], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "ConfigError" in r.stderr

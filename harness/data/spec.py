@@ -383,7 +383,8 @@ def _side_text(n: int) -> str:
     return f" ({n} = {side}x{side})" if side and n > 1 else ""
 
 
-def check_feature(spec: DataSpec, name: str, schema: Mapping[str, FeatureInfo], where: str) -> Optional[SpecMismatchError]:
+def check_feature(spec: DataSpec, name: str, schema: Mapping[str, FeatureInfo],
+                  where: str) -> Optional[SpecMismatchError]:
     """The mismatch between the declared feature `name` and one record's schema, or None if it matches.
 
     `where` names the file and record ("path: record 0").

@@ -54,8 +54,9 @@ def _run_all(commands_envs: list) -> list[dict]:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    return [json.loads(line.split("CLUSTER ", 1)[1]) for out in outputs for line in out.splitlines()
-            if "CLUSTER " in line]
+    # raw_decode from each marker: mpirun forwards its ranks' output in chunks, two lines may share one.
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(chunk)[0] for out in outputs for chunk in out.split("CLUSTER ")[1:]]
 
 
 def _containers(template):

@@ -1,0 +1,29 @@
+"""TensorBoard scalars per epoch, written by the chief only into `output/logs/train` (`tensorboard --logdir
+output/logs`)."""
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+SCALARS = ("loss", "val_loss", "val_accuracy", "examples_per_s", "input_stall_share")
+
+
+class EpochSummaries:
+    """`on_epoch_end(epoch, logs)` callback: one scalar per key of `SCALARS` present in `logs`, at the global step.
+
+    Only the chief creates a writer; on other workers the callback does nothing (the output folder is the
+    chief's)."""
+
+    def __init__(self, output_dir: str, context):
+        self.writer = (tf.summary.create_file_writer(os.path.join(output_dir, "logs", "train"))
+                       if context.is_chief else None)
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        if self.writer is None:
+            return
+        with self.writer.as_default(step=logs["step"]):
+            for key in SCALARS:
+                if key in logs:
+                    tf.summary.scalar(key, logs[key])
+        self.writer.flush()

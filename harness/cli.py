@@ -53,6 +53,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle-buffer", type=int, default=S, help="records, default 1024")
     p.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
     p.add_argument("--seed", type=int, default=S)
+    p.add_argument("--backend", choices=["tf", "horovod"], default=S,
+                   help="default tf (tf.distribute); horovod: one process per device under mpirun/horovodrun")
+    p.add_argument("--check-sharding", action="store_true", default=S,
+                   help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,8 +136,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- harness train ...")
+    p = _command(lsub, "mpi", "harness.launch.mpi:main_mpi",
+                 "N ranks under mpirun (-bind-to none -map-by slot, exported environment), e.g. for --backend horovod")
+    _rank_launch_args(p)
+    p.add_argument("--mpirun-args", help="further mpirun arguments, one quoted string")
+    p = _command(lsub, "horovod", "harness.launch.mpi:main_horovod", "N ranks under horovodrun (Gloo or MPI)")
+    _rank_launch_args(p)
+    p.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
+    p.add_argument("--horovodrun-args", help="further horovodrun arguments, one quoted string")
 
     return parser
+
+
+def _rank_launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--np", type=int, required=True, help="number of ranks (processes) in all")
+    p.add_argument("-H", "--hosts", help="host:slots,... (default: this host)")
+    p.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before the launcher and ranks are killed")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- harness train --backend horovod ...")
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,9 @@
 Under MultiWorkerMirroredStrategy every worker must take part in a save (reading sync-on-read variables, such as
 BatchNorm statistics, is an all-reduce), so non-chief workers save into a private temporary folder outside the
 output folder and delete it (tensorflow.org/tutorials/distribute/multi_worker_with_keras, "Model saving and
-loading"). Only the chief writes under `output_dir`.
+loading"). Only the chief writes under `output_dir`. Under Horovod there is no tf.distribute and no collective in a
+save: the other ranks neither save nor restore; rank 0's restored state reaches them by broadcast
+(`harness.distribute.horovod.broadcast_backup`), so their hosts need not see the output folder.
 
 A backup holds the model, the optimizer (with its step counter and loss scale) and the global step, written at the
 end of every epoch. A restarted job restores it and continues at the next epoch: the steps of an interrupted epoch
@@ -18,6 +20,8 @@ import shutil
 import tempfile
 
 import tensorflow as tf
+
+from harness.distribute.context import Backend
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +42,22 @@ class Backup:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.checkpoint = tf.train.Checkpoint(step=self.step, **trackables)
         self.chief_dir = os.path.join(output_dir, "backup")
-        self._write_dir = self.chief_dir if context.is_chief else tempfile.mkdtemp(
+        self._idle = _skips_writes(context)
+        self._write_dir = None if self._idle else self.chief_dir if context.is_chief else tempfile.mkdtemp(
             prefix=f"harness-backup-worker{context.rank}-")
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self._write_dir, max_to_keep=2)
+        self.manager = None if self._idle else tf.train.CheckpointManager(self.checkpoint, self._write_dir,
+                                                                          max_to_keep=2)
+
+    def variables(self) -> list[tf.Variable]:
+        """Every variable the backup holds (model, optimizer with its slots, step counter and loss scale, global
+        step), in an order that is the same in every process that built the same objects."""
+        _ = self.checkpoint.save_counter  # a restore creates it: create it everywhere, so every rank lists it
+        return [t for t in tf.train.TrackableView(self.checkpoint).descendants() if isinstance(t, tf.Variable)]
 
     def restore(self) -> int:
         """Restore the chief's latest backup, if any. Returns the global step to continue from (0: fresh start)."""
+        if self._idle:
+            return 0  # Horovod: rank 0 restores and broadcasts
         latest = tf.train.latest_checkpoint(self.chief_dir)
         if latest is None:
             return 0
@@ -55,6 +69,8 @@ class Backup:
     def save(self, step: int) -> None:
         """Write the backup at global step `step` (every worker calls this; only the chief's copy is kept)."""
         self.step.assign(step)
+        if self._idle:
+            return
         path = self.manager.save(checkpoint_number=step)
         if self.context.is_chief:
             log.debug("backup written: %s", path)
@@ -64,7 +80,7 @@ class Backup:
 
     def close(self) -> None:
         """Delete a non-chief worker's temporary copy."""
-        if not self.context.is_chief:
+        if not self.context.is_chief and self._write_dir:
             shutil.rmtree(self._write_dir, ignore_errors=True)
 
 
@@ -73,6 +89,8 @@ def save_model(model, output_dir: str, context) -> str | None:
 
     Returns the chief's path, None on other workers.
     """
+    if _skips_writes(context):
+        return None
     if context.is_chief:
         path = os.path.join(output_dir, "model.keras")
         model.save(path)
@@ -83,3 +101,8 @@ def save_model(model, output_dir: str, context) -> str | None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return None
+
+
+def _skips_writes(context) -> bool:
+    """Non-chief Horovod ranks: their saves would hold no collective, so they do not save at all."""
+    return not context.is_chief and context.backend is Backend.HOROVOD

@@ -4,6 +4,10 @@ Order (every step fails before training starts where it can): worker context and
 shards, record counts and feature spec checked against the first record of every shard → the epoch plan (same
 steps on every worker) → input pipelines per worker → model and optimizer under the strategy's scope → restore
 the backup → train → final model and `summary.json` (chief only).
+
+`--backend horovod` runs the same job with one process per device (`harness.distribute.horovod`): the default
+strategy, each rank's pipeline built directly for its global rank, Horovod's gradient tape, rank 0's backup
+broadcast before the first step, and per-rank statistics gathered to rank 0.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from harness.distribute import plan as plan_lib
 from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+BACKENDS = ("tf", "horovod")  # tf.distribute strategies; Horovod (one process per device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +52,12 @@ class TrainOptions:
     augment: bool = False
     seed: int = 0
 
+    backend: str = "tf"
+    check_sharding: bool = False
+
     def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.global_batch_size is None and self.per_replica_batch_size is None:
             object.__setattr__(self, "per_replica_batch_size", 32)
 
@@ -93,7 +104,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     from harness.train import checkpoint, models, precision
     from harness.train.loop import LoopConfig, Trainer
 
+    if distribution is None and options.backend == "horovod":
+        from harness.distribute import horovod as horovod_lib
+        distribution = horovod_lib.init()
     strategy, context = distribution or make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
+    horovod = _horovod(context)  # the backend module under Horovod, else None
     say = print if context.is_chief else (lambda *a, **k: None)
     say(f"worker: {context}")
     policy = precision.apply_policy(options.precision)
@@ -107,6 +122,12 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                               global_batch_size=options.global_batch_size,
                               per_replica_batch_size=options.per_replica_batch_size)
     say(plan.format())
+    control = horovod.control_plane() if horovod else None
+    if horovod:
+        horovod.agree_steps(plan.steps_per_epoch)
+        say(f"Horovod: one replica per rank; learning rate {options.learning_rate} (not scaled with the ranks)")
+    if options.check_sharding:
+        _check_sharding(control, counts, context, say)
     val_plan = None
     if options.validation_data:
         val_shards, val_counts = _file_counts(options.validation_data)
@@ -134,10 +155,14 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     num_classes = options.num_classes or spec.num_classes or int(labels.max()) + 1
     class_weights = _class_weights(options.class_weights, num_classes, labels)
 
+    def distribute(fn):
+        if horovod:  # one replica per rank: this rank's own pipeline, sharded by its global rank
+            return fn(tf.distribute.InputContext(context.num_workers, context.rank, context.replicas_in_sync))
+        return strategy.distribute_datasets_from_function(fn)
+
     records_per_epoch = plan.steps_per_epoch * plan.per_worker_batch_size
-    train_ds = strategy.distribute_datasets_from_function(dataset_fn(shards, True, records_per_epoch))
-    val_ds = (strategy.distribute_datasets_from_function(dataset_fn(val_shards, False))
-              if val_plan else None)
+    train_ds = distribute(dataset_fn(shards, True, records_per_epoch))
+    val_ds = distribute(dataset_fn(val_shards, False)) if val_plan else None
 
     with strategy.scope():
         if model_fn is not None:
@@ -149,19 +174,26 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
             model = models.unet(h, w, bands, num_classes, mean=mean, variance=variance)
         optimizer = precision.wrap_optimizer(keras.optimizers.Adam(options.learning_rate), policy)
         backup = checkpoint.Backup(options.output, context, model=model, optimizer=optimizer)
+        if horovod:
+            optimizer.build(model.trainable_variables)  # slots exist before the restore and the broadcast
         initial_step = backup.restore()
+    if horovod:
+        initial_step = horovod.broadcast_backup(backup)
 
+    # tf.distribute sums the replicas' gradients (divide by the global batch); Horovod's tape averages the ranks'.
     config = LoopConfig(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
-                        global_batch_size=plan.global_batch_size, loss_divisor=plan.global_batch_size,
+                        global_batch_size=plan.global_batch_size,
+                        loss_divisor=plan.per_replica_batch_size if horovod else plan.global_batch_size,
                         validation_steps=val_plan.steps_per_epoch if val_plan else 0)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
-                      class_weights=class_weights)
+                      class_weights=class_weights, **(horovod.trainer_kwargs() if horovod else {}))
     if initial_step % plan.steps_per_epoch:
         # Backups are written at epoch ends; a step count between them means the plan changed.
         raise ValueError(f"backup at step {initial_step} is not at an epoch end of {plan.steps_per_epoch} steps: "
                          "the data or batch size changed since; use a new --output")
+    on_epoch_end = ([horovod.epoch_end_sync(model)] if horovod else []) + [backup.on_epoch_end]
     history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
-                          initial_step=initial_step, on_epoch_end=[backup.on_epoch_end])
+                          initial_step=initial_step, on_epoch_end=on_epoch_end)
     model_path = checkpoint.save_model(model, options.output, context)
     backup.close()
 
@@ -170,6 +202,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
                "optimizer_iterations": int(optimizer.iterations.numpy()),
                "history": history, "timing": trainer.timer.summary(), "model": model_path}
+    if horovod:
+        summary["ranks"] = _gather_rank_stats(control, context, plan, summary, say)
     if context.is_chief:
         t = summary["timing"]
         last = history[-1] if history else {}
@@ -180,6 +214,52 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         with open(os.path.join(options.output, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2, default=str)
     return summary
+
+
+def _horovod(context):
+    """`harness.distribute.horovod` when the context is a Horovod rank, else None."""
+    from harness.distribute.context import Backend
+    if context.backend is not Backend.HOROVOD:
+        return None
+    from harness.distribute import horovod
+    return horovod
+
+
+def _check_sharding(control, counts, context, say) -> None:
+    """`--check-sharding`: gather every rank's file assignment (the pipeline's, `sharding.assign_nonempty`) and
+    verify that they are disjoint and cover every non-empty file (`harness.distribute.mpi.check_sharding`)."""
+    from harness.distribute import mpi
+    from harness.distribute.sharding import assign_nonempty
+    if control is None:
+        if context.num_workers > 1:
+            raise ConfigError("--check-sharding gathers file sets over Horovod or MPI: use --backend horovod")
+        control = mpi.LocalControlPlane()
+    files = [path for path, n in counts if n > 0]
+    assignments = mpi.check_sharding(control, assign_nonempty(counts, context.num_workers, context.rank,
+                                                               warn=False), files)
+    say(mpi.describe_sharding(assignments, files))
+
+
+def _gather_rank_stats(control, context, plan, summary, say) -> list[dict] | None:
+    """Every rank's files, records, dropped records, steps, throughput and weights digest, gathered to rank 0
+    (None elsewhere); rank 0 prints them and says whether the final weights are identical on all ranks."""
+    import socket
+    from harness.distribute.horovod import format_ranks
+    timing = summary["timing"]
+    mine = {"rank": context.rank, "host": socket.gethostname(), "local_rank": context.local_rank,
+            "files": list(plan.files[context.rank]), "records": plan.records[context.rank],
+            "dropped": plan.dropped[context.rank], "steps": timing["steps"] + timing["warmup_steps"],
+            "examples_per_s": timing["examples_per_s"], "input_stall_share": timing["input_stall_share"],
+            "weights_sha256": summary["weights_sha256"]}
+    stats = control.gather(mine, root=0)
+    if stats is not None:
+        say(format_ranks(stats))
+        digests = {s["weights_sha256"] for s in stats}
+        if len(digests) == 1:
+            say(f"final weights identical on all {len(stats)} ranks (sha256 {digests.pop()[:12]})")
+        else:
+            log.error("final weights differ between ranks: %s", [s["weights_sha256"][:12] for s in stats])
+    return stats
 
 
 def weights_digest(model) -> str:

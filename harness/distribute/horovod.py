@@ -1,0 +1,187 @@
+"""The Horovod backend: one process per device, gradients averaged by `hvd.DistributedGradientTape`.
+
+What `harness.train.job` asks of it, in order:
+  - `init()`: `hvd.init()`, pin this process's GPU by local rank, and return the default strategy with the
+    `WorkerContext` (rank, size, local rank from Horovod; files are then sharded by the global rank).
+  - `agree_steps(n)`: every rank computed the same epoch plan from the same record counts; a min all-reduce
+    proves it, so no rank can wait in a collective for a step another rank never takes.
+  - `broadcast_backup(backup)`: rank 0 alone restores a backup; then every variable the backup holds (model,
+    optimizer slots and step counter, loss scale, global step) is broadcast from rank 0 before the first step,
+    so all ranks start from rank 0's state whether fresh or resumed.
+  - `trainer_kwargs()`: the Trainer's seams (distributed tape, cross-rank sum for metrics).
+  - `average_model_state(model)`: at every epoch end and before the final save, the ranks' non-trainable float
+    variables (BatchNorm moving statistics, which each rank updates from its own batches) are averaged, as
+    tf.distribute aggregates them (sync-on-read, MEAN) when it saves; so every rank holds the same model.
+  - `control_plane()`: per-rank statistics to rank 0 and the sharding self-check (mpi4py under mpirun).
+
+Batch semantics are tf.distribute's: a rank is a replica (per-replica batch = per-rank batch, one replica per
+worker), so `harness plan --workers N --replicas-per-worker 1` shows a Horovod run's numbers. Each rank divides its
+summed loss by its own batch and the tape averages the gradients over ranks: the same update as tf.distribute's
+division by the global batch followed by a sum. The learning rate is never scaled with the number of ranks.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+
+from harness.distribute import mpi
+from harness.distribute.context import WorkerContext
+from harness.errors import ClusterConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _hvd():
+    import horovod.tensorflow as hvd  # only a Horovod run needs Horovod installed
+
+    return hvd
+
+
+def init(*, config=tf.config) -> tuple[tf.distribute.Strategy, WorkerContext]:
+    """Initialize Horovod (before any other TensorFlow op) and pin this process's GPU.
+
+    Under an MPI launcher mpi4py initializes MPI first: Horovod then leaves MPI running when it shuts down (as it
+    does on every rank once any rank exits), so the control plane works until the process ends.
+
+    Returns:
+      `(default strategy, context)`: every rank runs its step on the default strategy; the context says who it is.
+    Raises:
+      ClusterConfigError: if this host has GPUs but fewer than local rank + 1 (see `pin_gpu`).
+    """
+    hvd = _hvd()
+    if mpi.launched_by_mpi():
+        mpi.init_thread_multiple()
+    hvd.init()
+    context = WorkerContext.from_horovod(hvd)
+    pin_gpu(context.local_rank, config=config)
+    log.info("Horovod (%s controller): %s", "MPI" if hvd.mpi_enabled() else "Gloo", context)
+    return tf.distribute.get_strategy(), context
+
+
+def pin_gpu(local_rank: int, *, config=tf.config) -> Optional[str]:
+    """Make GPU `local_rank` this process's only visible GPU, with memory growth. No GPU: nothing to pin.
+
+    Returns:
+      the pinned device's name, None without GPUs.
+    Raises:
+      ClusterConfigError: if `local_rank >= ` the visible GPUs (more processes on this host than GPUs).
+    """
+    gpus = config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    if local_rank >= len(gpus):
+        raise ClusterConfigError(
+            f"local rank {local_rank} >= {len(gpus)} visible GPUs on this host: start at most {len(gpus)} "
+            f"processes per host (-H host:{len(gpus)}), or hide the GPUs (CUDA_VISIBLE_DEVICES='') to train on CPU")
+    gpu = gpus[local_rank]
+    config.experimental.set_memory_growth(gpu, True)
+    config.set_visible_devices(gpu, "GPU")
+    return gpu.name
+
+
+def agree_steps(steps_per_epoch: int) -> int:
+    """Check that every rank planned `steps_per_epoch` (all-reduce min and max). Returns it.
+
+    Raises:
+      ClusterConfigError: if the ranks disagree (they listed different files or counted different records), on
+        every rank at once, instead of a hang at the last step of the shortest rank.
+    """
+    hvd = _hvd()
+    value = tf.constant(steps_per_epoch, tf.int64)
+    low = int(hvd.allreduce(value, op=hvd.Min, name="harness.steps_min"))
+    high = int(hvd.allreduce(value, op=hvd.Max, name="harness.steps_max"))
+    if low != high:
+        raise ClusterConfigError(f"ranks planned different steps per epoch ({low} to {high}; rank {hvd.rank()}: "
+                                 f"{steps_per_epoch}): they see different files or record counts")
+    return low
+
+
+def broadcast_backup(backup) -> int:
+    """Broadcast every variable of `backup` from rank 0 (which restored it, if there was one). Returns the global
+    step all ranks continue from.
+
+    The optimizer must be built first (`optimizer.build(model.trainable_variables)`), so its slots exist here.
+
+    Raises:
+      ClusterConfigError: if a rank holds other variables than rank 0 (shapes, dtypes), on every rank.
+    """
+    hvd = _hvd()
+    variables = backup.variables()
+    # A broadcast over lists that differ between ranks hangs: compare them first, and fail on every rank.
+    # (Shapes and dtypes: Keras' generated names depend on what else a process built before.)
+    mine = [(tuple(v.shape), v.dtype.name) for v in variables]
+    rank0 = hvd.broadcast_object(mine, root_rank=0, name="harness.backup_variables")
+    if mine != rank0:
+        diff = next((f"#{i} {variables[i].name}: {a} here, {b} on rank 0"
+                     for i, (a, b) in enumerate(zip(mine, rank0)) if a != b),
+                    f"{len(mine)} variables here, {len(rank0)} on rank 0")
+        raise ClusterConfigError(f"rank {hvd.rank()} built other variables than rank 0 ({diff}); every rank must "
+                                 "build the same model and optimizer")
+    hvd.broadcast_variables(variables, root_rank=0)
+    return int(backup.step.numpy())
+
+
+def trainer_kwargs() -> dict[str, Callable]:
+    """Keyword arguments for `Trainer`: Horovod's gradient tape (averages over ranks) and a cross-rank sum."""
+    hvd = _hvd()
+    return {"gradient_tape": hvd.DistributedGradientTape,
+            "cross_rank_sum": lambda t: hvd.allreduce(t, op=hvd.Sum)}
+
+
+def average_model_state(model) -> None:
+    """Replace each non-trainable floating-point variable of `model` by its mean over the ranks (collective)."""
+    hvd = _hvd()
+    for i, v in enumerate(model.non_trainable_variables):
+        if v.dtype.is_floating:
+            v.assign(hvd.allreduce(v, op=hvd.Average, name=f"harness.model_state.{i}"))
+
+
+def epoch_end_sync(model) -> Callable[[int, dict], None]:
+    """An `on_epoch_end` callback for `Trainer.fit` that runs `average_model_state` (before the backup)."""
+    return lambda epoch, logs: average_model_state(model)
+
+
+class HorovodControlPlane:
+    """`mpi.ControlPlane` over Horovod's object collectives (cloudpickle through a byte broadcast / all-gather):
+    Gloo runs have no MPI for mpi4py. Horovod has no gather: it all-gathers and keeps the root's copy."""
+
+    def __init__(self):
+        self._hvd = _hvd()
+        self.rank, self.size = self._hvd.rank(), self._hvd.size()
+        self._calls = 0
+
+    def _name(self, what: str) -> str:
+        self._calls += 1  # Horovod matches collectives across ranks by name
+        return f"harness.control.{what}.{self._calls}"
+
+    def allgather(self, obj: Any) -> list:
+        return list(self._hvd.allgather_object(obj, name=self._name("allgather")))
+
+    def gather(self, obj: Any, root: int = 0) -> Optional[list]:
+        everyone = self.allgather(obj)
+        return everyone if self.rank == root else None
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self._hvd.broadcast_object(obj, root_rank=root, name=self._name("bcast"))
+
+
+def control_plane() -> mpi.ControlPlane:
+    """mpi4py's COMM_WORLD when an MPI launcher started this process, else Horovod's object collectives."""
+    if mpi.launched_by_mpi():
+        plane = mpi.MPIControlPlane()
+        if plane.size == _hvd().size():
+            return plane
+        log.warning("mpi4py sees %d processes, Horovod %d: using Horovod's collectives", plane.size,
+                    _hvd().size())
+    return HorovodControlPlane()
+
+
+def format_ranks(stats: Sequence[dict]) -> str:
+    """Rank 0's table of the per-rank statistics gathered after training."""
+    lines = [f"{'rank':>4}  {'host':<16} {'files':>5}  {'records':>8}  {'dropped':>8}  {'examples/s':>10}  "
+             f"{'input stall':>11}"]
+    lines += [f"{s['rank']:>4}  {s['host'][:16]:<16} {len(s['files']):>5}  {s['records']:>8}  {s['dropped']:>8}  "
+              f"{s['examples_per_s']:>10.1f}  {100 * s['input_stall_share']:>10.1f}%" for s in stats]
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""One training step of a one-weight model on each of 2 Horovod ranks, through the harness's Trainer and seams.
+
+Launched by tests/distribute/test_horovod_backend.py. As tests/train/test_precision.py: kernel [[0, 0]], x = 1,
+label 0, SGD lr 1, mixed_float16 with a fixed loss scale; the gradient [[-0.5, 0.5]] must be scaled once,
+averaged over the ranks and unscaled once, giving [[0.5, -0.5]] on every rank. Prints `HVD_LOSS_SCALE {json}`.
+"""
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import harness  # noqa: E402,F401
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+from harness.distribute import horovod  # noqa: E402
+from harness.train import precision  # noqa: E402
+from harness.train.loop import LoopConfig, Trainer  # noqa: E402
+
+scale = float(sys.argv[1]) if len(sys.argv) > 1 else 8.0
+strategy, context = horovod.init()
+keras.mixed_precision.set_global_policy("mixed_float16")
+model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2, use_bias=False, kernel_initializer="zeros"),
+                          keras.layers.Activation("linear", dtype="float32")])
+opt = precision.wrap_optimizer(keras.optimizers.SGD(1.0), "mixed_float16", initial_scale=scale, dynamic=False)
+per_rank = 1
+cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=per_rank * context.num_workers,
+                 loss_divisor=per_rank)
+trainer = Trainer(model=model, optimizer=opt, strategy=strategy, context=context, config=cfg,
+                  **horovod.trainer_kwargs())
+batch = (tf.ones([per_rank, 1]), tf.zeros([per_rank], tf.int32))
+loss = float(trainer.train_step(batch))
+print("HVD_LOSS_SCALE " + json.dumps({"rank": context.rank, "size": context.num_workers, "loss": loss,
+                                      "scaled": isinstance(opt, keras.mixed_precision.LossScaleOptimizer),
+                                      "kernel": model.layers[0].kernel.numpy().tolist()}), flush=True)

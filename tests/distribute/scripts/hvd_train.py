@@ -1,0 +1,64 @@
+"""`harness train ARGS...` in one rank, launched by tests/distribute/test_horovod_backend.py (horovodrun, mpirun).
+
+Runs `harness.train.job.run` as the CLI would, keeping a handle on the built model and counting every write the
+rank makes (backups, model saves, files opened for writing by the job), then prints one line
+`HVD_TRAIN {json}`: the rank, a sha256 and the values of its final weights, its writes and its summary.
+"""
+import hashlib
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import harness  # noqa: E402,F401
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
+
+from harness.cli import build_parser  # noqa: E402
+from harness.distribute import environment  # noqa: E402
+from harness.train import job, models  # noqa: E402
+
+built, writes = [], {"backup": 0, "model": 0, "files": []}
+
+
+def capture(fn):
+    def wrapper(*args, **kwargs):
+        built.append(fn(*args, **kwargs))
+        return built[-1]
+    return wrapper
+
+
+def counting(fn, key):
+    def wrapper(*args, **kwargs):
+        writes[key] += 1
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def counting_open(path, mode="r", *args, **kwargs):
+    if any(c in mode for c in "wax+"):
+        writes["files"].append(os.path.basename(str(path)))
+    return open(path, mode, *args, **kwargs)
+
+
+models.pixel_classifier = capture(models.pixel_classifier)
+models.unet = capture(models.unet)
+tf.train.CheckpointManager.save = counting(tf.train.CheckpointManager.save, "backup")
+tf_keras.Model.save = counting(tf_keras.Model.save, "model")
+job.open = counting_open  # the job writes summary.json with open()
+
+args = build_parser().parse_args(["train", *sys.argv[1:]])
+options, data = job.options_from_args(args)
+summary = job.run(options, data_config=data)
+
+# Horovod may already be shut down here (it shuts down everywhere once any rank exits): ask the launcher.
+launcher = environment.read_launcher()
+weights = np.concatenate([w.ravel().astype(np.float64) for w in built[-1].get_weights()])
+digest = hashlib.sha256(b"".join(w.tobytes() for w in built[-1].get_weights())).hexdigest()
+print("HVD_TRAIN " + json.dumps({
+    "rank": launcher.rank, "size": launcher.size, "launcher": launcher.launcher, "sha256": digest,
+    "weights": weights[:64].tolist(), "writes": writes, "summary": summary,
+}, default=str), flush=True)

@@ -1,0 +1,289 @@
+"""`harness train --backend horovod` with real processes on CPU: horovodrun --gloo and mpirun, 2 and 4 ranks.
+
+Every launch runs in its own process group under a timeout that kills the group and fails the test (a hang in a
+collective must not hang the suite). The ranks run tests/distribute/scripts/hvd_train.py (the job as the CLI runs
+it, printing each rank's final weights and writes) or hvd_loss_scale.py. In-process tests cover the pieces that
+need no second process: GPU pinning, the sharding check, Horovod ranks' backups, options.
+"""
+import gzip
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from harness.distribute import horovod, mpi
+from harness.distribute.context import Backend, WorkerContext
+from harness.distribute.plan import make_plan
+from harness.distribute.sharding import ShardAssignment, assign_files
+from harness.errors import ClusterConfigError, ConfigError
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
+BIN = pathlib.Path(sys.executable).parent
+ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+           PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+ROOT = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+MPIRUN = ["mpirun", *ROOT, "-bind-to", "none", "-map-by", "slot", "-x", "TF_USE_LEGACY_KERAS",
+          "-x", "TF_CPP_MIN_LOG_LEVEL"]
+
+
+def horovodrun(np_: int, *cmd) -> list:
+    return [BIN / "horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *cmd]
+
+
+def run(cmd: list, timeout: float = 180) -> str:
+    """Run cmd in its own process group; on timeout kill the whole group (the ranks too) and fail."""
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=ENV, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(map(str, cmd))}\n{out[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"exit {proc.returncode}: {' '.join(map(str, cmd))}\n{out[-6000:]}")
+    return out
+
+
+def results(out: str, tag: str, ranks: int) -> dict:
+    by_rank = {}
+    for m in re.finditer(tag + r" (\{.*\})", out):
+        r = json.loads(m.group(1))
+        by_rank[r["rank"]] = r
+    assert sorted(by_rank) == list(range(ranks)), f"expected {tag} lines from {ranks} ranks:\n{out[-4000:]}"
+    return by_rank
+
+
+def train(launcher: list, data, output, *flags, ranks=2, timeout=180) -> dict:
+    out = run(launcher + [sys.executable, SCRIPTS / "hvd_train.py", "--backend", "horovod", "--data", data,
+                          "--output", output, *flags], timeout=timeout)
+    return results(out, "HVD_TRAIN", ranks)
+
+
+def check_ranks(by_rank: dict, files: list[str]) -> None:
+    """Disjoint files covering all; identical final weights; rank 0 alone wrote; the same steps everywhere."""
+    ranks = sorted(by_rank)
+    stats = by_rank[0]["summary"]["ranks"]
+    assert [s["rank"] for s in stats] == ranks
+    per_rank = [set(s["files"]) for s in stats]
+    assert sum(len(f) for f in per_rank) == len(set().union(*per_rank)), per_rank  # disjoint
+    assert set().union(*per_rank) == set(files)
+    digests = {r["sha256"] for r in by_rank.values()} | {s["weights_sha256"] for s in stats}
+    assert len(digests) == 1, digests
+    w0 = np.array(by_rank[0]["weights"])
+    for r in ranks[1:]:
+        np.testing.assert_array_equal(np.array(by_rank[r]["weights"]), w0)
+        assert by_rank[r]["writes"] == {"backup": 0, "model": 0, "files": []}, by_rank[r]["writes"]
+        assert by_rank[r]["summary"]["model"] is None
+    epochs = len(by_rank[0]["summary"]["history"])
+    assert by_rank[0]["writes"] == {"backup": epochs, "model": 1, "files": ["summary.json"]}
+    finals = {r["summary"]["final_step"] for r in by_rank.values()}
+    iterations = {r["summary"]["optimizer_iterations"] for r in by_rank.values()}
+    assert len(finals) == 1 and finals == iterations, (finals, iterations)
+
+
+# --- real processes --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def image_export(tmp_path_factory):
+    from harness.data import synth
+    folder = tmp_path_factory.mktemp("image")
+    paths = synth.write_image_export(str(folder), shards=4, records=32, patch_size=16, seed=1)
+    return folder, [p for p in paths if p.endswith(".tfrecord.gz")]
+
+
+def test_horovodrun_gloo_trains_in_sync_and_resumes_from_rank0(image_export, tmp_path):
+    data, files = image_export
+    out = tmp_path / "run"
+    by_rank = train(horovodrun(2), data, out, "--epochs", "2", "--per-replica-batch-size", "4",
+                    "--check-sharding")
+    check_ranks(by_rank, files)
+    summary = by_rank[0]["summary"]
+    # `harness plan --workers 2 --replicas-per-worker 1 --per-replica-batch-size 4` numbers: one replica per rank
+    counts = [(f, 8) for f in files]
+    assert summary["plan"] == make_plan(counts, workers=2, replicas_per_worker=1, per_replica_batch_size=4).to_dict()
+    assert summary["plan"]["global_batch_size"] == 8 and summary["final_step"] == 8
+    assert all(np.isfinite(h["loss"]) for h in summary["history"])
+    assert {"backup", "model.keras", "summary.json"} <= set(os.listdir(out))  # rank 0 wrote them
+    assert json.loads((out / "summary.json").read_text())["final_step"] == 8
+
+    # Resume: rank 0 alone restores; every rank continues from its step with its optimizer state.
+    resumed = train(horovodrun(2), data, out, "--epochs", "3", "--per-replica-batch-size", "4")
+    check_ranks(resumed, files)
+    for r in resumed.values():
+        assert (r["summary"]["initial_step"], r["summary"]["final_step"]) == (8, 12)
+        assert r["summary"]["optimizer_iterations"] == 12
+
+
+@pytest.fixture(scope="module")
+def table_export(tmp_path_factory):
+    from harness.data import synth
+    folder = tmp_path_factory.mktemp("table")
+    return folder, synth.write_table_export(str(folder), shards=4, records=200, seed=2)
+
+
+def test_mpirun_mixed_float16_with_mpi4py_control_plane(table_export, tmp_path):
+    data, files = table_export
+    by_rank = train(MPIRUN + ["-np", "2"], data, tmp_path / "run", "--epochs", "2", "--per-replica-batch-size", "8",
+                    "--precision", "mixed_float16", "--check-sharding")
+    assert {r["launcher"] for r in by_rank.values()} == {"openmpi"}  # mpi4py plane, not Horovod's
+    check_ranks(by_rank, files)
+    summary = by_rank[0]["summary"]
+    assert summary["policy"] == "mixed_float16"
+    assert all(np.isfinite(h["loss"]) for h in summary["history"])
+    assert summary["final_step"] == 2 * 12  # 100 records per rank // 8
+
+
+def test_loss_scale_applied_once_under_horovod():
+    """Kernel [[0, 0]], x = 1, label 0, SGD lr 1, fixed scale 8 → [[0.5, -0.5]] on both ranks (see
+    tests/train/test_precision.py); scaled twice or never unscaled would multiply or divide it by 8, dividing by
+    the global batch instead of the rank's would halve it."""
+    by_rank = results(run(horovodrun(2, sys.executable, SCRIPTS / "hvd_loss_scale.py", "8")), "HVD_LOSS_SCALE", 2)
+    for r in by_rank.values():
+        assert r["scaled"] and r["size"] == 2
+        assert r["loss"] == pytest.approx(np.log(2.0), rel=1e-3)
+        np.testing.assert_allclose(r["kernel"], [[0.5, -0.5]], rtol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def uneven_export(tmp_path_factory):
+    """4 files of 100/100/100/96 records."""
+    from harness.data import synth
+    folder = tmp_path_factory.mktemp("uneven")
+    paths = synth.write_table_export(str(folder), shards=4, records=400, seed=3)
+    with gzip.open(paths[-1], "rb") as f:
+        raw = f.read()
+    offset = 0
+    for _ in range(96):  # TFRecord framing: u64 length, u32 crc, data, u32 crc
+        offset += 16 + int.from_bytes(raw[offset:offset + 8], "little")
+    with gzip.open(paths[-1], "wb") as f:
+        f.write(raw[:offset])
+    return folder, paths
+
+
+def test_uneven_shards_four_ranks_take_equal_steps(uneven_export, tmp_path):
+    """Per-rank batch 4: ranks 0-2 could take 25 steps, rank 3 only 24; all take 24 and report what they drop."""
+    data, files = uneven_export
+    by_rank = train(horovodrun(4), data, tmp_path / "run", "--epochs", "1", "--per-replica-batch-size", "4",
+                    ranks=4, timeout=240)
+    check_ranks(by_rank, files)
+    stats = by_rank[0]["summary"]["ranks"]
+    assert [s["records"] for s in stats] == [100, 100, 100, 96]
+    assert [s["dropped"] for s in stats] == [4, 4, 4, 0]
+    assert [s["steps"] for s in stats] == [24] * 4
+    assert {r["summary"]["final_step"] for r in by_rank.values()} == {24}
+
+
+# --- in-process --------------------------------------------------------------------------------------------------------
+class FakeConfig:
+    """`tf.config` with `n` GPUs, recording what was pinned."""
+
+    def __init__(self, n):
+        self.gpus = [SimpleNamespace(name=f"/physical_device:GPU:{i}") for i in range(n)]
+        self.visible, self.growth = None, []
+        self.experimental = SimpleNamespace(set_memory_growth=lambda d, on: self.growth.append((d.name, on)))
+
+    def list_physical_devices(self, kind):
+        return self.gpus if kind == "GPU" else []
+
+    def set_visible_devices(self, device, kind):
+        self.visible = (device.name, kind)
+
+
+def test_pin_gpu_by_local_rank():
+    config = FakeConfig(4)
+    assert horovod.pin_gpu(2, config=config) == "/physical_device:GPU:2"
+    assert config.visible == ("/physical_device:GPU:2", "GPU")
+    assert config.growth == [("/physical_device:GPU:2", True)]
+    assert horovod.pin_gpu(3, config=FakeConfig(0)) is None  # CPU-only host: nothing to pin
+
+
+def test_pin_gpu_refuses_local_rank_beyond_gpus():
+    with pytest.raises(ClusterConfigError, match=r"local rank 2 >= 2 visible GPUs"):
+        horovod.pin_gpu(2, config=FakeConfig(2))
+
+
+FILES = [f"f{i}" for i in range(5)]
+
+
+def test_sharding_errors_accept_the_real_assignments():
+    for n in (1, 2, 5, 7):  # 7 > 5 files: record sharding
+        assert mpi.sharding_errors([assign_files(FILES, n, r, warn=False) for r in range(n)], FILES) == []
+
+
+def test_sharding_errors_name_overlaps_gaps_and_misnumbered_ranks():
+    by_local_rank = [assign_files(FILES, 2, 0, warn=False)] * 2  # two hosts, each rank local rank 0
+    problems = mpi.sharding_errors(by_local_rank, FILES)
+    assert "rank 1 reads as input pipeline 0 of 2, expected 1 of 2" in problems
+    assert "f0 is read by ranks 0 and 1" in problems and any("read by no rank" in p for p in problems)
+    stray = [ShardAssignment(("f0", "f1", "f2", "x"), "file", 0, 2), ShardAssignment(("f3", "f4"), "file", 1, 2)]
+    assert mpi.sharding_errors(stray, FILES) == ["rank 0 reads x, which is not among the 5 files of rank 0"]
+    partial = [ShardAssignment(("f0",), "record", r, 7) for r in range(7)]
+    assert any("expected all 5" in p for p in mpi.sharding_errors(partial, FILES))
+
+
+def test_check_sharding_raises_on_a_bad_gather():
+    class Plane(mpi.LocalControlPlane):
+        def allgather(self, obj):  # as if another rank had read the same files
+            return [obj, obj]
+
+    mine = assign_files(FILES, 2, 0, warn=False)
+    with pytest.raises(ClusterConfigError, match="sharding self-check failed on 2 ranks"):
+        mpi.check_sharding(Plane(), mine, FILES)
+    assert mpi.check_sharding(mpi.LocalControlPlane(), assign_files(FILES, 1, 0), FILES)[0].files == tuple(FILES)
+
+
+def test_launched_by_mpi_reads_the_launcher_table():
+    assert mpi.launched_by_mpi({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
+    assert mpi.launched_by_mpi({"PMI_RANK": "0", "PMI_SIZE": "4"})
+    assert not mpi.launched_by_mpi({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"})  # horovodrun --gloo
+    assert not mpi.launched_by_mpi({})
+
+
+def test_non_chief_horovod_rank_neither_writes_nor_restores(tmp_path):
+    import tf_keras as keras
+    from harness.train import checkpoint
+
+    def backup(rank, folder):
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+        opt = keras.optimizers.Adam()
+        opt.build(model.trainable_variables)
+        ctx = WorkerContext(rank, 2, rank, 1, "worker", rank, Backend.HOROVOD)
+        return checkpoint.Backup(str(folder), ctx, model=model, optimizer=opt), model, ctx
+
+    chief, model0, ctx0 = backup(0, tmp_path / "out")
+    chief.save(4)
+    assert checkpoint.save_model(model0, str(tmp_path / "out"), ctx0).endswith("model.keras")
+    other, model1, ctx1 = backup(1, tmp_path / "out")
+    assert other.restore() == 0  # rank 0's state arrives by broadcast
+    other.save(4)
+    assert checkpoint.save_model(model1, str(tmp_path / "elsewhere"), ctx1) is None
+    other.close()
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(os.listdir(tmp_path / "out" / "backup")) == ["checkpoint", "ckpt-4.data-00000-of-00001",
+                                                               "ckpt-4.index"]
+    # What the broadcast sends is the same list on a rank that restored and on one that did not.
+    restored, _, _ = backup(0, tmp_path / "out")
+    assert restored.restore() == 4
+    signature = [(tuple(v.shape), v.dtype) for v in restored.variables()]
+    assert signature == [(tuple(v.shape), v.dtype) for v in other.variables()]
+    first = restored.variables()[:2]
+    assert first[0] is restored.step and first[1] is restored.checkpoint.save_counter
+
+
+def test_backend_option_and_flags():
+    from harness.cli import build_parser
+    from harness.train.job import TrainOptions, options_from_args
+
+    args = build_parser().parse_args(["train", "--data", "x", "--backend", "horovod", "--check-sharding"])
+    options, _ = options_from_args(args)
+    assert options.backend == "horovod" and options.check_sharding
+    assert TrainOptions(data=("x",)).backend == "tf"
+    with pytest.raises(ConfigError, match="backend must be one of"):
+        TrainOptions(data=("x",), backend="mpi")

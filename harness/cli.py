@@ -153,7 +153,7 @@ def _rank_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-H", "--hosts", help="host:slots,... (default: this host)")
     p.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
     p.add_argument("--timeout", type=float, default=None, help="seconds before the launcher and ranks are killed")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- harness train --backend horovod ...")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train --backend horovod ...")
 
 
 def main(argv=None) -> int:

@@ -34,6 +34,7 @@ EXPORTED_PREFIXES = ("HARNESS_", "HOROVOD_", "NCCL_", "TF_")
 PER_PROCESS = frozenset([environment.TF_CONFIG] + [name for row in environment.LAUNCHERS for name in
                                                    (row.rank, row.size, row.local_rank, row.local_size) if name])
 CONTROLLERS = ("gloo", "mpi")
+GRACE_S = 10.0  # seconds the launcher gets to stop its ranks before they are killed
 
 
 def check_hosts(np: int, hosts: Optional[str]) -> Optional[str]:
@@ -90,8 +91,8 @@ def mpirun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = No
 
 def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = None, controller: str = "gloo",
                        extra: Sequence[str] = (), horovodrun: str = "horovodrun") -> list[str]:
-    """The `horovodrun` line: `np` ranks on `hosts` (default `localhost:np`), Gloo or MPI controller (horovodrun binds nothing and exports
-    the environment itself)."""
+    """The `horovodrun` line: `np` ranks on `hosts` (default `localhost:np`), Gloo or MPI controller
+    (horovodrun binds nothing and exports the environment itself)."""
     if not command:
         raise ValueError("no command to launch (put it after --)")
     if controller not in CONTROLLERS:
@@ -113,19 +114,37 @@ def run(line: Sequence[str], *, timeout_s: Optional[float] = None, environ: Opti
     try:
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _stop(proc)
         raise WorkerFailedError(f"{line[0]} timed out after {timeout_s:.0f} s; killed it and its ranks") from None
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+        _stop(proc)
         raise
     if code != 0:
         raise WorkerFailedError(f"{line[0]} exited with code {code}")
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher (mpirun then stops its ranks), SIGKILL whatever of it and its descendants is left after
+    `GRACE_S`. Descendants are listed first: mpirun puts each rank in a process group of its own."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _, alive = psutil.wait_procs(family, timeout=GRACE_S)
+    for p in alive:
+        p.kill()
+
+
 def _command(args) -> list[str]:
-    command = list(args.command)
+    command = list(args.argv)
     return command[1:] if command and command[0] == "--" else command
 
 

@@ -180,7 +180,7 @@ def test_uneven_shards_four_ranks_take_equal_steps(uneven_export, tmp_path):
     assert {r["summary"]["final_step"] for r in by_rank.values()} == {24}
 
 
-# --- in-process --------------------------------------------------------------------------------------------------------
+# --- in-process -------------------------------------------------------------------------------------------------------
 class FakeConfig:
     """`tf.config` with `n` GPUs, recording what was pinned."""
 

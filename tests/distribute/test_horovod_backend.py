@@ -84,6 +84,10 @@ def check_ranks(by_rank: dict, files: list[str]) -> None:
         assert by_rank[r]["summary"]["model"] is None
     epochs = len(by_rank[0]["summary"]["history"])
     assert by_rank[0]["writes"] == {"backup": epochs, "model": 1, "files": ["summary.json"]}
+    # Metrics are reduced over the ranks: every rank reports the same history.
+    histories = [[{k: h[k] for k in ("loss", "val_loss", "val_accuracy") if k in h} for h in r["summary"]["history"]]
+                 for r in by_rank.values()]
+    assert all(h == histories[0] for h in histories), histories
     finals = {r["summary"]["final_step"] for r in by_rank.values()}
     iterations = {r["summary"]["optimizer_iterations"] for r in by_rank.values()}
     assert len(finals) == 1 and finals == iterations, (finals, iterations)
@@ -94,22 +98,23 @@ def check_ranks(by_rank: dict, files: list[str]) -> None:
 def image_export(tmp_path_factory):
     from harness.data import synth
     folder = tmp_path_factory.mktemp("image")
-    paths = synth.write_image_export(str(folder), shards=4, records=32, patch_size=16, seed=1)
+    paths = synth.write_image_export(str(folder / "train"), shards=4, records=32, patch_size=16, seed=1)
+    synth.write_image_export(str(folder / "val"), prefix="val", shards=2, records=16, patch_size=16, seed=2)
     return folder, [p for p in paths if p.endswith(".tfrecord.gz")]
 
 
 def test_horovodrun_gloo_trains_in_sync_and_resumes_from_rank0(image_export, tmp_path):
-    data, files = image_export
-    out = tmp_path / "run"
+    folder, files = image_export
+    data, out = folder / "train", tmp_path / "run"
     by_rank = train(horovodrun(2), data, out, "--epochs", "2", "--per-replica-batch-size", "4",
-                    "--check-sharding")
+                    "--check-sharding", "--validation-data", folder / "val")
     check_ranks(by_rank, files)
     summary = by_rank[0]["summary"]
     # `harness plan --workers 2 --replicas-per-worker 1 --per-replica-batch-size 4` numbers: one replica per rank
     counts = [(f, 8) for f in files]
     assert summary["plan"] == make_plan(counts, workers=2, replicas_per_worker=1, per_replica_batch_size=4).to_dict()
     assert summary["plan"]["global_batch_size"] == 8 and summary["final_step"] == 8
-    assert all(np.isfinite(h["loss"]) for h in summary["history"])
+    assert all(np.isfinite(h["loss"]) and 0 <= h["val_accuracy"] <= 1 for h in summary["history"])
     assert {"backup", "model.keras", "summary.json"} <= set(os.listdir(out))  # rank 0 wrote them
     assert json.loads((out / "summary.json").read_text())["final_step"] == 8
 

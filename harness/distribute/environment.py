@@ -177,6 +177,29 @@ def indexed_job_tf_config(environ: Optional[Mapping[str, str]] = None) -> Option
     return TFConfig(cluster={WORKER: addresses}, task_type=WORKER, task_index=index)
 
 
+# Seconds a worker waits for its peers to arrive before failing with a named error (see strategy.wait_for_workers).
+WORKER_WAIT = "HARNESS_WORKER_WAIT_S"
+DEFAULT_WORKER_WAIT_S = 120.0
+
+
+def read_worker_wait_s(environ: Optional[Mapping[str, str]] = None) -> float:
+    """`HARNESS_WORKER_WAIT_S` (default 120 s).
+
+    Raises:
+      ClusterConfigError: if it is not a positive number.
+    """
+    raw = _environ(environ).get(WORKER_WAIT, "").strip()
+    if not raw:
+        return DEFAULT_WORKER_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ClusterConfigError(f"{WORKER_WAIT}={raw!r} must be a positive number of seconds")
+    return value
+
+
 def _int(environ: Mapping[str, str], name: Optional[str]) -> Optional[int]:
     if name is None or name not in environ:
         return None

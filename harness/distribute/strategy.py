@@ -13,17 +13,24 @@ Strategies (https://www.tensorflow.org/guide/distributed_training):
 
 Call `make_strategy` before any other TensorFlow op: logical CPU devices and MultiWorkerMirrored's collective ops
 can only be configured before TensorFlow initializes its runtime.
+
+A worker that never arrives: MultiWorkerMirroredStrategy's constructor waits for every peer with no time limit
+(TF 2.18: the coordination service logs "Waiting for 1/2 tasks to connect" forever, whatever its
+`cluster_register_timeout_in_ms`, and its SIGTERM handler keeps the process alive). So `wait_for_workers` runs
+first, with a bound (`HARNESS_WORKER_WAIT_S`, default 120 s), and names the missing worker.
 """
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from typing import Mapping, Optional, Union
 
 import tensorflow as tf
 
 from harness.distribute import environment
 from harness.distribute.context import Backend, WorkerContext
-from harness.errors import ClusterConfigError
+from harness.errors import ClusterConfigError, WorkerFailedError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +44,7 @@ _COMMUNICATION = {
 
 def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optional[int] = None,
                   communication: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-                  ) -> tuple[tf.distribute.Strategy, WorkerContext]:
+                  worker_wait_s: Optional[float] = None) -> tuple[tf.distribute.Strategy, WorkerContext]:
     """Build the strategy and resolve the worker context, checking that they agree.
 
     Args:
@@ -46,6 +53,8 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
       communication: all-reduce for `multi_worker`: `"auto"`, `"ring"` or `"nccl"`; default RING without GPUs,
         NCCL with.
       environ: variables to read instead of `os.environ` (tests).
+      worker_wait_s: `multi_worker` only: seconds to wait for every peer (`wait_for_workers`); default
+        `HARNESS_WORKER_WAIT_S`, else 120.
 
     Returns:
       `(strategy, context)`, with `strategy.num_replicas_in_sync == context.replicas_in_sync`.
@@ -54,6 +63,7 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
       ClusterConfigError: if TF_CONFIG or launcher variables are malformed; if the CPU cannot be split because
         TensorFlow already initialized its devices; if MultiWorkerMirroredStrategy is built after TensorFlow
         initialized its runtime; if the replicas in sync are not workers x local devices.
+      WorkerFailedError: if a peer of a multi-worker cluster is not reachable within `worker_wait_s`.
       ValueError: for an unknown `kind` or `communication`, `HOROVOD`, or `num_cpu_replicas > 1` with a kind
         that cannot use it.
     """
@@ -74,7 +84,8 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
         strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
         context = WorkerContext(0, 1, 0, len(devices), environment.WORKER, 0, Backend.MIRRORED)
     else:
-        strategy, context = _multi_worker(config, gpus, communication)
+        strategy, context = _multi_worker(config, gpus, communication,
+                                          worker_wait_s or environment.read_worker_wait_s(environ))
     if strategy.num_replicas_in_sync != context.replicas_in_sync:
         raise ClusterConfigError(
             f"{type(strategy).__name__} has {strategy.num_replicas_in_sync} replicas in sync, expected "
@@ -115,7 +126,7 @@ def _logical_cpus(n: int) -> list[str]:
 
 
 def _multi_worker(config: Optional[environment.TFConfig], gpus: int, communication: Optional[str],
-                  ) -> tuple[tf.distribute.Strategy, WorkerContext]:
+                  worker_wait_s: float) -> tuple[tf.distribute.Strategy, WorkerContext]:
     local_devices = max(gpus, 1)  # MultiWorkerMirrored drives every local GPU, or one CPU
     name = communication or ("nccl" if gpus else "ring")
     if name not in _COMMUNICATION:
@@ -130,10 +141,80 @@ def _multi_worker(config: Optional[environment.TFConfig], gpus: int, communicati
             tf.train.ClusterSpec({t: list(a) for t, a in config.cluster.items()}), task_type=config.task_type,
             task_id=config.task_index, num_accelerators={"GPU": gpus}, rpc_layer="grpc")
         context = WorkerContext.from_tf_config(config, replicas_per_worker=local_devices)
+        if _runtime_started():   # the strategy would fail at once: say so before waiting for the peers
+            raise ClusterConfigError(_TOO_LATE.format("TensorFlow's runtime is already initialized"))
+        if len(config.tasks()) > 1:
+            wait_for_workers(config, timeout_s=worker_wait_s)
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
                                                             communication_options=options)
     except RuntimeError as e:
-        raise ClusterConfigError(f"MultiWorkerMirroredStrategy failed: {e}. TF_CONFIG must be set and the "
-                                 f"strategy built before any other TensorFlow op initializes the runtime") from e
+        raise ClusterConfigError(_TOO_LATE.format(e)) from e
     return strategy, context
+
+
+_TOO_LATE = ("MultiWorkerMirroredStrategy failed: {}. TF_CONFIG must be set and the strategy built before any "
+             "other TensorFlow op initializes the runtime")
+
+
+def _runtime_started() -> bool:
+    """Whether TensorFlow's eager context exists already (the test `configure_collective_ops` makes)."""
+    from tensorflow.python.eager import context as eager_context
+
+    return eager_context.context()._context_handle is not None
+
+
+def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: float = 0.25) -> None:
+    """Return once every other task of `config` accepts TCP connections at its address; fail after `timeout_s`.
+
+    The peers' gRPC servers only start inside their strategy constructors, which is where they would block on
+    us: so while waiting, this task listens on its own port (the kernel completes the peers' connections without
+    an accept), and a peer counts as arrived when its address accepts a connection, from this listener or from
+    its gRPC server. The listener is closed before the strategy binds the port.
+
+    Raises:
+      WorkerFailedError: naming the first task (e.g. "worker 1 at host:port") not reachable after `timeout_s`.
+    """
+    me = (config.task_type, config.task_index)
+    peers = {f"{t} {i}": config.cluster[t][i] for t, i in config.tasks() if (t, i) != me}
+    listener = _listen(int(config.cluster[me[0]][me[1]].rpartition(":")[2]))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            peers = {name: address for name, address in peers.items() if not _accepts(address)}
+            if not peers:
+                return
+            if time.monotonic() > deadline:
+                name, address = next(iter(peers.items()))
+                raise WorkerFailedError(
+                    f"{name} at {address} not reachable after {timeout_s:g} s"
+                    + (f" (nor {', '.join(f'{n} at {a}' for n, a in list(peers.items())[1:])})" if len(peers) > 1
+                       else "")
+                    + f": it did not start, or the address is wrong; {environment.WORKER_WAIT} sets the wait")
+            time.sleep(poll_s)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _listen(port: int) -> Optional[socket.socket]:
+    """A listening socket on `port` (all interfaces, as the gRPC server binds), or None if the port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("", port))
+        sock.listen(64)
+    except OSError as e:
+        log.warning("cannot listen on port %d while waiting for the other workers (%s)", port, e)
+        sock.close()
+        return None
+    return sock
+
+
+def _accepts(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+        return True
+    except OSError:  # refused, unreachable, or a name not resolvable yet (a pod not yet scheduled)
+        return False

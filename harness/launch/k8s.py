@@ -45,6 +45,9 @@ RESTART_POLICIES = {"tfjob": ("OnFailure", "ExitCode", "Never", "Always"),
                     "indexed-job": ("OnFailure", "Never")}
 # Set in every training container; under MPI also exported by `mpirun -x` (ssh sessions start with a bare env).
 BASE_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+# tf.distribute pods wait this long for their peers (harness.distribute.strategy.wait_for_workers): on a cluster,
+# scheduling and image pulls take minutes, more than the 120 s default meant for one machine.
+WAIT_ENV = {"HARNESS_WORKER_WAIT_S": "900"}
 MPI_EXPORTED = ("TF_USE_LEGACY_KERAS", "PYTHONUNBUFFERED", "PATH", "LD_LIBRARY_PATH", "NCCL_DEBUG")
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 OVERRIDE_SECTIONS = ("manifest", "pod", "container")
@@ -119,7 +122,7 @@ def manifests(options: K8sOptions) -> list[dict]:
 
 # --- the three kinds -------------------------------------------------------------------------------------------
 def tfjob(o: K8sOptions) -> list[dict]:
-    container = _container(o, TF_CONTAINER, list(o.command), gpus=o.gpus_per_worker,
+    container = _container(o, TF_CONTAINER, list(o.command), gpus=o.gpus_per_worker, env=WAIT_ENV,
                            ports=[{"name": TF_PORT_NAME, "containerPort": o.port, "protocol": "TCP"}])
     manifest = {
         "apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(o),
@@ -170,7 +173,7 @@ def launcher_command(o: K8sOptions) -> list[str]:
 
 
 def indexed_job(o: K8sOptions) -> list[dict]:
-    env = {"HARNESS_K8S_JOB": o.name, "HARNESS_K8S_SERVICE": o.name, "HARNESS_NUM_WORKERS": str(o.workers),
+    env = {**WAIT_ENV, "HARNESS_K8S_JOB": o.name, "HARNESS_K8S_SERVICE": o.name, "HARNESS_NUM_WORKERS": str(o.workers),
            "HARNESS_PORT": str(o.port)}
     container = _container(o, "harness", list(o.command), gpus=o.gpus_per_worker, env=env,
                            ports=[{"name": "grpc", "containerPort": o.port, "protocol": "TCP"}])

@@ -77,6 +77,19 @@ def _stop(procs: Sequence[subprocess.Popen]) -> None:
             p.wait()
 
 
+def _first_failure(procs: Sequence[subprocess.Popen]) -> str | None:
+    """`worker i exited with code C` for the worker that failed, None while none has.
+
+    When several have failed by the time we look, a worker killed by a signal is named first: it is the cause,
+    and its peers' failures in their next collective the effect."""
+    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+    if not failed:
+        return None
+    i, code = min(failed, key=lambda f: (f[1] > 0, f[0]))
+    name = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
+    return f"worker {i} exited with code {code}{name}"
+
+
 def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0, timeout_s: float | None = None,
               out=None) -> None:
     """Run `command` as `workers` workers and wait for all of them.
@@ -104,17 +117,12 @@ def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0,
     failure = None
     try:
         while failure is None and any(p.poll() is None for p in procs):
-            for i, p in enumerate(procs):
-                if p.poll() not in (None, 0):
-                    failure = f"worker {i} exited with code {p.returncode}"
-                    break
+            failure = _first_failure(procs)
             if failure is None and deadline is not None and time.monotonic() > deadline:
                 failure = f"timed out after {timeout_s:.0f} s with workers still running"
             time.sleep(0.1)
         if failure is None:
-            bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
-            if bad:
-                failure = f"worker {bad[0][0]} exited with code {bad[0][1]}"
+            failure = _first_failure(procs)
     finally:
         _stop(procs)
         for t in threads:

@@ -110,6 +110,7 @@ def test_tfjob_matches_crd_and_operator_conventions(gpus):
     assert {"name": "shared", "persistentVolumeClaim": {"claimName": "harness-shared"}} in spec["volumes"]
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert "TF_CONFIG" not in _env(c)  # the operator writes it
+    assert _env(c)["HARNESS_WORKER_WAIT_S"] == "900"   # peers may wait for scheduling and image pulls
 
 
 # --- MPIJob ------------------------------------------------------------------------------------------------------

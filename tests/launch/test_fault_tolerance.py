@@ -1,0 +1,262 @@
+"""Faults with real processes on CPU: a worker that never arrives, and a worker killed in the middle of an epoch
+under `harness launch local` (tf.distribute) and under `horovodrun` (Horovod).
+
+A killed worker must stop the job with a named error in bounded time (never a hang), and running the same command
+again must resume from the last backup with no step repeated or lost: the global step and the optimizer's
+iterations end at epochs x steps per epoch, the epochs after the backup run in full, every worker draws exactly
+their batches from a fresh input pipeline (the data position: the interrupted epoch restarts at its first batch),
+and all workers end with identical weights. Every launch runs in its own session under a timeout that kills it
+and fails the test.
+"""
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from harness.data import synth
+from harness.launch.local import free_ports
+
+SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "fault_worker.py"
+BIN = pathlib.Path(sys.executable).parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EPOCHS = 4
+STOP_S = 60          # a killed worker must have stopped the whole job within this
+RUN_TIMEOUT_S = 300
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_"))}
+    env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
+               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def table_export(tmp_path_factory):
+    """4 x 64 records: 2 workers x 128 records, per-replica batch 8 -> 16 steps per epoch."""
+    folder = tmp_path_factory.mktemp("points")
+    synth.write_table_export(str(folder), prefix="points", shards=4, records=256, seed=5)
+    return folder
+
+
+def _train_args(data, output) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--data", str(data), "--output", str(output), "--epochs", str(EPOCHS),
+            "--per-replica-batch-size", "8", "--learning-rate", "0.01"]
+
+
+def _latest_step(backup: pathlib.Path):
+    """Global step of the latest complete backup (its `checkpoint` state file is written last), or None."""
+    state = backup / "checkpoint"
+    if not state.exists():
+        return None
+    return int(state.read_text().splitlines()[0].rsplit("-", 1)[1].strip('"'))
+
+
+def _results(text: str) -> dict:
+    decoder = json.JSONDecoder()
+    found = [decoder.raw_decode(chunk)[0] for chunk in text.split("RESULT ")[1:]]
+    return {r["rank"]: r for r in found}
+
+
+def _run(cmd, env, timeout=RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"no exit within {timeout} s (a hang): {cmd}\n{out[-3000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher's session and every descendant (mpirun/horovodrun put ranks in sessions of their own)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _find_worker(launcher: subprocess.Popen, match) -> psutil.Process:
+    """The launcher's descendant running SCRIPT whose environment satisfies `match`."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for p in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                if any(str(SCRIPT) == a for a in p.cmdline()) and match(p.environ()):
+                    return p
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError("worker process not found")
+
+
+def _kill_mid_epoch(launcher: subprocess.Popen, backup: pathlib.Path, match) -> tuple[int, float, str, str]:
+    """Wait for the first backup, let the next epoch start, SIGKILL the matching worker. Returns the step of the
+    backup it resumes from, the seconds the launcher took to stop after the kill, and its output."""
+    victim = _find_worker(launcher, match)
+    deadline = time.monotonic() + 240
+    while _latest_step(backup) is None and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _latest_step(backup) is not None, "no backup was written"
+    time.sleep(1.0)   # ~5 steps (0.2 s each) into the next epoch
+    victim.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    try:
+        out, err = launcher.communicate(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        _kill_session(launcher)
+        out, err = launcher.communicate()
+        pytest.fail(f"the job did not stop within {STOP_S} s of the kill (a hang)\n{out[-3000:]}\n{err[-3000:]}")
+    return _latest_step(backup), time.monotonic() - killed, out, err
+
+
+def _check_resumed(results: dict, resumed_from: int, ranks: int = 2) -> None:
+    assert sorted(results) == list(range(ranks)), results
+    steps = results[0]["steps_per_epoch"]
+    assert resumed_from % steps == 0 and steps <= resumed_from < EPOCHS * steps
+    for r in results.values():
+        assert r["initial_step"] == resumed_from
+        assert r["final_step"] == r["optimizer_iterations"] == EPOCHS * steps      # none repeated or lost
+        assert r["epochs_run"] == list(range(resumed_from // steps + 1, EPOCHS + 1))
+        assert r["batches_drawn"] == (EPOCHS - resumed_from // steps) * steps      # the data position
+    assert len({r["weights_sha256"] for r in results.values()}) == 1
+
+
+def _epochs_printed(text: str) -> list[int]:
+    return [int(m) for m in re.findall(r"epoch (\d+)/\d+ step", text)]
+
+
+# --- a worker that never arrives ---------------------------------------------------------------------------------
+def test_worker_that_never_arrives_is_a_named_error(table_export, tmp_path):
+    ports = free_ports(2)
+    tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": 0}}
+    env = _env(TF_CONFIG=json.dumps(tf_config), HARNESS_WORKER_WAIT_S="3")
+    t0 = time.monotonic()
+    r = _run([sys.executable, "-m", "harness.cli", "train", "--data", str(table_export), "--output",
+              str(tmp_path / "run")], env, timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"WorkerFailedError: worker 1 at localhost:{ports[1]} not reachable after 3 s" in r.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def _tf_config(ports, index=0):
+    from harness.distribute import environment
+    return environment.read_tf_config({"TF_CONFIG": json.dumps({
+        "cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": index}})})
+
+
+def test_wait_names_every_missing_peer():
+    from harness.distribute.strategy import wait_for_workers
+    from harness.errors import WorkerFailedError
+
+    ports = free_ports(3)
+    with pytest.raises(WorkerFailedError, match=rf"^worker 1 at localhost:{ports[1]} not reachable after 0.5 s "
+                                                rf"\(nor worker 2 at localhost:{ports[2]}\).*HARNESS_WORKER_WAIT_S"):
+        wait_for_workers(_tf_config(ports), timeout_s=0.5)
+
+
+def test_wait_returns_once_peers_listen_and_frees_its_port():
+    import socket
+
+    from harness.distribute.strategy import wait_for_workers
+
+    ports = free_ports(2)
+    peer = socket.create_server(("", ports[1]))   # worker 1 arrived (its own wait listens on its port)
+    try:
+        t0 = time.monotonic()
+        wait_for_workers(_tf_config(ports), timeout_s=10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        peer.close()
+    socket.create_server(("", ports[0])).close()   # the strategy's server can bind worker 0's port now
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+def test_bad_wait_setting_is_a_cluster_config_error(value):
+    from harness.distribute import environment
+    from harness.errors import ClusterConfigError
+
+    with pytest.raises(ClusterConfigError, match="HARNESS_WORKER_WAIT_S"):
+        environment.read_worker_wait_s({"HARNESS_WORKER_WAIT_S": value})
+    assert environment.read_worker_wait_s({}) == 120
+
+
+class _Exited:
+    def __init__(self, code):
+        self.returncode = code
+
+    def poll(self):
+        return self.returncode
+
+
+def test_launcher_names_the_killed_worker_not_the_peers_that_failed_after_it():
+    from harness.launch.local import _first_failure
+
+    assert _first_failure([_Exited(None), _Exited(0)]) is None
+    assert _first_failure([_Exited(1), _Exited(-9)]) == "worker 1 exited with code -9 (SIGKILL)"
+    assert _first_failure([_Exited(None), _Exited(3), _Exited(2)]) == "worker 1 exited with code 3"
+
+
+# --- a worker killed mid-epoch -------------------------------------------------------------------------------------
+def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(table_export, tmp_path):
+    output = tmp_path / "run"
+    cmd = [sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "240", "--",
+           *_train_args(table_export, output)]
+    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        resumed_from, stop_s, out, err = _kill_mid_epoch(
+            launcher, output / "backup", lambda env: json.loads(env.get("TF_CONFIG", "{}")).get("task", {}).get(
+                "index") == 1)
+    finally:
+        _kill_session(launcher)
+    assert launcher.returncode == 2, err[-3000:]
+    assert "WorkerFailedError: worker 1 exited with code -9 (SIGKILL); stopped the other workers" in err
+    assert stop_s < STOP_S
+    assert max(_epochs_printed(out)) == resumed_from // 16   # killed before the next epoch ended: mid-epoch
+
+    r = _run(cmd, _env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _check_resumed(_results(r.stdout), resumed_from)
+
+
+def test_killed_rank_under_horovodrun_stops_the_job_and_restart_resumes_from_rank0(table_export, tmp_path):
+    output = tmp_path / "run"
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+           *_train_args(table_export, output), "--backend", "horovod"]
+    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        resumed_from, stop_s, out, err = _kill_mid_epoch(launcher, output / "backup",
+                                                         lambda env: env.get("HOROVOD_RANK") == "1")
+    finally:
+        _kill_session(launcher)
+    assert launcher.returncode != 0, out[-3000:] + err[-3000:]
+    # horovodrun (Gloo) stops the other rank itself and names the first one that failed
+    named = re.search(r"exited with non-zero status.*\s+Process name: 1\s+Exit code: 137", out + err, re.S)
+    assert named, err[-3000:]
+    assert stop_s < STOP_S
+    assert max(_epochs_printed(out + err)) == resumed_from // 16
+
+    r = _run(cmd, _env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _check_resumed(_results(r.stdout + r.stderr), resumed_from)

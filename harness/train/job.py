@@ -58,6 +58,9 @@ class TrainOptions:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "horovod" and (self.strategy != "auto" or self.cpu_replicas != 1):
+            raise ConfigError("--strategy and --cpu-replicas choose a tf.distribute strategy; --backend horovod runs "
+                              "one replica per process (start more processes: mpirun -np / horovodrun -np)")
         if self.global_batch_size is None and self.per_replica_batch_size is None:
             object.__setattr__(self, "per_replica_batch_size", 32)
 

@@ -52,11 +52,14 @@ def run(cmd: list, timeout: float = 180) -> str:
     return out
 
 
+def tagged(out: str, tag: str) -> list[dict]:
+    """Every `TAG {json}` object in out, also when mpirun forwards two ranks' lines joined in one chunk."""
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(out, m.end())[0] for m in re.finditer(re.escape(tag) + " (?={)", out)]
+
+
 def results(out: str, tag: str, ranks: int) -> dict:
-    by_rank = {}
-    for m in re.finditer(tag + r" (\{.*\})", out):
-        r = json.loads(m.group(1))
-        by_rank[r["rank"]] = r
+    by_rank = {r["rank"]: r for r in tagged(out, tag)}
     assert sorted(by_rank) == list(range(ranks)), f"expected {tag} lines from {ranks} ranks:\n{out[-4000:]}"
     return by_rank
 
@@ -292,3 +295,5 @@ def test_backend_option_and_flags():
     assert TrainOptions(data=("x",)).backend == "tf"
     with pytest.raises(ConfigError, match="backend must be one of"):
         TrainOptions(data=("x",), backend="mpi")
+    with pytest.raises(ConfigError, match="one replica per process"):
+        TrainOptions(data=("x",), backend="horovod", cpu_replicas=2)

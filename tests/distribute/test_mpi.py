@@ -4,9 +4,9 @@ import json
 import os
 import re
 import signal
+import pathlib
 import subprocess
 import sys
-import pathlib
 
 import pytest
 
@@ -24,7 +24,9 @@ def run_ranks(np_: int, *args, timeout: float = 60) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{proc.communicate()[0][-3000:]}")
     assert proc.returncode == 0, out[-3000:]
-    by_rank = {r["rank"]: r for r in (json.loads(m) for m in re.findall(r"MPI_CONTROL (\{.*\})", out))}
+    decoder = json.JSONDecoder()  # raw_decode: mpirun may forward two ranks' lines joined in one chunk
+    by_rank = {r["rank"]: r for r in (decoder.raw_decode(out, m.end())[0]
+                                      for m in re.finditer("MPI_CONTROL (?={)", out))}
     assert sorted(by_rank) == list(range(np_)), out[-3000:]
     return by_rank
 

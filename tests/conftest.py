@@ -1,10 +1,12 @@
 """Shared fixtures: the real exports in ../shared/data and small synthetic exports."""
 import os
 import pathlib
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # shared test helpers (procs.py) for the importlib import mode
 SHARED_DATA = pathlib.Path(os.environ.get("HARNESS_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 

@@ -1,6 +1,5 @@
 import os
 
-import pytest
 
 from harness.data import index, shards as S
 

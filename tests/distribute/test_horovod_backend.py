@@ -9,13 +9,11 @@ import gzip
 import json
 import os
 import pathlib
-import re
-import signal
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import numpy as np
+import procs
 import pytest
 
 from harness.distribute import horovod, mpi
@@ -38,30 +36,10 @@ def horovodrun(np_: int, *cmd) -> list:
 
 
 def run(cmd: list, timeout: float = 180) -> str:
-    """Run cmd in its own process group; on timeout kill the whole group (the ranks too) and fail."""
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=ENV, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(map(str, cmd))}\n{out[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"exit {proc.returncode}: {' '.join(map(str, cmd))}\n{out[-6000:]}")
-    return out
+    return procs.run(cmd, env=ENV, timeout=timeout)
 
 
-def tagged(out: str, tag: str) -> list[dict]:
-    """Every `TAG {json}` object in out, also when mpirun forwards two ranks' lines joined in one chunk."""
-    decoder = json.JSONDecoder()
-    return [decoder.raw_decode(out, m.end())[0] for m in re.finditer(re.escape(tag) + " (?={)", out)]
-
-
-def results(out: str, tag: str, ranks: int) -> dict:
-    by_rank = {r["rank"]: r for r in tagged(out, tag)}
-    assert sorted(by_rank) == list(range(ranks)), f"expected {tag} lines from {ranks} ranks:\n{out[-4000:]}"
-    return by_rank
+tagged, results = procs.tagged, procs.results
 
 
 def train(launcher: list, data, output, *flags, ranks=2, timeout=180) -> dict:

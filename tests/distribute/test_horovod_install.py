@@ -11,17 +11,13 @@ mpirun flags needed on this machine (Debian 12 container, 2 cores, root, Debian 
     ones only get what -x exports).
 Every launch runs in its own process group with a timeout that kills the group and fails the test.
 """
-import json
 import os
 import pathlib
-import re
 import shutil
-import signal
-import subprocess
 import sys
 
 import numpy as np
-import pytest
+import procs
 
 SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
 BIN = pathlib.Path(sys.executable).parent
@@ -35,27 +31,11 @@ if os.geteuid() == 0:
 
 
 def run(cmd: list, timeout: float = TIMEOUT_S) -> str:
-    """Run cmd in its own process group; on timeout kill the whole group (mpirun's ranks too) and fail."""
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=ENV, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s: {' '.join(map(str, cmd))}\n{out[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"exit {proc.returncode}: {' '.join(map(str, cmd))}\n{out[-4000:]}")
-    return out
+    return procs.run(cmd, env=ENV, timeout=timeout)
 
 
 def results(out: str, tag: str) -> dict:
-    by_rank = {}
-    for m in re.finditer(tag + r" (\{.*\})", out):
-        r = json.loads(m.group(1))
-        by_rank[r["rank"]] = r
-    assert sorted(by_rank) == [0, 1], f"expected {tag} lines from ranks 0 and 1:\n{out[-4000:]}"
-    return by_rank
+    return procs.results(out, tag, 2)
 
 
 def test_check_build_lists_tensorflow_mpi_gloo():

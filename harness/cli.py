@@ -53,10 +53,80 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle-buffer", type=int, default=S, help="records, default 1024")
     p.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
     p.add_argument("--seed", type=int, default=S)
+    p.add_argument("--profile", action="store_true", default=S,
+                   help="write report.json, timeline.png and the input-bound table (every worker's steps, GPU/CPU "
+                        "utilization, a tf.profiler trace window)")
+    p.add_argument("--profile-steps", default=S, metavar="START:STOP",
+                   help="global steps to trace with tf.profiler, both included (implies --profile); default: 10 "
+                        "steps from the 3rd after warm-up")
+    p.add_argument("--profile-dir", default=S, help="TensorBoard log dir of the traces (one worker-<rank> folder "
+                                                    "each; shared storage on several hosts); default OUTPUT/tensorboard")
+    p.add_argument("--data-service", default=S, metavar="grpc://HOST:PORT",
+                   help="run the input pipeline on a tf.data service (see `harness data-service`)")
     p.add_argument("--backend", choices=["tf", "horovod"], default=S,
                    help="default tf (tf.distribute); horovod: one process per device under mpirun/horovodrun")
     p.add_argument("--check-sharding", action="store_true", default=S,
                    help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
+
+
+def _bench_commands(sub) -> None:
+    """`harness bench input|train`, `harness reshard`, `harness data-service dispatcher|worker`."""
+    bench = sub.add_parser("bench", help="Benchmarks: the input pipeline alone, or training (synthetic or real data)")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    p = _command(bsub, "input", "harness.bench.input:main",
+                 "Input pipeline examples/s on your shards: read limit, harness pipeline, per-record pipeline")
+    p.add_argument("--data", nargs="+", required=True, metavar="PATH")
+    p.add_argument("--label", help="label feature (default: inferred)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--passes", type=int, default=1, help="times the files are read per timed run")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs (after one warm-up run)")
+
+    p = _command(bsub, "train", "harness.bench.train:main",
+                 "Training examples/s and input stall, on synthetic batches on the device or on real shards")
+    p.add_argument("--data", nargs="+", default=["synthetic"], metavar="synthetic|PATH",
+                   help="`synthetic` (the compute ceiling) or shards")
+    p.add_argument("--like", nargs="+", metavar="PATH", help="synthetic batches shaped like these shards")
+    p.add_argument("--label", help="label feature (default: inferred)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed first steps (tracing, autotuning, cache fill)")
+    p.add_argument("--output", default="runs/bench", help="report folder (chief only)")
+    p.add_argument("--per-replica-batch-size", type=int, default=16)
+    p.add_argument("--precision", choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"], default="float32")
+    p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default="auto")
+    p.add_argument("--cpu-replicas", type=int, default=None, help="logical CPU replicas (mirrored, no GPU)")
+    p.add_argument("--patch-size", type=int, default=64, help="synthetic: patch side")
+    p.add_argument("--bands", type=int, default=4, help="synthetic: bands")
+    p.add_argument("--classes", type=int, default=4, help="synthetic: classes")
+    p.add_argument("--cache", choices=["auto", "memory", "file", "none"], default="auto")
+    p.add_argument("--cache-dir")
+    p.add_argument("--data-service", metavar="grpc://HOST:PORT", help="input pipeline on a tf.data service")
+    p.add_argument("--profile-steps", metavar="START:STOP", help="steps to trace (default: 10 after warm-up)")
+    p.add_argument("--profile-dir", help="TensorBoard log dir of the traces (default OUTPUT/tensorboard)")
+    p.add_argument("--no-trace", action="store_true", help="no tf.profiler trace")
+    p.add_argument("--no-sampling", action="store_true", help="no GPU/CPU utilization sampling")
+    p.add_argument("--sample-interval", type=float, default=0.05, help="seconds between utilization samples")
+    p.add_argument("--no-plot", action="store_true", help="no timeline.png")
+    p.add_argument("--baseline", metavar="REPORT", help="a one-replica run's report.json: adds scaling efficiency")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = _command(sub, "reshard", "harness.data.reshard:main",
+                 "Rewrite (GZIP) shards into uncompressed shards balanced over a multiple of the workers, in order")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="shards: a folder, a glob, or paths")
+    p.add_argument("--output", required=True, help="folder for the new shards")
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--shards-per-worker", type=int, default=1, help="more files per worker: more parallel reads")
+    p.add_argument("--prefix", help="output name prefix (default: the source's)")
+    p.add_argument("--mixer", help="mixer.json when not beside the shards")
+
+    ds = sub.add_parser("data-service", help="tf.data service servers for --data-service")
+    dsub = ds.add_subparsers(dest="role", required=True)
+    p = _command(dsub, "dispatcher", "harness.data.service:main", "Start a tf.data service dispatcher")
+    p.add_argument("--port", type=int, default=5050)
+    p.add_argument("--work-dir", help="journal folder (fault-tolerant dispatcher)")
+    p = _command(dsub, "worker", "harness.data.service:main", "Start a tf.data service worker")
+    p.add_argument("--dispatcher", required=True, help="HOST:PORT of the dispatcher")
+    p.add_argument("--port", type=int, default=0, help="0: any free port")
+    p.add_argument("--worker-address", help="HOST:PORT the dispatcher gives consumers (default localhost:PORT)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="runs/demo")
     p.add_argument("--data-dir", default="demo-data")
     p.add_argument("--epochs", type=int, default=4)
+
+    _bench_commands(sub)
 
     launch = sub.add_parser("launch", help="Start a command as several workers")
     lsub = launch.add_subparsers(dest="launcher", required=True)

@@ -79,9 +79,7 @@ def reshard(sources: Sequence[str], output: str, *, workers: int, shards_per_wor
 
 def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int]) -> None:
     """Stream the records of `shards` in order into `paths`, `sizes[i]` records into `paths[i]`."""
-    ds = tf.data.Dataset.from_tensor_slices([s.path for s in shards])
-    compressions = {s.path: s.compression for s in shards}
-    if len(set(compressions.values())) == 1:
+    if len({s.compression for s in shards}) == 1:
         comp = shards[0].compression
         records = tf.data.TFRecordDataset([s.path for s in shards], compression_type=comp, buffer_size=1 << 22)
     else:  # mixed compression: one dataset per file, concatenated in order
@@ -89,7 +87,6 @@ def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int]) -> None:
         for s in shards:
             one = tf.data.TFRecordDataset(s.path, compression_type=s.compression, buffer_size=1 << 22)
             records = one if records is None else records.concatenate(one)
-    del ds
     batches = records.batch(READ_BATCH).prefetch(2).as_numpy_iterator()
     pending: list[bytes] = []
     for path, size in zip(paths, sizes):

@@ -145,10 +145,9 @@ class UtilizationSampler:
     def _run(self) -> None:
         import psutil
 
-        next_t = time.perf_counter()
-        while not self._stop.is_set():
-            next_t += self.interval_s
-            self._stop.wait(max(0.0, next_t - time.perf_counter()))
+        # A fixed wait, not a schedule: after a late wake-up, catching up with back-to-back samples would read a
+        # CPU share over microseconds.
+        while not self._stop.wait(self.interval_s):
             try:
                 self.samples.append(self._sample(psutil.cpu_percent(None)))
             except Exception as e:  # a sampler must never take training down; say so once and stop sampling

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from harness.profile import report as report_lib
 from harness.profile.gather import gather_to_chief
@@ -59,10 +59,18 @@ class ProfileSession:
     def hooks(self) -> list:
         return [self.window] if self.window else []
 
-    def __enter__(self):
+    def trainer_kwargs(self) -> dict:
+        """`Trainer(..., **session.trainer_kwargs())`: the timer and the step hooks."""
+        return {"timer": self.timer, "step_hooks": self.hooks}
+
+    def start(self) -> "ProfileSession":
+        """Start sampling (`finish` stops it)."""
         if self.sampler is not None:
             self.sampler.start()
         return self
+
+    def __enter__(self):
+        return self.start()
 
     def __exit__(self, *exc):
         if self.sampler is not None:
@@ -71,11 +79,12 @@ class ProfileSession:
             self.window.close()
 
     def finish(self, *, kind: str, config: dict, facts: Optional[dict] = None, plot: bool = True,
-               extra_summary: Optional[dict] = None) -> Optional[dict]:
+               amend: Optional[Callable[[dict], None]] = None) -> Optional[dict]:
         """Stop sampling, check this worker's trace and read it with the profiler's analyzer, gather every worker's
         part to the chief; the chief writes `report.json` and `timeline.png` into `output` and prints the table.
 
-        Every worker must call it (it is a collective). Returns the report on the chief, None elsewhere.
+        Every worker must call it (it is a collective). `amend(report)` may add figures (the chief's) before the
+        report is written and printed. Returns the report on the chief, None elsewhere.
         """
         if self.sampler is not None:
             self.sampler.stop()
@@ -94,8 +103,8 @@ class ProfileSession:
         report = report_lib.build_report(parts, kind=kind, config=config,
                                          replicas_in_sync=self.context.replicas_in_sync,
                                          trace_logdir=self.logdir if self.window else None)
-        if extra_summary:
-            report["summary"].update(extra_summary)
+        if amend is not None:
+            amend(report)
         paths = report_lib.write_report(report, self.output, plot=plot)
         report["files"] = paths
         print(report_lib.format_table(report), flush=True)

@@ -51,6 +51,10 @@ class TrainOptions:
     shuffle_buffer: int = 1024
     augment: bool = False
     seed: int = 0
+    profile: bool = False
+    profile_steps: str | None = None
+    profile_dir: str | None = None
+    data_service: str | None = None
 
     backend: str = "tf"
     check_sharding: bool = False
@@ -142,12 +146,17 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
 
     def dataset_fn(sh, training, records_per_epoch=None):
         def fn(input_context):
-            return pipeline_lib.build_dataset(
+            ds = pipeline_lib.build_dataset(
                 sh, spec, per_replica_batch_size=plan.per_replica_batch_size, training=training,
                 input_pipeline_id=input_context.input_pipeline_id,
                 num_input_pipelines=input_context.num_input_pipelines, records_per_epoch=records_per_epoch,
                 shuffle_buffer=options.shuffle_buffer, cache=options.cache, cache_dir=options.cache_dir,
                 augment=options.augment and training, seed=options.seed)
+            if options.data_service:
+                from harness.data import service
+                job = f"harness-{'train' if training else 'eval'}-p{input_context.input_pipeline_id}"
+                ds = service.distribute(ds, options.data_service, job_name=job)
+            return ds
         return fn
 
     # Statistics for the model's Normalization layer and the classes, from this worker's first batches.
@@ -188,13 +197,18 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                         global_batch_size=plan.global_batch_size,
                         loss_divisor=plan.per_replica_batch_size if horovod else plan.global_batch_size,
                         validation_steps=val_plan.steps_per_epoch if val_plan else 0)
+    profiler = _profile_session(options, context, strategy, config, plan)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
-                      class_weights=class_weights, **(horovod.trainer_kwargs() if horovod else {}))
+                      class_weights=class_weights,
+                      **(profiler.trainer_kwargs() if profiler else {}),
+                      **(horovod.trainer_kwargs() if horovod else {}))
     if initial_step % plan.steps_per_epoch:
         # Backups are written at epoch ends; a step count between them means the plan changed.
         raise ValueError(f"backup at step {initial_step} is not at an epoch end of {plan.steps_per_epoch} steps: "
                          "the data or batch size changed since; use a new --output")
     on_epoch_end = ([horovod.epoch_end_sync(model)] if horovod else []) + [backup.on_epoch_end]
+    if profiler:
+        profiler.start()
     history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
                           initial_step=initial_step, on_epoch_end=on_epoch_end)
     model_path = checkpoint.save_model(model, options.output, context)
@@ -207,6 +221,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                "history": history, "timing": trainer.timer.summary(), "model": model_path}
     if horovod:
         summary["ranks"] = _gather_rank_stats(control, context, plan, summary, say)
+    if profiler:  # every worker: its steps travel to the chief, which writes report.json
+        summary["profile"] = _finish_profile(profiler, options, context, plan, shards)
     if context.is_chief:
         t = summary["timing"]
         last = history[-1] if history else {}
@@ -273,6 +289,34 @@ def weights_digest(model) -> str:
     for w in model.get_weights():
         digest.update(w.tobytes())
     return digest.hexdigest()
+
+
+def _profile_session(options: TrainOptions, context, strategy, config, plan):
+    """The `ProfileSession` for --profile / --profile-steps, or None."""
+    if not (options.profile or options.profile_steps):
+        return None
+    from harness.profile.session import ProfileSession, default_window
+    from harness.profile.trace import parse_step_window
+
+    total = options.epochs * plan.steps_per_epoch
+    window = (parse_step_window(options.profile_steps) if options.profile_steps
+              else default_window(total, config.warmup_steps))
+    return ProfileSession(context=context, strategy=strategy, output=options.output, trace_steps=window,
+                          logdir=options.profile_dir, warmup_steps=config.warmup_steps)
+
+
+def _finish_profile(profiler, options: TrainOptions, context, plan, shards) -> dict | None:
+    """Gather and write the profile report; its summary on the chief, None elsewhere."""
+    from harness.data.index import record_stats
+
+    mine = set(plan.files[context.rank])
+    nbytes = sum(st.bytes for s, st in zip(shards, record_stats(shards)) if s.path in mine)
+    choice = pipeline_lib.choose_cache(options.cache, nbytes, cache_dir=options.cache_dir, name="profile")
+    facts = {"compression": shards[0].compression or "none", "files_per_worker": len(plan.files[context.rank]),
+             "cpu_count": os.cpu_count(), "cache": choice.kind, "data_service": bool(options.data_service)}
+    config = dict(dataclasses.asdict(options), plan=plan.to_dict(), context=str(context))
+    report = profiler.finish(kind="train", config=config, facts=facts)
+    return report["summary"] if report else None
 
 
 def options_from_args(args) -> tuple[TrainOptions, dict]:

@@ -1,0 +1,90 @@
+"""tf.data service: run the input pipeline's preprocessing on other processes or machines
+(tensorflow.org/api_docs/python/tf/data/experimental/service).
+
+  harness data-service dispatcher --port 5050 [--work-dir DIR]
+  harness data-service worker --dispatcher HOST:5050 [--port 5051] [--worker-address HOST:5051]
+  harness train ... --data-service grpc://HOST:5050
+
+The training worker builds its pipeline as usual (`build_dataset`: its files, shuffle, parse, batch) and hands the
+whole graph to the service (`distribute`); service workers read the files, which they must be able to open
+(shared storage or gs://), and stream finished batches back. Sharding is DYNAMIC: the dispatcher hands out the
+files one split at a time, so each record is processed by one service worker per pass (with OFF every service
+worker would produce every record). Each training worker gets its own job (`job_name` per input pipeline), so
+workers never take each other's batches.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "grpc"
+
+
+def address(target: str) -> str:
+    """`grpc://host:port` for `host:port` or `grpc://host:port`."""
+    return target if "://" in target else f"{PROTOCOL}://{target}"
+
+
+def distribute(ds, service: str, *, job_name: str):
+    """`ds` produced by the tf.data service at `service` (DYNAMIC sharding), prefetched on the consumer."""
+    import tensorflow as tf
+
+    from harness.errors import ConfigError
+
+    if not service:
+        raise ConfigError("--data-service needs the dispatcher address, e.g. grpc://localhost:5050")
+    out = ds.apply(tf.data.experimental.service.distribute(
+        processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=address(service),
+        job_name=job_name))
+    return out.prefetch(tf.data.AUTOTUNE)
+
+
+def start_dispatcher(port: int = 0, *, work_dir: Optional[str] = None):
+    """A started `DispatchServer` on `port` (0: any free port; its `target` says which)."""
+    import tensorflow as tf
+
+    config = tf.data.experimental.service.DispatcherConfig(port=port, protocol=PROTOCOL, work_dir=work_dir,
+                                                           fault_tolerant_mode=bool(work_dir))
+    return tf.data.experimental.service.DispatchServer(config, start=True)
+
+
+def start_worker(dispatcher: str, port: int = 0, *, worker_address: Optional[str] = None):
+    """A started `WorkerServer` registered with `dispatcher` (`host:port`, with or without `grpc://`)."""
+    import tensorflow as tf
+
+    config = tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=dispatcher.split("://", 1)[-1], port=port, protocol=PROTOCOL,
+        worker_address=worker_address)
+    return tf.data.experimental.service.WorkerServer(config, start=True)
+
+
+def _serve_until_signal(what: str) -> None:
+    """Block until SIGINT or SIGTERM; the servers end with the process."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"{what} (Ctrl-C or SIGTERM to stop)", flush=True)
+    while not stop.wait(0.5):  # a timed wait: Python runs signal handlers between waits
+        pass
+
+
+def main(args) -> int:
+    """`harness data-service dispatcher|worker ...`; serves until SIGINT/SIGTERM. `server` stays referenced until
+    then: a collected server stops serving."""
+    if args.role == "dispatcher":
+        server = start_dispatcher(args.port, work_dir=args.work_dir)
+        _serve_until_signal(f"tf.data service dispatcher at {server.target}")
+    else:
+        server = start_worker(args.dispatcher, args.port, worker_address=args.worker_address)
+        _serve_until_signal(f"tf.data service worker on port {args.port or '(any)'}, dispatcher {args.dispatcher}")
+    # Exit at once: a worker's task threads for an endless training job would keep the interpreter's shutdown
+    # waiting (up to the dispatcher's job timeout), and a server keeps no state to save (the fault-tolerant
+    # dispatcher journals as it goes).
+    sys.stdout.flush()
+    os._exit(0)

@@ -1,0 +1,70 @@
+"""--data-service on CPU: a local dispatcher and two workers started with `harness data-service`, then training."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.data import pipeline, service
+from harness.data.shards import discover_shards
+from harness.data.spec import infer_spec
+from harness.launch.local import free_ports
+from harness.train import job
+
+
+def _wait_for_line(path, words, proc, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while words not in path.read_text():
+        assert proc.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, f"no {words!r} in {path} after {timeout_s} s"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def data_service(tmp_path_factory):
+    """`harness data-service dispatcher` and two `harness data-service worker` processes; yields the address.
+
+    Their output goes to files: a pipe nobody reads fills up and blocks the server."""
+    logs = tmp_path_factory.mktemp("data_service")
+    port = free_ports(1)[0]
+    harness = [sys.executable, "-m", "harness.cli", "data-service"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    roles = [["dispatcher", "--port", str(port)]] + [["worker", "--dispatcher", f"localhost:{port}"]] * 2
+    procs = []
+    try:
+        for i, role in enumerate(roles):
+            log = logs / f"{i}-{role[0]}.log"
+            with open(log, "w") as out:
+                procs.append(subprocess.Popen(harness + role, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+            _wait_for_line(log, "tf.data service", procs[-1])
+        yield f"grpc://localhost:{port}"
+    finally:
+        for p in reversed(procs):  # workers first, then the dispatcher
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+
+def test_pipeline_through_the_service_yields_every_record_once(data_service, image_export):
+    shards = discover_shards(str(image_export))
+    spec = infer_spec(shards)
+    ds = pipeline.build_dataset(shards, spec, per_replica_batch_size=1, training=False, cache="none")
+    local = sorted(float(x.numpy().sum()) for x, _ in ds)
+    remote = service.distribute(ds, data_service, job_name="test-eval")
+    served = sorted(float(x.numpy().sum()) for x, _ in remote)
+    assert served == pytest.approx(local)                        # 10 records, each once, over two workers
+
+
+def test_train_with_data_service(data_service, table_export, tmp_path):
+    options = job.TrainOptions(data=(str(table_export),), epochs=2, per_replica_batch_size=8, strategy="single",
+                               output=str(tmp_path / "run"), data_service=data_service)
+    summary = job.run(options)
+    assert summary["final_step"] == 2 * summary["plan"]["steps_per_epoch"]
+    assert all(h["loss"] == h["loss"] for h in summary["history"])
+
+
+def test_address_forms():
+    assert service.address("host:5050") == "grpc://host:5050"
+    assert service.address("grpc://host:5050") == "grpc://host:5050"

@@ -20,6 +20,9 @@ test: install
 
 bench: install
 	$(PY) benchmarks/input_pipeline.py
+	$(PY) benchmarks/reshard.py
+	$(PY) benchmarks/profile_overhead.py
+	$(VENV)/bin/harness bench train --data synthetic --steps 30 --output runs/bench/synthetic
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

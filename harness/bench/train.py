@@ -38,11 +38,14 @@ def synthetic_batches(strategy, shapes: Shapes, per_replica_batch: int, seed: in
     """An endless iterator repeating one distributed batch, generated once on each replica's device."""
     import tensorflow as tf
 
+    devices = strategy.extended.worker_devices  # this worker's replicas, in replica order
+
     def value_fn(ctx):
-        g = tf.random.Generator.from_seed(seed + ctx.replica_id_in_sync_group)
-        x = g.uniform([per_replica_batch, *shapes.input_shape])
-        label_shape = [per_replica_batch, *shapes.input_shape[:-1]] if shapes.kind == "image" else [per_replica_batch]
-        y = g.uniform(label_shape, maxval=shapes.num_classes, dtype=tf.int32)
+        with tf.device(devices[ctx.replica_id_in_sync_group % len(devices)]):
+            g = tf.random.Generator.from_seed(seed + ctx.replica_id_in_sync_group)
+            x = g.uniform([per_replica_batch, *shapes.input_shape])
+            pixels = list(shapes.input_shape[:-1]) if shapes.kind == "image" else []
+            y = g.uniform([per_replica_batch, *pixels], maxval=shapes.num_classes, dtype=tf.int32)
         return x, y
 
     batch = strategy.experimental_distribute_values_from_function(value_fn)

@@ -19,12 +19,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import platform
 import socket
 from typing import Optional, Sequence
 
 from harness.profile.sampler import NO_GPU, Sample, mean_in
+
+log = logging.getLogger(__name__)
 
 HIGHLY, MODERATELY = 0.20, 0.05
 REPORT_NAME, PLOT_NAME = "report.json", "timeline.png"
@@ -221,6 +224,9 @@ def write_report(report: dict, output: str, *, plot: bool = True) -> dict:
     with open(paths["report"], "w") as f:
         json.dump(report, f, indent=1, default=str)
     if plot:
-        from harness.profile.plot import plot_timeline
-        paths["plot"] = plot_timeline(report, os.path.join(output, PLOT_NAME))
+        try:
+            from harness.profile.plot import plot_timeline
+            paths["plot"] = plot_timeline(report, os.path.join(output, PLOT_NAME))
+        except ImportError as e:  # matplotlib comes with the `profile` extra; the figures do not need it
+            log.warning("no timeline plot: %s (pip install 'harness[profile]')", e)
     return paths

@@ -55,7 +55,6 @@ class TrainOptions:
     profile_steps: str | None = None
     profile_dir: str | None = None
     data_service: str | None = None
-
     backend: str = "tf"
     check_sharding: bool = False
 
@@ -108,7 +107,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     import tf_keras as keras
 
     from harness.distribute.strategy import make_strategy
-    from harness.train import checkpoint, models, precision
+    from harness.train import checkpoint, models, precision, summaries
     from harness.train.loop import LoopConfig, Trainer
 
     if distribution is None and options.backend == "horovod":
@@ -206,7 +205,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         # Backups are written at epoch ends; a step count between them means the plan changed.
         raise ValueError(f"backup at step {initial_step} is not at an epoch end of {plan.steps_per_epoch} steps: "
                          "the data or batch size changed since; use a new --output")
-    on_epoch_end = ([horovod.epoch_end_sync(model)] if horovod else []) + [backup.on_epoch_end]
+    on_epoch_end = ([horovod.epoch_end_sync(model)] if horovod else []) + [
+        backup.on_epoch_end, summaries.EpochSummaries(options.output, context).on_epoch_end]
     if profiler:
         profiler.start()
     history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,

@@ -46,7 +46,8 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes(table_export,
     # Chief-only writes: each worker was given its own output folder; only the chief's exists.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker0"]
     written = sorted(p.name for p in (tmp_path / "worker0").iterdir())
-    assert written == ["backup", "model.keras", "summary.json"]
+    assert written == ["backup", "logs", "model.keras", "summary.json"]
+    assert list((tmp_path / "worker0" / "logs" / "train").glob("events.out.tfevents.*"))
 
 
 def _latest_step(folder: pathlib.Path):

@@ -8,7 +8,8 @@ patches written by `harness.data.synth` exactly as Earth Engine lays them out) i
                chooses for the record size;
   harness-alt  the same with the other parse order (batch-then-parse vs parse-then-batch), to show the choice;
   per-record   `TFRecordDataset(files).map(parse_single_example, AUTOTUNE).batch(B)` as users commonly write it
-               (Google's Earth Engine UNet demo).
+               (Google's Earth Engine UNet demo), with sequential reads as the demo has them.
+The builders and the timing are shared with `harness bench input` (harness/bench/input.py).
 Every pipeline is consumed by `Dataset.reduce` (no per-batch Python), after one untimed warm-up pass; a run
 reads the file list --passes times over; the pipelines take turns for --repeats runs. Prints examples/s (mean,
 relative spread, best) and MB/s of the best run (uncompressed serialized records, 10^6 bytes), then the ratios
@@ -32,74 +33,10 @@ sys.path.insert(0, ROOT)
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
+from harness.bench.input import harness_dataset, per_record, read_limit, time_round_robin  # noqa: E402
 from harness.data import index, pipeline, shards as shards_lib, spec as spec_lib, synth  # noqa: E402
 
 POINTS = os.path.join(os.path.dirname(ROOT), "shared", "data", "gee-aces-points", "training.tfrecord.gz")
-
-
-def raw_dataset(shards, batch, *, parallel: bool):
-    """Raw records, batched, no parsing: sequential reads, or parallel reads over the files (one per core)."""
-    files = [s.path for s in shards]
-    reads = min(len(files), os.cpu_count() or 1) if parallel else None
-    return tf.data.TFRecordDataset(files, compression_type=shards[0].compression, num_parallel_reads=reads,
-                                   buffer_size=pipeline.READ_BUFFER_BYTES).batch(batch)
-
-
-def per_record_dataset(shards, spec, batch):
-    """What users commonly write, after Google's Earth Engine UNet demo (google/earthengine-community,
-    guides/linked/UNET_regression_demo.ipynb): `TFRecordDataset(files, compression_type='GZIP')` (sequential
-    reads), `map(parse_single_example ...)` in parallel, then shape, then batch."""
-    desc = pipeline.feature_description(spec)
-
-    def parse(record):
-        f = tf.io.parse_single_example(record, desc)
-        x = tf.stack([tf.cast(f[b], tf.float32) for b in spec.bands], axis=-1)
-        if spec.kind == "image":
-            s = spec.stored_size
-            x = tf.reshape(x, [s, s, len(spec.bands)])
-            y = tf.reshape(tf.cast(f[spec.label], tf.int32), [s, s])
-        else:
-            y = tf.cast(f[spec.label], tf.int32)
-        return x, y
-
-    ds = tf.data.TFRecordDataset([s.path for s in shards], compression_type=shards[0].compression)
-    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(batch, drop_remainder=True)
-
-
-def harness_dataset(shards, spec, batch, *, record_first):
-    saved = pipeline.VECTORIZE_MAX_RECORD_BYTES
-    pipeline.VECTORIZE_MAX_RECORD_BYTES = -1 if record_first else float("inf")
-    try:
-        return pipeline.build_dataset(shards, spec, per_replica_batch_size=batch, training=False, cache="none")
-    finally:
-        pipeline.VECTORIZE_MAX_RECORD_BYTES = saved
-
-
-def _examples(element):
-    first = tf.nest.flatten(element)[0]
-    return tf.shape(first, out_type=tf.int64)[0]
-
-
-def _count(ds) -> int:
-    return int(ds.reduce(tf.constant(0, tf.int64), lambda acc, e: acc + _examples(e)))
-
-
-def time_round_robin(runs: dict, expected: dict, repeats: int) -> dict:
-    """Seconds of each timed full pass per pipeline, after one warm-up pass each (tracing, page cache).
-
-    Pipelines take turns (run 1 of each, then run 2 of each, ...) so a change in machine load hits all alike.
-    """
-    for ds in runs.values():
-        _count(ds)
-    secs = {label: [] for label in runs}
-    for _ in range(repeats):
-        for label, ds in runs.items():
-            t = time.perf_counter()
-            n = _count(ds)
-            secs[label].append(time.perf_counter() - t)
-            if n != expected[label]:
-                raise AssertionError(f"{label}: counted {n} examples, expected {expected[label]}")
-    return secs
 
 
 def bench(name, shards, spec, batch, passes, repeats):
@@ -116,12 +53,14 @@ def bench(name, shards, spec, batch, passes, repeats):
           f"{shards[0].compression or 'uncompressed'}, batch {batch}, files read {passes}x per run, {repeats} runs; "
           f"harness "
           f"chooses {order[chosen_record_first]}")
+    files, compression = [s.path for s in shards], shards[0].compression
     runs = {
-        "raw-seq": raw_dataset(shards, batch, parallel=False),
-        "raw-par": raw_dataset(shards, batch, parallel=True),
+        "raw-seq": read_limit(files, compression, batch, parallel=False),
+        "raw-par": read_limit(files, compression, batch, parallel=True),
         "harness": harness_dataset(shards, spec, batch, record_first=chosen_record_first),
         "harness-alt": harness_dataset(shards, spec, batch, record_first=not chosen_record_first),
-        "per-record": per_record_dataset(shards, spec, batch),
+        # sequential reads, as Google's Earth Engine UNet demo does (see harness.bench.input.per_record)
+        "per-record": per_record(files, compression, spec, batch, parallel=False),
     }
     expected = {label: records * passes if label.startswith("raw") else examples for label in runs}
     secs = time_round_robin(runs, expected, repeats)

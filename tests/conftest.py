@@ -17,6 +17,12 @@ def shared_data() -> pathlib.Path:
     return SHARED_DATA
 
 
+@pytest.fixture(autouse=True)
+def _isolated_index(tmp_path_factory, monkeypatch):
+    """Each test session gets its own record index (HARNESS_CACHE_DIR), never the user's ~/.cache."""
+    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "harness-cache"))
+
+
 def pytest_configure(config):
     """Two logical CPU devices for the whole test process, so MirroredStrategy tests get 2 replicas.
 

@@ -2,10 +2,14 @@
 
   read limit  TFRecordDataset with parallel reads (one per file, up to the cores), records counted, no parsing;
   harness     `harness.data.pipeline.build_dataset` in evaluation mode (no shuffle, no cache);
-  per-record  `map(parse_single_example, AUTOTUNE).batch(B)`, as users commonly write it.
+  per-record  `map(parse_single_example, AUTOTUNE).batch(B)`, as users commonly write it (parallel reads here).
 Each pipeline is consumed inside TensorFlow (`Dataset.reduce`), one untimed warm-up pass, then `--repeats` timed
-passes over the files read `--passes` times. (benchmarks/input_pipeline.py does the same on the reference
-exports, with both parse orders.)
+passes over the files read `--passes` times. Rates are examples/s; MB/s counts uncompressed serialized records
+(10^6 bytes).
+
+This module is also the home of the dataset builders and the counting/timing helpers that
+benchmarks/input_pipeline.py uses on the reference exports (sequential and parallel raw reads, both parse orders,
+the sequential per-record baseline, pipelines timed in turns).
 """
 from __future__ import annotations
 
@@ -15,40 +19,78 @@ import time
 from typing import Sequence
 
 
-def _count(element):
+def _batch_examples(element):
+    """Examples in one dataset element: the leading dimension of its first component (int64 tensor)."""
     import tensorflow as tf
 
     first = tf.nest.flatten(element)[0]
     return tf.shape(first, out_type=tf.int64)[0]
 
 
-def time_passes(ds, repeats: int) -> tuple[int, list[float]]:
-    """(examples per pass, seconds of each timed pass) after one warm-up pass."""
+def count_examples(ds) -> int:
+    """Examples in one full pass over `ds` (a dataset of batches), counted inside TensorFlow (`Dataset.reduce`,
+    no per-batch Python)."""
     import tensorflow as tf
 
-    def count():
-        return int(ds.reduce(tf.constant(0, tf.int64), lambda acc, e: acc + _count(e)))
+    return int(ds.reduce(tf.constant(0, tf.int64), lambda acc, e: acc + _batch_examples(e)))
 
-    n = count()
+
+def time_passes(ds, repeats: int) -> tuple[int, list[float]]:
+    """(examples per pass, seconds of each timed pass) after one warm-up pass."""
+    n = count_examples(ds)
     secs = []
     for _ in range(repeats):
         t = time.perf_counter()
-        count()
+        count_examples(ds)
         secs.append(time.perf_counter() - t)
     return n, secs
 
 
-def read_limit(paths: Sequence[str], compression: str, batch: int):
+def time_round_robin(runs: dict, expected: dict, repeats: int) -> dict:
+    """Seconds of each timed full pass per pipeline (`{label: [s, ...]}`), after one warm-up pass each (tracing,
+    page cache).
+
+    Pipelines take turns (run 1 of each, then run 2 of each, ...) so a change in machine load hits all alike.
+    Raises AssertionError if a pass counts other than `expected[label]` examples.
+    """
+    for ds in runs.values():
+        count_examples(ds)
+    secs = {label: [] for label in runs}
+    for _ in range(repeats):
+        for label, ds in runs.items():
+            t = time.perf_counter()
+            n = count_examples(ds)
+            secs[label].append(time.perf_counter() - t)
+            if n != expected[label]:
+                raise AssertionError(f"{label}: counted {n} examples, expected {expected[label]}")
+    return secs
+
+
+def _reads(paths: Sequence[str], parallel: bool):
+    """`num_parallel_reads`: one per file up to the cores, or None (sequential, file after file)."""
+    return min(len(paths), os.cpu_count() or 1) if parallel else None
+
+
+def read_limit(paths: Sequence[str], compression: str, batch: int, *, parallel: bool):
+    """Raw records, batched, no parsing: the read limit. TFRecordDataset with the files' compression and the
+    pipeline's read buffer (`pipeline.READ_BUFFER_BYTES`), sequential reads or parallel reads over the files (one
+    per file, up to the cores)."""
     import tensorflow as tf
 
     from harness.data import pipeline
 
-    reads = min(len(paths), os.cpu_count() or 1)
-    return tf.data.TFRecordDataset(list(paths), compression_type=compression, num_parallel_reads=reads,
+    return tf.data.TFRecordDataset(list(paths), compression_type=compression,
+                                   num_parallel_reads=_reads(paths, parallel),
                                    buffer_size=pipeline.READ_BUFFER_BYTES).batch(batch)
 
 
-def per_record(paths: Sequence[str], compression: str, spec, batch: int):
+def per_record(paths: Sequence[str], compression: str, spec, batch: int, *, parallel: bool):
+    """What users commonly write, after Google's Earth Engine UNet demo (google/earthengine-community,
+    guides/linked/UNET_regression_demo.ipynb): `TFRecordDataset(files, compression_type='GZIP')`,
+    `map(parse_single_example ...)` in parallel (AUTOTUNE), then shape, then `batch(B, drop_remainder=True)`.
+
+    `parallel=False` reads the files sequentially, as the demo does (benchmarks/input_pipeline.py);
+    `parallel=True` reads one file per core, as `harness bench input` compares it."""
     import tensorflow as tf
 
     from harness.data import pipeline
@@ -56,27 +98,41 @@ def per_record(paths: Sequence[str], compression: str, spec, batch: int):
     desc = pipeline.feature_description(spec)
 
     def parse(record):
-        return _parse_one(tf, spec, desc, record)
+        f = tf.io.parse_single_example(record, desc)
+        x = tf.stack([tf.cast(f[b], tf.float32) for b in spec.bands], axis=-1)
+        if spec.kind == "image":
+            s = spec.stored_size
+            return tf.reshape(x, [s, s, len(spec.bands)]), tf.reshape(tf.cast(f[spec.label], tf.int32), [s, s])
+        return x, tf.cast(f[spec.label], tf.int32)
 
-    reads = min(len(paths), os.cpu_count() or 1)
-    ds = tf.data.TFRecordDataset(list(paths), compression_type=compression, num_parallel_reads=reads)
+    ds = tf.data.TFRecordDataset(list(paths), compression_type=compression,
+                                 num_parallel_reads=_reads(paths, parallel))
     return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(batch, drop_remainder=True)
 
 
-def _parse_one(tf, spec, desc, record):
-    f = tf.io.parse_single_example(record, desc)
-    x = tf.stack([tf.cast(f[b], tf.float32) for b in spec.bands], axis=-1)
-    if spec.kind == "image":
-        s = spec.stored_size
-        return tf.reshape(x, [s, s, len(spec.bands)]), tf.reshape(tf.cast(f[spec.label], tf.int32), [s, s])
-    return x, tf.cast(f[spec.label], tf.int32)
+def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = None):
+    """`pipeline.build_dataset` in evaluation mode (no shuffle, no cache). `record_first=None` keeps the parse
+    order the pipeline chooses for the record size; True forces parse-then-batch, False batch-then-parse."""
+    from harness.data import pipeline
+
+    def build():
+        return pipeline.build_dataset(list(shards), spec, per_replica_batch_size=batch, training=False, cache="none")
+
+    if record_first is None:
+        return build()
+    saved = pipeline.VECTORIZE_MAX_RECORD_BYTES
+    pipeline.VECTORIZE_MAX_RECORD_BYTES = -1 if record_first else float("inf")
+    try:
+        return build()
+    finally:
+        pipeline.VECTORIZE_MAX_RECORD_BYTES = saved
 
 
 def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int = 3, label=None,
             which: Sequence[str] = ("read limit", "harness", "per-record")) -> dict:
     """examples/s of each pipeline: `{name: {"examples_per_s", "spread", "mb_per_s"}}` plus `"records"`,
     `"mean_record_bytes"` and `"compression"`."""
-    from harness.data import index, pipeline, spec as spec_lib
+    from harness.data import index, spec as spec_lib
     from harness.data.shards import discover_shards, find_mixer
 
     shards = discover_shards(list(paths))
@@ -87,10 +143,9 @@ def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int =
     compression = shards[0].compression
     files = [s.path for s in shards] * passes
     builders = {
-        "read limit": lambda: read_limit(files, compression, batch),
-        "harness": lambda: pipeline.build_dataset(list(shards) * passes, spec, per_replica_batch_size=batch,
-                                                  training=False, cache="none"),
-        "per-record": lambda: per_record(files, compression, spec, batch),
+        "read limit": lambda: read_limit(files, compression, batch, parallel=True),
+        "harness": lambda: harness_dataset(list(shards) * passes, spec, batch),
+        "per-record": lambda: per_record(files, compression, spec, batch, parallel=True),
     }
     out = {"records": records * passes, "mean_record_bytes": mean_bytes, "compression": compression or "none"}
     for name in which:

@@ -1,12 +1,7 @@
-"""Fixtures for the benchmark commands: an isolated record index and a tiny image export."""
+"""Fixtures for the benchmark commands: a tiny image export."""
 import pytest
 
 from harness.data import synth
-
-
-@pytest.fixture(autouse=True)
-def _isolated_index(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "harness-cache"))
 
 
 @pytest.fixture(scope="session")

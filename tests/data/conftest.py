@@ -1,13 +1,7 @@
-"""Fixtures for the data tests: an isolated record index and tiny synthetic exports."""
+"""Fixtures for the data tests: tiny synthetic exports."""
 import pytest
 
 from harness.data import synth
-
-
-@pytest.fixture(autouse=True)
-def _isolated_index(tmp_path_factory, monkeypatch):
-    """Each test session gets its own record index (HARNESS_CACHE_DIR), never the user's ~/.cache."""
-    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "harness-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -203,8 +203,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                       **(horovod.trainer_kwargs() if horovod else {}))
     if initial_step % plan.steps_per_epoch:
         # Backups are written at epoch ends; a step count between them means the plan changed.
-        raise ValueError(f"backup at step {initial_step} is not at an epoch end of {plan.steps_per_epoch} steps: "
-                         "the data or batch size changed since; use a new --output")
+        raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
+                          f"{plan.steps_per_epoch} steps: the data or batch size changed since; use a new --output")
     on_epoch_end = ([horovod.epoch_end_sync(model)] if horovod else []) + [
         backup.on_epoch_end, summaries.EpochSummaries(options.output, context).on_epoch_end]
     if profiler:

@@ -59,9 +59,3 @@ def run_delayed(d, c, output, *, trace_steps=None, plot=False):
 def delayed_run():
     """`run(d, c, output, trace_steps=None, plot=False) -> (session, report)`."""
     return run_delayed
-
-
-@pytest.fixture(autouse=True)
-def _isolated_index(tmp_path_factory, monkeypatch):
-    """The record index of these tests' exports stays out of ~/.cache."""
-    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "harness-cache"))

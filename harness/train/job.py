@@ -176,13 +176,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     val_ds = distribute(dataset_fn(val_shards, False)) if val_plan else None
 
     with strategy.scope():
-        if model_fn is not None:
-            model = model_fn(spec, num_classes, mean, variance)
-        elif spec.kind == "table":
-            model = models.pixel_classifier(spec.input_shape[-1], num_classes, mean=mean, variance=variance)
-        else:
-            h, w, bands = spec.input_shape
-            model = models.unet(h, w, bands, num_classes, mean=mean, variance=variance)
+        model = (model_fn or _builtin_model)(spec, num_classes, mean, variance)
         optimizer = precision.wrap_optimizer(keras.optimizers.Adam(options.learning_rate), policy)
         backup = checkpoint.Backup(options.output, context, model=model, optimizer=optimizer)
         if horovod:
@@ -224,15 +218,30 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
         summary["profile"] = _finish_profile(profiler, options, context, plan, shards)
     if context.is_chief:
-        t = summary["timing"]
-        last = history[-1] if history else {}
-        say(f"summary: {t['examples_per_s']:.1f} examples/s, input stall {100 * t['input_stall_share']:.1f}% "
-            f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
-            + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else ""))
-        os.makedirs(options.output, exist_ok=True)
-        with open(os.path.join(options.output, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2, default=str)
+        _write_summary(summary, options.output)
     return summary
+
+
+def _builtin_model(spec, num_classes: int, mean, variance):
+    """The U-Net for image specs, the per-pixel classifier for tables (`harness.train.models`)."""
+    from harness.train import models
+
+    if spec.kind == "table":
+        return models.pixel_classifier(spec.input_shape[-1], num_classes, mean=mean, variance=variance)
+    h, w, bands = spec.input_shape
+    return models.unet(h, w, bands, num_classes, mean=mean, variance=variance)
+
+
+def _write_summary(summary: dict, output: str) -> None:
+    """Print the final line and write `output/summary.json` (the chief's job)."""
+    t, history = summary["timing"], summary["history"]
+    last = history[-1] if history else {}
+    print(f"summary: {t['examples_per_s']:.1f} examples/s, input stall {100 * t['input_stall_share']:.1f}% "
+          f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
+          + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else ""), flush=True)
+    os.makedirs(output, exist_ok=True)
+    with open(os.path.join(output, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=str)
 
 
 def _horovod(context):

@@ -7,6 +7,6 @@ Importing the package selects Keras 2 (`tf-keras`) for `tf.keras` before TensorF
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO and WARNING lines
 
 __version__ = "0.1.0"

@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, required=True)
     p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before all workers are stopped")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- harness train ...")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
     p = _command(lsub, "k8s", "harness.launch.k8s:main",
                  "Write Kubernetes manifests (TFJob, MPIJob, or Indexed Job + headless Service) for a command")
     p.add_argument("--kind", choices=["tfjob", "mpijob", "indexed-job"], required=True)
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi-launcher", choices=["mpirun", "horovodrun"], default="mpirun", help="mpijob only")
     p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- harness train ...")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
     p = _command(lsub, "mpi", "harness.launch.mpi:main_mpi",
                  "N ranks under mpirun (-bind-to none -map-by slot, exported environment), e.g. for --backend horovod")
     _rank_launch_args(p)
@@ -235,11 +235,19 @@ def main(argv=None) -> int:
     for noisy in ("tensorflow", "absl", "h5py"):   # their INFO lines drown ours
         logging.getLogger(noisy).setLevel(logging.WARNING)
     module, _, func = args._target.partition(":")
+    name = " ".join(filter(None, [args.command, getattr(args, "launcher", None)]))
     from harness.errors import HarnessError
     try:
         return int(getattr(importlib.import_module(module), func)(args) or 0)
-    except HarnessError as e:
-        print(f"harness {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"harness {name}: interrupted; run the same command again to resume from the last backup",
+              file=sys.stderr)
+        return 130
+    except (HarnessError, ValueError, OSError) as e:
+        # Bad input or configuration: the message, not a traceback (-v shows it).
+        if args.verbose:
+            raise
+        print(f"harness {name}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 
 

@@ -30,6 +30,8 @@ import shlex
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
+import yaml
+
 from harness.errors import ConfigError
 
 KINDS = ("tfjob", "mpijob", "indexed-job")
@@ -112,6 +114,13 @@ class K8sOptions:
         unknown = set(self.overrides or {}) - set(OVERRIDE_SECTIONS)
         if unknown:
             raise ConfigError(f"overrides: unknown sections {sorted(unknown)}; expected {list(OVERRIDE_SECTIONS)}")
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes shared objects out in full: no `&id001` anchors in manifests people read and edit."""
+
+    def ignore_aliases(self, data):
+        return True
 
 
 def manifests(options: K8sOptions) -> list[dict]:
@@ -267,7 +276,6 @@ def merge(base: dict, extra: Mapping) -> dict:
 
 def to_yaml(objects: Sequence[dict], options: K8sOptions) -> str:
     """A YAML stream of `objects`, with a header saying how it was made and where the user's settings go."""
-    import yaml
 
     argv = shlex.join(["harness", "launch", "k8s", "--kind", options.kind, "--workers", str(options.workers),
                        "--gpus-per-worker", str(options.gpus_per_worker), "--image", options.image, "--",
@@ -276,14 +284,13 @@ def to_yaml(objects: Sequence[dict], options: K8sOptions) -> str:
               "# Your own settings (nodeSelector, tolerations, serviceAccountName, imagePullSecrets, env, ...):\n"
               "# put them in an overrides file (sections manifest / pod / container) and pass --overrides FILE,\n"
               "# so that regenerating keeps them. Apply with: kubectl apply -f THIS_FILE\n")
-    return header + yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+    return header + yaml.dump_all(objects, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False)
 
 
 def load_overrides(path: Optional[str]) -> Optional[dict]:
     """Read the `--overrides` YAML (None when no path)."""
     if not path:
         return None
-    import yaml
 
     with open(path) as f:
         data = yaml.safe_load(f) or {}
@@ -294,7 +301,7 @@ def load_overrides(path: Optional[str]) -> Optional[dict]:
 
 def main(args) -> int:
     """`harness launch k8s --kind KIND --workers N [--gpus-per-worker G] --image IMAGE [...] -- CMD...`."""
-    command = list(args.command)
+    command = list(args.argv)
     if command and command[0] == "--":
         command = command[1:]
     options = K8sOptions(kind=args.kind, command=tuple(command), workers=args.workers, image=args.image,

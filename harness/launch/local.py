@@ -133,7 +133,7 @@ def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0,
 
 def main(args) -> int:
     """`harness launch local --workers N [--gpus-per-worker G] [--timeout S] -- CMD...`."""
-    command = list(args.command)
+    command = list(args.argv)
     if command and command[0] == "--":
         command = command[1:]
     run_local(command, workers=args.workers, gpus_per_worker=args.gpus_per_worker, timeout_s=args.timeout)

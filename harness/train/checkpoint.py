@@ -14,6 +14,7 @@ steps are applied exactly once (the global step and the optimizer's iteration co
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,9 +22,14 @@ import tempfile
 
 import tensorflow as tf
 
+from harness.errors import ConfigError
+
 from harness.distribute.context import Backend
 
 log = logging.getLogger(__name__)
+
+
+FINGERPRINT = "run.json"  # beside the backup: what it was trained with
 
 
 class Backup:
@@ -32,13 +38,15 @@ class Backup:
     Args:
       output_dir: the job's output folder (shared by all workers when they run on several hosts).
       context: the `WorkerContext`; decides who writes where.
+      fingerprint: JSON-able facts the backup must agree with to be resumed (steps per epoch, global batch,
+        records, label, ...); written beside it by the chief and compared on restore.
       trackables: objects to save, e.g. `model=model, optimizer=optimizer`.
     Attributes:
       step: int64 scalar variable, the global step (optimizer steps taken so far).
     """
 
-    def __init__(self, output_dir: str, context, **trackables):
-        self.context = context
+    def __init__(self, output_dir: str, context, *, fingerprint: dict | None = None, **trackables):
+        self.context, self.fingerprint = context, fingerprint
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.checkpoint = tf.train.Checkpoint(step=self.step, **trackables)
         self.chief_dir = os.path.join(output_dir, "backup")
@@ -61,10 +69,25 @@ class Backup:
         latest = tf.train.latest_checkpoint(self.chief_dir)
         if latest is None:
             return 0
+        self._check_fingerprint()
         self.checkpoint.restore(latest).expect_partial()
         step = int(self.step.numpy())
         log.info("resumed from %s at global step %d", latest, step)
         return step
+
+    def _check_fingerprint(self) -> None:
+        """Raise ConfigError when the backup was written by a run with other steps per epoch, data or inputs:
+        resuming it would count epochs wrongly or train another model."""
+        path = os.path.join(self.chief_dir, FINGERPRINT)
+        if self.fingerprint is None or not os.path.exists(path):
+            return
+        with open(path) as f:
+            saved = json.load(f)
+        changed = {k: (saved.get(k), v) for k, v in self.fingerprint.items() if saved.get(k) != v}
+        if changed:
+            what = "; ".join(f"{k}: backup {a!r}, now {b!r}" for k, (a, b) in changed.items())
+            raise ConfigError(f"{self.chief_dir} was written by a different run ({what}); resume with the same "
+                              "data, batch size and precision, or use a new --output")
 
     def save(self, step: int) -> None:
         """Write the backup at global step `step` (every worker calls this; only the chief's copy is kept)."""
@@ -73,6 +96,9 @@ class Backup:
             return
         path = self.manager.save(checkpoint_number=step)
         if self.context.is_chief:
+            if self.fingerprint is not None:
+                with open(os.path.join(self.chief_dir, FINGERPRINT), "w") as f:
+                    json.dump(self.fingerprint, f, indent=1)
             log.debug("backup written: %s", path)
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:

@@ -21,7 +21,7 @@ from harness.data import spec as spec_lib
 from harness.data.index import record_counts
 from harness.data.shards import discover_shards, find_mixer
 from harness.distribute import plan as plan_lib
-from harness.errors import ConfigError
+from harness.errors import BatchSizeError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class TrainOptions:
     class_weights: str = "none"
     cache: str = "auto"
     cache_dir: str | None = None
-    shuffle_buffer: int = 1024
+    shuffle_buffer: int | None = None   # records; None: about 256 MB of records (the pipeline's default)
     augment: bool = False
     seed: int = 0
     profile: bool = False
@@ -66,6 +66,10 @@ class TrainOptions:
                               "one replica per process (start more processes: mpirun -np / horovodrun -np)")
         if self.global_batch_size is None and self.per_replica_batch_size is None:
             object.__setattr__(self, "per_replica_batch_size", 32)
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning rate must be > 0, got {self.learning_rate}")
 
 
 def _file_counts(paths):
@@ -124,6 +128,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if spec.label is None:
         raise ConfigError(f"no label feature found in {shards[0].path}: give --label")
     spec_lib.validate_spec(spec, shards)
+    _check_class_labels(spec, shards)
+    _check_mixer(shards, options.mixer, counts)
     plan = plan_lib.make_plan(counts, workers=context.num_workers, replicas_per_worker=context.replicas_per_worker,
                               global_batch_size=options.global_batch_size,
                               per_replica_batch_size=options.per_replica_batch_size)
@@ -138,9 +144,12 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if options.validation_data:
         val_shards, val_counts = _file_counts(options.validation_data)
         spec_lib.validate_spec(spec, val_shards)
-        val_plan = plan_lib.make_plan(val_counts, workers=context.num_workers,
-                                      replicas_per_worker=context.replicas_per_worker,
-                                      per_replica_batch_size=plan.per_replica_batch_size)
+        try:
+            val_plan = plan_lib.make_plan(val_counts, workers=context.num_workers,
+                                          replicas_per_worker=context.replicas_per_worker,
+                                          per_replica_batch_size=plan.per_replica_batch_size)
+        except BatchSizeError as e:
+            raise BatchSizeError(f"validation data: {e}") from None
         say(f"validation: {val_plan.steps_per_epoch} steps, {sum(val_plan.dropped)} records dropped")
 
     def dataset_fn(sh, training, records_per_epoch=None):
@@ -158,12 +167,20 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
             return ds
         return fn
 
-    # Statistics for the model's Normalization layer and the classes, from this worker's first batches.
+    # Statistics for the model's Normalization layer and the classes, from a shuffled sample of the training
+    # records (records of every file, not the first file's first batches).
     sample = pipeline_lib.build_dataset(shards, spec, per_replica_batch_size=plan.per_replica_batch_size,
-                                        training=False, cache="none")
-    mean, variance = models.band_moments(sample)
-    labels = tf.concat([y for _, y in sample.take(8)], axis=0).numpy()
+                                        training=True, cache="none", seed=options.seed, validate=False
+                                        ).take(SAMPLE_BATCHES)
+    mean, variance = models.band_moments(sample, batches=SAMPLE_BATCHES)
+    labels = tf.concat([y for _, y in sample], axis=0).numpy()
     num_classes = options.num_classes or spec.num_classes or int(labels.max()) + 1
+    if not (options.num_classes or spec.num_classes):
+        say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} labels; "
+            "declare --num-classes if a class is rarer than that)")
+    if num_classes < 2:
+        raise ConfigError(f"label {spec.label!r}: only class 0 found in a sample of {labels.size} labels; "
+                          "classification needs at least 2 classes (--num-classes)")
     class_weights = _class_weights(options.class_weights, num_classes, labels)
 
     def distribute(fn):
@@ -178,7 +195,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     with strategy.scope():
         model = (model_fn or _builtin_model)(spec, num_classes, mean, variance)
         optimizer = precision.wrap_optimizer(keras.optimizers.Adam(options.learning_rate), policy)
-        backup = checkpoint.Backup(options.output, context, model=model, optimizer=optimizer)
+        backup = checkpoint.Backup(options.output, context, fingerprint=_fingerprint(plan, spec, policy),
+                                   model=model, optimizer=optimizer)
         if horovod:
             optimizer.build(model.trainable_variables)  # slots exist before the restore and the broadcast
         initial_step = backup.restore()
@@ -195,6 +213,10 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                       class_weights=class_weights,
                       **(profiler.trainer_kwargs() if profiler else {}),
                       **(horovod.trainer_kwargs() if horovod else {}))
+    if initial_step >= options.epochs * plan.steps_per_epoch:
+        say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
+            "(raise --epochs to train on, or use a new --output)")
+        return {"initial_step": initial_step, "final_step": initial_step, "history": [], "done": True}
     if initial_step % plan.steps_per_epoch:
         # Backups are written at epoch ends; a step count between them means the plan changed.
         raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
@@ -203,8 +225,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         backup.on_epoch_end, summaries.EpochSummaries(options.output, context).on_epoch_end]
     if profiler:
         profiler.start()
-    history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
-                          initial_step=initial_step, on_epoch_end=on_epoch_end)
+    try:
+        history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
+                              initial_step=initial_step, on_epoch_end=on_epoch_end)
+    except tf.errors.InvalidArgumentError as e:
+        raise _named_error(e, spec, num_classes) from e
     model_path = checkpoint.save_model(model, options.output, context)
     backup.close()
 
@@ -220,6 +245,70 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if context.is_chief:
         _write_summary(summary, options.output)
     return summary
+
+
+SAMPLE_BATCHES = 16  # batches sampled for band statistics and the class count
+
+
+def _fingerprint(plan, spec, policy: str) -> dict:
+    """What a backup must agree with to be resumed: the step arithmetic, the data and the model's inputs."""
+    return {"steps_per_epoch": plan.steps_per_epoch, "global_batch_size": plan.global_batch_size,
+            "records": sum(plan.records), "label": spec.label, "bands": list(spec.bands),
+            "input_shape": str(spec.input_shape), "policy": policy}
+
+
+def _check_class_labels(spec, shards, records: int = 16) -> None:
+    """Classification labels must be class ids: integral values (Earth Engine stores them as floats, 3.0).
+
+    Raises ConfigError naming the shard, record and value when the first records of the first non-empty shard
+    hold a non-integer label (a continuous band given as --label)."""
+    import math
+
+    from harness.data.records import first_examples
+
+    if spec.task != "classification":
+        return
+    for shard in shards:
+        examples = first_examples(shard, records)
+        for i, ex in enumerate(examples):
+            values = ex.features.feature[spec.label].float_list.value
+            bad = next((v for v in values if not math.isfinite(v) or v != int(v) or v < 0), None)
+            if bad is not None:
+                raise ConfigError(f"{shard.path}, record {i}: label {spec.label!r} holds {bad!r}, not a class id "
+                                  "(a non-negative integer); is it the right --label?")
+        if examples:
+            return
+
+
+def _check_mixer(shards, mixer_path, counts) -> None:
+    """Warn when mixer.json's totalPatches disagrees with the counted records (a shard lost or added)."""
+    from harness.data.shards import check_mixer
+    from harness.errors import MixerError
+
+    mixer = find_mixer(shards, mixer_path)
+    if mixer is not None:
+        try:
+            check_mixer(mixer, [n for _, n in counts])
+        except MixerError as e:
+            log.warning("%s", e)
+
+
+def _named_error(error, spec, num_classes: int) -> Exception:
+    """A named error for TensorFlow errors whose cause the harness knows; else the error itself."""
+    import re
+
+    from harness.errors import MissingFeatureError
+
+    text = str(error)
+    m = re.search(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)", text)
+    if m:
+        return ConfigError(f"label {spec.label!r}: value {m.group(1)} is outside the {num_classes} classes "
+                           f"[0, {num_classes}) taken from a sample; declare --num-classes")
+    m = re.search(r"Feature: (\S+) \(data type: (\w+)\) is required but could not be found", text)
+    if m:
+        return MissingFeatureError(f"feature {m.group(1)!r} ({m.group(2)}) is missing from a record after the "
+                                   "first of its shard (the spec was checked against each shard's first record)")
+    return error
 
 
 def _builtin_model(spec, num_classes: int, mean, variance):
@@ -238,7 +327,8 @@ def _write_summary(summary: dict, output: str) -> None:
     last = history[-1] if history else {}
     print(f"summary: {t['examples_per_s']:.1f} examples/s, input stall {100 * t['input_stall_share']:.1f}% "
           f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
-          + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else ""), flush=True)
+          + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else "")
+          + f"; model: {summary['model']}", flush=True)
     os.makedirs(output, exist_ok=True)
     with open(os.path.join(output, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)

@@ -1,0 +1,107 @@
+"""`harness train` refuses what would train the wrong model or lose results, with a named error and exit 2."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from harness.data import spec as spec_lib
+from harness.data import synth
+from harness.errors import ConfigError, MissingFeatureError
+from harness.train import job
+
+CLI = [sys.executable, "-m", "harness.cli"]
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def points(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("points")
+    synth.write_table_export(str(folder), prefix="points", shards=2, records=256, seed=5)
+    return folder
+
+
+def test_epochs_and_learning_rate_must_be_positive(points):
+    for flag, value, message in (("--epochs", 0, "epochs must be >= 1, got 0"),
+                                 ("--learning-rate", -1, "learning rate must be > 0, got -1.0")):
+        r = _cli("train", "--data", points, "--label", "class", flag, value)
+        assert r.returncode == 2 and f"ConfigError: {message}" in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+
+
+def test_continuous_label_is_refused(shared_data, tmp_path):
+    r = _cli("train", "--data", shared_data / "gee-aces-points" / "validation.tfrecord.gz", "--label", "nir_before",
+             "--output", tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "ConfigError" in r.stderr and "record 0: label 'nir_before' holds" in r.stderr
+    assert "not a class id" in r.stderr
+
+
+def test_rerun_and_changed_resume(points, tmp_path):
+    out = tmp_path / "out"
+    base = ["train", "--data", points, "--label", "class", "--epochs", "1", "--output", out]
+    first = _cli(*base, "--global-batch-size", "32")
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = (out / "summary.json").read_text()
+
+    again = _cli(*base, "--global-batch-size", "32")                 # finished: nothing to do, nothing rewritten
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already trained 1 epochs (8 steps); nothing to do" in again.stdout
+    assert (out / "summary.json").read_text() == summary
+
+    changed = _cli("train", "--data", points, "--label", "class", "--epochs", "3", "--output", out,
+                   "--global-batch-size", "64")                        # 4 steps per epoch now, not 8
+    assert changed.returncode == 2, changed.stderr[-3000:]
+    assert "ConfigError" in changed.stderr and "was written by a different run" in changed.stderr
+    assert "steps_per_epoch: backup 8, now 4" in changed.stderr
+
+
+def test_interrupt_exits_cleanly(points, tmp_path):
+    proc = subprocess.Popen([*CLI, "train", "--data", str(points), "--label", "class", "--epochs", "1000",
+                             "--global-batch-size", "8", "--output", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "out" / "backup" / "checkpoint").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted; run the same command again to resume from the last backup" in err
+    assert "Traceback" not in err
+
+
+def test_value_errors_are_messages_not_tracebacks(points):
+    r = _cli("plan", points, "--workers", "0", "--global-batch-size", "8")
+    assert r.returncode == 2 and "harness plan: ValueError: workers (0)" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("train", "--config", "/nonexistent/run.yaml")
+    assert r.returncode == 2 and "FileNotFoundError" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tensorflow_errors_get_names():
+    spec = spec_lib.DataSpec(kind="table", bands=("a",), label="species")
+    e = tf.errors.InvalidArgumentError(None, None, "Received a label value of 2 which is outside the valid range "
+                                                   "of [0, 2).  Label values: 0 2 1")
+    named = job._named_error(e, spec, 2)
+    assert isinstance(named, ConfigError) and "value 2 is outside the 2 classes [0, 2)" in str(named)
+    e = tf.errors.InvalidArgumentError(None, None, "Feature: dropoff (data type: int64) is required but could not "
+                                                   "be found.")
+    named = job._named_error(e, spec, 2)
+    assert isinstance(named, MissingFeatureError) and "'dropoff' (int64) is missing" in str(named)
+    other = tf.errors.InvalidArgumentError(None, None, "something else")
+    assert job._named_error(other, spec, 2) is other
+
+
+def test_launch_errors_name_the_launcher():
+    r = _cli("launch", "local", "--workers", "2", "--", sys.executable, "-c", "import sys; sys.exit(4)")
+    assert r.returncode == 2 and r.stderr.startswith("harness launch local: WorkerFailedError"), r.stderr
+
+
+def test_plan_matches_summary(points, tmp_path):
+    r = _cli("plan", points, "--workers", "1", "--global-batch-size", "32", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["steps_per_epoch"] == 8

@@ -1,7 +1,7 @@
 """The tf.data input pipeline: shards -> (inputs, labels) batches for one input pipeline (worker).
 
 Order (tf.data performance guide, https://www.tensorflow.org/guide/data_performance):
-  list files -> shard (harness.distribute.sharding.assign_files) -> interleave (parallel; deterministic only for
+  list files -> shard (harness.distribute.sharding.assign_nonempty) -> interleave (parallel; deterministic only for
   evaluation or record-level sharding) -> cache (raw records, before any randomness) -> shuffle -> keep
   `records_per_epoch` -> repeat (training) -> batch + parse (in the order the record size calls for) -> augment
   -> prefetch.
@@ -26,7 +26,7 @@ from harness.data import index
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard
 from harness.data.spec import CLASSIFICATION, IMAGE, TIME, DataSpec, validate_spec
-from harness.distribute.sharding import RECORD, assign_files
+from harness.distribute.sharding import RECORD, assign_nonempty
 from harness.errors import BatchSizeError, SpecError
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,7 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
       training: True: read order not deterministic, shuffle, keep records_per_epoch, repeat forever, optional
         augmentation. False: one deterministic pass, no shuffle or augmentation.
       input_pipeline_id / num_input_pipelines: this pipeline among all (usually the worker index and count);
-        files (or records) are split by assign_files.
+        files (or records) are split by assign_nonempty (zero-record files skipped).
       records_per_epoch: keep exactly the first this-many records of each epoch of this pipeline's shuffled
         stream and drop the rest (read, not parsed), so every worker runs the same number of steps.
       shuffle_buffer: records in the shuffle buffer; default min(records, ~256 MB of records, 16384).
@@ -253,7 +253,7 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
       SpecError: if the spec has no label.
       BatchSizeError: if records_per_epoch exceeds this pipeline's records or is below one batch, or an
         evaluation pass would yield no batch.
-      ValueError: from assign_files (bad pipeline id or count, no files) or for a bad cache mode.
+      ValueError: from assign_nonempty (bad pipeline id or count, no files) or for a bad cache mode.
       and the errors of spec.validate_spec (declared features vs records) and index.record_stats (bad or
       truncated shards), raised before any batch is produced.
     """
@@ -270,7 +270,8 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
         log.info("skipping %d zero-record shard(s)", len(shards) - len(nonempty))
     if not nonempty:
         raise BatchSizeError("every shard holds zero records")
-    assignment = assign_files([s.path for s, _ in nonempty], num_input_pipelines, input_pipeline_id)
+    assignment = assign_nonempty([(s.path, st.records) for s, st in zip(shards, stats)], num_input_pipelines,
+                                 input_pipeline_id)
     by_path = {s.path: (s, st) for s, st in nonempty}
     my_records = assignment.records({p: st.records for p, (_, st) in by_path.items()})
     total_bytes = sum(st.bytes for _, st in nonempty)

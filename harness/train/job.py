@@ -129,7 +129,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         raise ConfigError(f"no label feature found in {shards[0].path}: give --label")
     spec_lib.validate_spec(spec, shards)
     _check_class_labels(spec, shards)
-    _check_mixer(shards, options.mixer, counts)
+    _check_mixer(shards, options, counts)
     plan = plan_lib.make_plan(counts, workers=context.num_workers, replicas_per_worker=context.replicas_per_worker,
                               global_batch_size=options.global_batch_size,
                               per_replica_batch_size=options.per_replica_batch_size)
@@ -176,7 +176,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     labels = tf.concat([y for _, y in sample], axis=0).numpy()
     num_classes = options.num_classes or spec.num_classes or int(labels.max()) + 1
     if not (options.num_classes or spec.num_classes):
-        say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} labels; "
+        say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} label values; "
             "declare --num-classes if a class is rarer than that)")
     if num_classes < 2:
         raise ConfigError(f"label {spec.label!r}: only class 0 found in a sample of {labels.size} labels; "
@@ -280,12 +280,17 @@ def _check_class_labels(spec, shards, records: int = 16) -> None:
             return
 
 
-def _check_mixer(shards, mixer_path, counts) -> None:
-    """Warn when mixer.json's totalPatches disagrees with the counted records (a shard lost or added)."""
+def _check_mixer(shards, options: TrainOptions, counts) -> None:
+    """Warn when the data is given as whole export folders and mixer.json's totalPatches disagrees with the
+    counted records (a shard lost or added). A glob or list may name a subset on purpose (a hold-out)."""
+    import tensorflow as tf
+
     from harness.data.shards import check_mixer
     from harness.errors import MixerError
 
-    mixer = find_mixer(shards, mixer_path)
+    if not all(tf.io.gfile.isdir(d) for d in options.data):
+        return
+    mixer = find_mixer(shards, options.mixer)
     if mixer is not None:
         try:
             check_mixer(mixer, [n for _, n in counts])

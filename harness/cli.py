@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 
@@ -242,7 +243,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"harness {name}: interrupted; run the same command again to resume from the last backup",
               file=sys.stderr)
-        return 130
+        # Leave now: TensorFlow's threads may still deliver the interrupt during interpreter shutdown, which
+        # would end the process by SIGINT instead of with the exit code the shell convention gives it (128 + 2).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     except (HarnessError, ValueError, OSError) as e:
         # Bad input or configuration: the message, not a traceback (-v shows it).
         if args.verbose:

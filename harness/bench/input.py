@@ -111,8 +111,11 @@ def per_record(paths: Sequence[str], compression: str, spec, batch: int, *, para
 
 
 def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = None):
-    """`pipeline.build_dataset` in evaluation mode (no shuffle, no cache). `record_first=None` keeps the parse
-    order the pipeline chooses for the record size; True forces parse-then-batch, False batch-then-parse."""
+    """`pipeline.build_dataset` in evaluation mode (no shuffle, no cache).
+
+    `record_first=None` keeps the parse order the pipeline chooses for the record size; True forces a parse per
+    record, then batch; False forces batch-then-parse: read batches of `batch` records, one vectorized parse each.
+    """
     from harness.data import pipeline
 
     def build():
@@ -120,12 +123,16 @@ def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = Non
 
     if record_first is None:
         return build()
-    saved = pipeline.VECTORIZE_MAX_RECORD_BYTES
-    pipeline.VECTORIZE_MAX_RECORD_BYTES = -1 if record_first else float("inf")
+    saved = pipeline.VECTORIZE_MAX_RECORD_BYTES, pipeline.READ_BATCH_BYTES, pipeline.READ_BATCH_MAX
+    if record_first:
+        pipeline.VECTORIZE_MAX_RECORD_BYTES = -1
+    else:
+        pipeline.VECTORIZE_MAX_RECORD_BYTES = float("inf")
+        pipeline.READ_BATCH_BYTES, pipeline.READ_BATCH_MAX = float("inf"), batch
     try:
         return build()
     finally:
-        pipeline.VECTORIZE_MAX_RECORD_BYTES = saved
+        pipeline.VECTORIZE_MAX_RECORD_BYTES, pipeline.READ_BATCH_BYTES, pipeline.READ_BATCH_MAX = saved
 
 
 def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int = 3, label=None,

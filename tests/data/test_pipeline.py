@@ -158,3 +158,33 @@ def test_build_checks_the_spec_before_any_batch(image):
     found, spec = image
     with pytest.raises(MissingFeatureError, match="'LandCover'.*closest available key: 'landcover'"):
         P.build_dataset(found, spec.replace(label="LandCover"), per_replica_batch_size=2, training=True)
+
+
+def test_read_batch_size_follows_record_bytes(monkeypatch):
+    monkeypatch.setattr(P, "READ_BATCH_BYTES", 256 * 1024)
+    assert P.read_batch_size(220) == 256 * 1024 // 220 == 1191  # the point export's records
+    assert P.read_batch_size(1) == P.READ_BATCH_MAX
+    assert P.read_batch_size(60_000) == 4 and P.read_batch_size(2_000_000) == 1
+
+
+@pytest.mark.parametrize("read_batch", [1, 5, 32, 4096])  # 32 records per file: partial read batches at file ends
+def test_read_batches_yield_every_record_once_in_one_order(table, monkeypatch, read_batch):
+    found, spec = table
+    reference = _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=1, training=False)))
+    monkeypatch.setattr(P, "READ_BATCH_BYTES", float("inf"))
+    monkeypatch.setattr(P, "READ_BATCH_MAX", read_batch)
+    ids = _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=7, training=False)))
+    assert len(ids) == 63 and len(set(ids)) == 63 and set(ids) <= set(reference)  # 64 // 7 batches of 7
+    assert ids == _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=7, training=False)))
+
+
+def test_memory_cache_of_parsed_read_batches_reshuffles_each_epoch(table, monkeypatch):
+    found, spec = table
+    monkeypatch.setattr(P, "READ_BATCH_BYTES", float("inf"))
+    monkeypatch.setattr(P, "READ_BATCH_MAX", 5)
+    every = sorted(_ids(_all(P.build_dataset(found, spec, per_replica_batch_size=1, training=False))))
+    ds = P.build_dataset(found, spec, per_replica_batch_size=8, training=True, cache="memory", seed=3)
+    ids = _ids(_all(ds.take(24)))  # 3 epochs of 64 records
+    epochs = [ids[i:i + 64] for i in range(0, 192, 64)]
+    assert all(sorted(e) == every for e in epochs)  # the cache returns every record once per epoch
+    assert epochs[0] != epochs[1] != epochs[2]

@@ -172,8 +172,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     sample = pipeline_lib.build_dataset(shards, spec, per_replica_batch_size=plan.per_replica_batch_size,
                                         training=True, cache="none", seed=options.seed, validate=False
                                         ).take(SAMPLE_BATCHES)
-    mean, variance = models.band_moments(sample, batches=SAMPLE_BATCHES)
-    labels = tf.concat([y for _, y in sample], axis=0).numpy()
+    try:
+        mean, variance = models.band_moments(sample, batches=SAMPLE_BATCHES)
+        labels = tf.concat([y for _, y in sample], axis=0).numpy()
+    except tf.errors.InvalidArgumentError as e:
+        raise _named_error(e, spec, 0, shards) from e
     num_classes = options.num_classes or spec.num_classes or int(labels.max()) + 1
     if not (options.num_classes or spec.num_classes):
         say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} label values; "
@@ -229,7 +232,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
                               initial_step=initial_step, on_epoch_end=on_epoch_end)
     except tf.errors.InvalidArgumentError as e:
-        raise _named_error(e, spec, num_classes) from e
+        raise _named_error(e, spec, num_classes, [*shards, *(val_shards if val_plan else [])]) from e
     model_path = checkpoint.save_model(model, options.output, context)
     backup.close()
 
@@ -298,10 +301,14 @@ def _check_mixer(shards, options: TrainOptions, counts) -> None:
             log.warning("%s", e)
 
 
-def _named_error(error, spec, num_classes: int) -> Exception:
-    """A named error for TensorFlow errors whose cause the harness knows; else the error itself."""
+def _named_error(error, spec, num_classes: int, shards=()) -> Exception:
+    """A named error for TensorFlow errors whose cause the harness knows; else the error itself.
+
+    A parse failure (a record after the first of its shard lacks a feature or holds another number of values)
+    is traced to its file, record and feature by scanning `shards` (harness.data.scan.first_bad_record)."""
     import re
 
+    from harness.data import scan
     from harness.errors import MissingFeatureError
 
     text = str(error)
@@ -309,6 +316,10 @@ def _named_error(error, spec, num_classes: int) -> Exception:
     if m:
         return ConfigError(f"label {spec.label!r}: value {m.group(1)} is outside the {num_classes} classes "
                            f"[0, {num_classes}) taken from a sample; declare --num-classes")
+    if re.search(r"Feature: \S+ \(data type: \w+\) is required|Key: \S+[.,]|Can't parse serialized", text) and shards:
+        found = scan.first_bad_record(spec, shards)
+        if found is not None:
+            return found
     m = re.search(r"Feature: (\S+) \(data type: (\w+)\) is required but could not be found", text)
     if m:
         return MissingFeatureError(f"feature {m.group(1)!r} ({m.group(2)}) is missing from a record after the "

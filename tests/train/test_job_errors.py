@@ -105,3 +105,19 @@ def test_launch_errors_name_the_launcher():
 def test_plan_matches_summary(points, tmp_path):
     r = _cli("plan", points, "--workers", "1", "--global-batch-size", "32", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["steps_per_epoch"] == 8
+
+
+def test_record_missing_a_band_mid_shard_is_named_by_file_and_record(tmp_path):
+    def example(i, drop=()):
+        values = {"a": float(i % 7), "b": float(i % 3), "class": float(i % 2)}
+        return tf.train.Example(features=tf.train.Features(feature={
+            k: tf.train.Feature(float_list=tf.train.FloatList(value=[v])) for k, v in values.items() if k not in drop}))
+    for shard in range(2):
+        with tf.io.TFRecordWriter(str(tmp_path / f"pts-0000{shard}.tfrecord.gz"), "GZIP") as w:
+            for i in range(300):
+                w.write(example(i, drop=("b",) if (shard, i) == (1, 170) else ()).SerializeToString())
+    r = _cli("train", "--data", tmp_path, "--label", "class", "--epochs", "1", "--global-batch-size", "32",
+             "--output", tmp_path / "out")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"MissingFeatureError: {tmp_path}/pts-00001.tfrecord.gz: record 170: band 'b' declared but absent" \
+        in r.stderr, r.stderr[-3000:]

@@ -1,0 +1,68 @@
+"""Find the record a parse failure came from: file, record index and feature.
+
+`spec.validate_spec` checks the first record of every shard before training; a record further in that lacks a
+feature or holds another number of values fails inside `tf.io.parse_example`, whose message names neither the
+file nor the record. After such a failure, `first_bad_record` reads the shards again, one vectorized parse per
+read batch (as fast as the input pipeline), and decodes only the failing batch record by record to name it.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from harness.data import records
+from harness.data.shards import Shard
+from harness.data.spec import DataSpec, check_feature
+from harness.errors import SpecMismatchError
+
+log = logging.getLogger(__name__)
+
+SCAN_BATCH = 1024  # records per vectorized parse while scanning
+
+
+def first_bad_record(spec: DataSpec, shards: Sequence[Shard]) -> Optional[SpecMismatchError]:
+    """The first record of `shards` (in order) that disagrees with `spec`, as the named error, or None.
+
+    Reads every record of every shard until the first mismatch (a full read of the data in the worst case:
+    use it after a failure, not before training).
+
+    Returns:
+      MissingFeatureError, FeatureDtypeError, FeatureLengthError or EmptyFeatureError (spec.check_feature) whose
+      message starts "<path>: record <index>", or None when every record matches.
+
+    Raises:
+      the framing errors of records.read_records / records.decode_example (truncated shard, not an Example).
+    """
+    from harness.data.pipeline import feature_description
+
+    description = feature_description(spec)
+    for shard in shards:
+        start = 0
+        batches = records.dataset(shard).batch(SCAN_BATCH)
+        try:
+            for batch in batches:
+                try:
+                    tf.io.parse_example(batch, description)
+                except tf.errors.InvalidArgumentError:
+                    error = _name_in_batch(spec, shard, batch.numpy(), start)
+                    if error is not None:
+                        return error
+                start += int(batch.shape[0])
+        except tf.errors.DataLossError as e:
+            raise records.data_loss_error(shard, start, e) from None
+    return None
+
+
+def _name_in_batch(spec: DataSpec, shard: Shard, batch, start: int) -> Optional[SpecMismatchError]:
+    for offset, raw in enumerate(batch):
+        index = start + offset
+        schema = records.schema_of(records.decode_example(raw, path=shard.path, index=index))
+        for name in spec.features:
+            error = check_feature(spec, name, schema, f"{shard.path}: record {index}")
+            if error is not None:
+                return error
+    log.warning("%s: records %d-%d fail tf.io.parse_example but match the spec record by record", shard.path,
+                start, start + len(batch) - 1)
+    return None

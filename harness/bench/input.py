@@ -1,11 +1,12 @@
 """`harness bench input`: the input pipeline alone on your shards, against the read limit and a per-record pipeline.
 
-  read limit  TFRecordDataset with parallel reads (one per file, up to the cores), records counted, no parsing;
+  read limit  the harness's own reader (`pipeline.read_files`), records counted, not parsed: harness / read limit
+              is what parsing costs on this machine;
   harness     `harness.data.pipeline.build_dataset` in evaluation mode (no shuffle, no cache);
   per-record  `map(parse_single_example, AUTOTUNE).batch(B)`, as users commonly write it (parallel reads here).
 Each pipeline is consumed inside TensorFlow (`Dataset.reduce`), one untimed warm-up pass, then `--repeats` timed
 passes over the files read `--passes` times. Rates are examples/s; MB/s counts uncompressed serialized records
-(10^6 bytes).
+(10^6 bytes); CPU us/ex is process CPU time (all threads) per example, and cores = CPU time / wall time.
 
 This module is also the home of the dataset builders and the counting/timing helpers that
 benchmarks/input_pipeline.py uses on the reference exports (sequential and parallel raw reads, both parse orders,
@@ -35,20 +36,23 @@ def count_examples(ds) -> int:
     return int(ds.reduce(tf.constant(0, tf.int64), lambda acc, e: acc + _batch_examples(e)))
 
 
-def time_passes(ds, repeats: int) -> tuple[int, list[float]]:
-    """(examples per pass, seconds of each timed pass) after one warm-up pass."""
+def time_passes(ds, repeats: int) -> tuple[int, list[float], list[float]]:
+    """(examples per pass, wall seconds of each timed pass, process CPU seconds of each) after one warm-up
+    pass."""
     n = count_examples(ds)
-    secs = []
+    secs, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         count_examples(ds)
         secs.append(time.perf_counter() - t)
-    return n, secs
+        cpu.append(time.process_time() - c)
+    return n, secs, cpu
 
 
-def time_round_robin(runs: dict, expected: dict, repeats: int) -> dict:
-    """Seconds of each timed full pass per pipeline (`{label: [s, ...]}`), after one warm-up pass each (tracing,
-    page cache).
+def time_round_robin(runs: dict, expected: dict, repeats: int) -> tuple[dict, dict]:
+    """Wall-clock and process CPU seconds of each timed full pass per pipeline (`{label: [s, ...]}` each), after
+    one warm-up pass each (tracing, page cache). CPU seconds are `time.process_time` (all threads of this
+    process): wall / CPU tells how many cores a pipeline kept busy.
 
     Pipelines take turns (run 1 of each, then run 2 of each, ...) so a change in machine load hits all alike.
     Raises AssertionError if a pass counts other than `expected[label]` examples.
@@ -56,14 +60,16 @@ def time_round_robin(runs: dict, expected: dict, repeats: int) -> dict:
     for ds in runs.values():
         count_examples(ds)
     secs = {label: [] for label in runs}
+    cpu = {label: [] for label in runs}
     for _ in range(repeats):
         for label, ds in runs.items():
-            t = time.perf_counter()
+            c, t = time.process_time(), time.perf_counter()
             n = count_examples(ds)
             secs[label].append(time.perf_counter() - t)
+            cpu[label].append(time.process_time() - c)
             if n != expected[label]:
                 raise AssertionError(f"{label}: counted {n} examples, expected {expected[label]}")
-    return secs
+    return secs, cpu
 
 
 def _reads(paths: Sequence[str], parallel: bool):
@@ -72,9 +78,9 @@ def _reads(paths: Sequence[str], parallel: bool):
 
 
 def read_limit(paths: Sequence[str], compression: str, batch: int, *, parallel: bool):
-    """Raw records, batched, no parsing: the read limit. TFRecordDataset with the files' compression and the
-    pipeline's read buffer (`pipeline.READ_BUFFER_BYTES`), sequential reads or parallel reads over the files (one
-    per file, up to the cores)."""
+    """Raw records, batched, no parsing: a read limit. TFRecordDataset with the files' compression and the
+    pipeline's read buffer (`pipeline.READ_BUFFER_BYTES`), sequential reads or TensorFlow's parallel reads over
+    the files (`num_parallel_reads`: one per file, up to the cores)."""
     import tensorflow as tf
 
     from harness.data import pipeline
@@ -82,6 +88,19 @@ def read_limit(paths: Sequence[str], compression: str, batch: int, *, parallel: 
     return tf.data.TFRecordDataset(list(paths), compression_type=compression,
                                    num_parallel_reads=_reads(paths, parallel),
                                    buffer_size=pipeline.READ_BUFFER_BYTES).batch(batch)
+
+
+def reader_limit(paths: Sequence[str], compression: str, batch: int, mean_record_bytes: float):
+    """Raw records read exactly as the harness reads them, not parsed: `pipeline.read_files` (one TFRecordDataset
+    per file, interleaved in parallel, deterministic; small records in read batches of
+    `pipeline.read_batch_size`), regrouped into batches of `batch`. harness / this = the cost of parsing alone."""
+    from harness.data import pipeline
+
+    read_batch = None if pipeline.parse_per_record(mean_record_bytes) else \
+        pipeline.read_batch_size(mean_record_bytes)
+    ds = pipeline.read_files(list(paths), [compression] * len(paths), deterministic=True, shuffle_files=False,
+                              seed=0, read_batch=read_batch)
+    return ds.rebatch(batch) if read_batch else ds.batch(batch)
 
 
 def per_record(paths: Sequence[str], compression: str, spec, batch: int, *, parallel: bool):
@@ -137,7 +156,8 @@ def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = Non
 
 def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int = 3, label=None,
             which: Sequence[str] = ("read limit", "harness", "per-record")) -> dict:
-    """examples/s of each pipeline: `{name: {"examples_per_s", "spread", "mb_per_s"}}` plus `"records"`,
+    """Each pipeline's rate: `{name: {"examples_per_s", "spread", "mb_per_s", "cpu_us_per_example", "cores",
+    "examples"}}` (mean over the timed passes; spread = relative standard deviation) plus `"records"`,
     `"mean_record_bytes"` and `"compression"`."""
     from harness.data import index, spec as spec_lib
     from harness.data.shards import discover_shards, find_mixer
@@ -150,17 +170,19 @@ def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int =
     compression = shards[0].compression
     files = [s.path for s in shards] * passes
     builders = {
-        "read limit": lambda: read_limit(files, compression, batch, parallel=True),
+        "read limit": lambda: reader_limit(files, compression, batch, mean_bytes),
         "harness": lambda: harness_dataset(list(shards) * passes, spec, batch),
         "per-record": lambda: per_record(files, compression, spec, batch, parallel=True),
     }
     out = {"records": records * passes, "mean_record_bytes": mean_bytes, "compression": compression or "none"}
     for name in which:
-        n, secs = time_passes(builders[name](), repeats)
+        n, secs, cpu = time_passes(builders[name](), repeats)
         rates = [n / s for s in secs]
         mean = statistics.mean(rates)
         out[name] = {"examples_per_s": mean, "spread": statistics.pstdev(rates) / mean if len(rates) > 1 else 0.0,
-                     "mb_per_s": mean * mean_bytes / 1e6, "examples": n}
+                     "mb_per_s": mean * mean_bytes / 1e6, "examples": n,
+                     "cpu_us_per_example": statistics.median(cpu) / n * 1e6,
+                     "cores": statistics.median(c / w for c, w in zip(cpu, secs))}
     return out
 
 
@@ -169,10 +191,11 @@ def main(args) -> int:
     result = measure(args.data, batch=args.batch, passes=args.passes, repeats=args.repeats, label=args.label)
     print(f"{result['records']} records per pass ({result['mean_record_bytes'] / 1e3:.1f} kB each, "
           f"{result['compression']}), batch {args.batch}, {args.repeats} timed passes")
-    print(f"  {'pipeline':<11} {'examples/s':>12} {'spread':>7} {'MB/s':>8}")
+    print(f"  {'pipeline':<11} {'examples/s':>12} {'spread':>7} {'MB/s':>8} {'CPU us/ex':>10} {'cores':>6}")
     for name in ("read limit", "harness", "per-record"):
         r = result[name]
-        print(f"  {name:<11} {r['examples_per_s']:>12,.0f} {r['spread']:>6.1%} {r['mb_per_s']:>8.1f}")
+        print(f"  {name:<11} {r['examples_per_s']:>12,.0f} {r['spread']:>6.1%} {r['mb_per_s']:>8.1f} "
+              f"{r['cpu_us_per_example']:>10.1f} {r['cores']:>6.2f}")
     h = result["harness"]["examples_per_s"]
     print(f"  harness / read limit = {h / result['read limit']['examples_per_s']:.2f}, "
           f"harness / per-record = {h / result['per-record']['examples_per_s']:.2f}")

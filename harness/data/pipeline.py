@@ -44,6 +44,8 @@ MAX_DEFAULT_SHUFFLE = 16384
 # "auto" caches in memory when this pipeline's records take at most this fraction of the available memory.
 MEMORY_CACHE_FRACTION = 0.5
 READ_BUFFER_BYTES = 4 * 1024 * 1024
+# Files read at once (interleave cycle), per core.
+READERS_PER_CORE = 1
 # Small records travel from the file readers in read batches of about this many serialized bytes, at most
 # READ_BATCH_MAX records, and are parsed one read batch at a time (see read_batch_size).
 READ_BATCH_BYTES = 256 * 1024
@@ -227,10 +229,16 @@ def decoded_record_bytes(spec: DataSpec) -> int:
     return 4 * n * (len(spec.bands) + (spec.label is not None))
 
 
-def _read_files(paths, compressions, *, deterministic: bool, shuffle_files: bool, seed,
-                read_batch: Optional[int]) -> tf.data.Dataset:
-    """Records of the files, interleaved in parallel; as batches of up to `read_batch` records of one file when
-    given (small records: a parallel interleave costs microseconds per element, so it moves batches)."""
+def read_files(paths: Sequence[str], compressions: Sequence[str], *, deterministic: bool, shuffle_files: bool,
+               seed: int, read_batch: Optional[int]) -> tf.data.Dataset:
+    """Serialized records (tf.string scalars) of the files, READERS_PER_CORE x cores files read at once
+    (a parallel interleave, one element from each file in turn); with `read_batch`, elements are tf.string
+    [<= read_batch] read batches of one file each (small records: every interleave element costs microseconds).
+
+    Args:
+      compressions: per file, "GZIP" or "" (uncompressed), as sniffed by shards.discover_shards.
+      shuffle_files: shuffle the file order each epoch (seeded with `seed`).
+    """
     files = tf.data.Dataset.from_tensor_slices((list(paths), list(compressions)))
     if shuffle_files and len(paths) > 1:
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
@@ -239,7 +247,7 @@ def _read_files(paths, compressions, *, deterministic: bool, shuffle_files: bool
         ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
         return ds.batch(read_batch) if read_batch else ds
 
-    cycle = max(1, min(len(paths), os.cpu_count() or 4))
+    cycle = max(1, min(len(paths), int(READERS_PER_CORE * (os.cpu_count() or 4))))
     if cycle == 1:
         return files.flat_map(read)
     return files.interleave(read, cycle_length=cycle, block_length=1, num_parallel_calls=cycle,
@@ -313,7 +321,7 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
     # Small records, file sharding: the readers yield read batches, parsed as they come, so every later stage
     # (cache, shuffle, batch) moves parsed tensors. Record sharding needs single records before `shard`.
     read_batched = not per_record and assignment.policy != RECORD
-    ds = _read_files(assignment.files, [by_path[p][0].compression for p in assignment.files],
+    ds = read_files(assignment.files, [by_path[p][0].compression for p in assignment.files],
                      deterministic=deterministic, shuffle_files=training and assignment.policy != RECORD,
                      seed=seed, read_batch=read_batch_size(mean_bytes) if read_batched else None)
     if assignment.policy == RECORD:

@@ -48,5 +48,5 @@ def test_real_data_and_input_bench(small_images, tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["bench", "input", "--data", str(small_images), "--batch", "8", "--repeats", "1"]) == 0
     printed = capsys.readouterr().out
-    for words in ("read limit", "harness", "per-record", "harness / read limit"):
+    for words in ("read limit", "harness", "per-record", "harness / read limit", "CPU us/ex"):
         assert words in printed

@@ -19,11 +19,18 @@ from harness.errors import MixerError, SpecError
 log = logging.getLogger(__name__)
 
 
-def _patch_text(info: records.FeatureInfo, mixer: Optional[Mixer], margin: Optional[int]) -> str:
-    """The patch a value count implies: 65536 -> 256x256 (+ the margin split off by the mixer or --kernel-margin)."""
+def _patch_text(info: records.FeatureInfo, mixer: Optional[Mixer], margin: Optional[int],
+                image_side: Optional[int]) -> str:
+    """The patch a value count implies: 65536 -> 256x256 (+ the margin split off by the mixer or --kernel-margin).
+
+    `image_side`: the stored patch side of the inferred image spec; a feature of another size (a short bytes id,
+    an array property) gets no patch. 0 for a table export (no patches); None when no spec could be inferred
+    (numeric features are then read as square patches, bytes strings are not).
+    """
     n = info.nbytes if info.dtype == BYTES and info.length == 1 else info.length
     side = spec_lib._square(n)
-    if not side or n < 4:
+    if not side or n < 4 or (image_side is not None and side != image_side) or \
+            (image_side is None and info.dtype == BYTES):
         return ""
     text = f"{side}x{side}"
     if mixer is not None:
@@ -65,13 +72,14 @@ def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[i
         spec = spec_lib.infer_spec(shards, mixer=mixer, kernel_margin=kernel_margin, schema=schema)
         config = {"data": spec.to_config()}
         groups = spec_lib.guess_band_groups(spec.bands)
+        image_side = spec.stored_size if spec.kind == spec_lib.IMAGE else 0
     except SpecError as e:
-        config, groups = None, {}
+        config, groups, image_side = None, {}, None
         warnings.append(f"no config inferred: {e}")
     return {
         "features": [{"name": n, "dtype": i.dtype, "values": i.length,
                       **({"bytes": i.nbytes} if i.dtype == BYTES else {}),
-                      "patch": _patch_text(i, mixer, kernel_margin)} for n, i in schema.items()],
+                      "patch": _patch_text(i, mixer, kernel_margin, image_side)} for n, i in schema.items()],
         "shards": [{"path": s.path, "index": s.index, "records": st.records, "bytes": st.bytes,
                     "compression": s.compression or "NONE"} for s, st in zip(shards, stats)],
         "total_records": total,

@@ -80,3 +80,23 @@ def test_dtypes_parse_and_labels_learnable(tmp_path, dtype):
 def test_table_export_names():
     with pytest.raises(ValueError, match="records >= shards"):
         synth.write_table_export("/nonexistent-not-written", records=1, shards=2)
+
+
+def test_inspect_shows_patches_only_for_features_of_the_patch_size(tmp_path, capsys):
+    from harness.data import inspect as inspect_lib
+    rng = np.random.default_rng(0)
+    with tf.io.TFRecordWriter(str(tmp_path / "ids-00000.tfrecord.gz"), "GZIP") as w:
+        for i in range(3):
+            feats = {
+                "B1": tf.train.Feature(float_list=tf.train.FloatList(value=rng.random(64).tolist())),
+                "B2": tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(rng.integers(0, 255, 64,
+                                                                                            dtype=np.uint8))])),
+                "landcover": tf.train.Feature(float_list=tf.train.FloatList(value=[float(i % 2)] * 64)),
+                "tile_id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"tile%012d" % i])),  # 16 bytes
+                "quality": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * 9)),  # an array property
+            }
+            w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+    rep = inspect_lib.report([str(tmp_path)])
+    patches = {f["name"]: f["patch"] for f in rep["features"]}
+    assert patches == {"B1": "8x8", "B2": "8x8", "landcover": "8x8", "tile_id": "", "quality": ""}
+    assert rep["config"]["data"]["kind"] == "image" and rep["config"]["data"]["bands"] == ["B1", "B2"]

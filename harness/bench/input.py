@@ -158,7 +158,13 @@ def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int =
             which: Sequence[str] = ("read limit", "harness", "per-record")) -> dict:
     """Each pipeline's rate: `{name: {"examples_per_s", "spread", "mb_per_s", "cpu_us_per_example", "cores",
     "examples"}}` (mean over the timed passes; spread = relative standard deviation) plus `"records"`,
-    `"mean_record_bytes"` and `"compression"`."""
+    `"mean_record_bytes"` and `"compression"`.
+
+    Raises:
+      the named error of harness.data.scan.first_bad_record (file, record, feature) when a record fails to parse,
+      and the errors of discover_shards / infer_spec / build_dataset."""
+    import tensorflow as tf
+
     from harness.data import index, spec as spec_lib
     from harness.data.shards import discover_shards, find_mixer
 
@@ -176,7 +182,14 @@ def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int =
     }
     out = {"records": records * passes, "mean_record_bytes": mean_bytes, "compression": compression or "none"}
     for name in which:
-        n, secs, cpu = time_passes(builders[name](), repeats)
+        try:
+            n, secs, cpu = time_passes(builders[name](), repeats)
+        except tf.errors.InvalidArgumentError:
+            from harness.data import scan
+            bad = scan.first_bad_record(spec, shards)  # name the file, record and feature the parse failed on
+            if bad is None:
+                raise
+            raise bad from None
         rates = [n / s for s in secs]
         mean = statistics.mean(rates)
         out[name] = {"examples_per_s": mean, "spread": statistics.pstdev(rates) / mean if len(rates) > 1 else 0.0,

@@ -66,3 +66,32 @@ def _name_in_batch(spec: DataSpec, shard: Shard, batch, start: int) -> Optional[
     log.warning("%s: records %d-%d fail tf.io.parse_example but match the spec record by record", shard.path,
                 start, start + len(batch) - 1)
     return None
+
+
+def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: int):
+    """The first record of `shards` (in order) whose classification label is not a class id in
+    [0, num_classes): negative, fractional, NaN or infinite, or >= num_classes.
+
+    Reads the label feature only, one vectorized parse per read batch of SCAN_BATCH records.
+
+    Returns:
+      `(path, record index, value)` of the first offending pixel's record (value: float), or None.
+    """
+    import numpy as np
+
+    from harness.data.pipeline import feature_description
+
+    description = {spec.label: feature_description(spec)[spec.label]}
+    for shard in shards:
+        start = 0
+        for batch in records.dataset(shard).batch(SCAN_BATCH):
+            labels = tf.io.parse_example(batch, description)[spec.label].numpy().astype(np.float64)
+            labels = labels.reshape(labels.shape[0], -1)  # [records, values per record]
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(labels) | (labels < 0) | (labels >= num_classes) | (labels != np.round(labels))
+            rows = np.flatnonzero(bad.any(axis=1))
+            if rows.size:
+                row = int(rows[0])
+                return shard.path, start + row, float(labels[row][bad[row]][0])
+            start += int(batch.shape[0])
+    return None

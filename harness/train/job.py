@@ -143,6 +143,12 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     val_plan = None
     if options.validation_data:
         val_shards, val_counts = _file_counts(options.validation_data)
+        def real(path):
+            return path if "://" in path else os.path.realpath(path)
+        shared = sorted({real(s.path) for s in shards} & {real(s.path) for s in val_shards})
+        if shared:
+            raise ConfigError(f"{len(shared)} file(s) are both training and validation data (e.g. {shared[0]}): "
+                              "validation would score records the model trained on")
         spec_lib.validate_spec(spec, val_shards)
         try:
             val_plan = plan_lib.make_plan(val_counts, workers=context.num_workers,
@@ -181,6 +187,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if not (options.num_classes or spec.num_classes):
         say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} label values; "
             "declare --num-classes if a class is rarer than that)")
+        seen = sorted(int(v) for v in set(labels.ravel().tolist()))
+        if len(seen) > 1 and seen[-1] >= 10 and seen[-1] > 2 * seen[-2] + 1:
+            say(f"warning: label {spec.label!r}: the largest value {seen[-1]} is far above the others "
+                f"({', '.join(map(str, seen[:-1][:10]))}): a nodata value? It makes {num_classes} classes; mask it "
+                "before export or declare --num-classes")
     if num_classes < 2:
         raise ConfigError(f"label {spec.label!r}: only class 0 found in a sample of {labels.size} labels; "
                           "classification needs at least 2 classes (--num-classes)")
@@ -263,29 +274,36 @@ def _fingerprint(plan, spec, policy: str) -> dict:
 def _check_class_labels(spec, shards, records: int = 16) -> None:
     """Classification labels must be class ids: integral values (Earth Engine stores them as floats, 3.0).
 
-    Raises ConfigError naming the shard, record and value when the first records of the first non-empty shard
-    hold a non-integer label (a continuous band given as --label)."""
+    Raises ConfigError naming the shard, record and value when the first `records` records of the first non-empty
+    shard, or the first record of any other shard, hold a label that is not a non-negative integer (a continuous
+    band given as --label, a negative nodata value). Records further in are checked by the training step, whose
+    failure is traced by harness.data.scan.first_bad_label."""
     import math
 
     from harness.data.records import first_examples
 
     if spec.task != "classification":
         return
+    checked = 0
     for shard in shards:
-        examples = first_examples(shard, records)
+        examples = first_examples(shard, records if not checked else 1)
         for i, ex in enumerate(examples):
             values = ex.features.feature[spec.label].float_list.value
             bad = next((v for v in values if not math.isfinite(v) or v != int(v) or v < 0), None)
             if bad is not None:
                 raise ConfigError(f"{shard.path}, record {i}: label {spec.label!r} holds {bad!r}, not a class id "
                                   "(a non-negative integer); is it the right --label?")
-        if examples:
-            return
+        checked += len(examples)
 
 
 def _check_mixer(shards, options: TrainOptions, counts) -> None:
-    """Warn when the data is given as whole export folders and mixer.json's totalPatches disagrees with the
-    counted records (a shard lost or added). A glob or list may name a subset on purpose (a hold-out)."""
+    """When the data is given as whole export folders, mixer.json's totalPatches must equal the counted records:
+    otherwise a shard was lost (or added), and predictions would not line up with the patch grid. A glob or list
+    may name a subset on purpose (a hold-out) and is not checked.
+
+    Raises:
+      MixerError: naming the mixer, totalPatches and the records counted, for a whole folder.
+    """
     import tensorflow as tf
 
     from harness.data.shards import check_mixer
@@ -298,7 +316,8 @@ def _check_mixer(shards, options: TrainOptions, counts) -> None:
         try:
             check_mixer(mixer, [n for _, n in counts])
         except MixerError as e:
-            log.warning("%s", e)
+            raise MixerError(f"{e}; a shard of the export is missing or extra (to train on a subset on purpose, "
+                             "give the shards as a glob)") from None
 
 
 def _named_error(error, spec, num_classes: int, shards=()) -> Exception:
@@ -314,8 +333,17 @@ def _named_error(error, spec, num_classes: int, shards=()) -> Exception:
     text = str(error)
     m = re.search(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)", text)
     if m:
-        return ConfigError(f"label {spec.label!r}: value {m.group(1)} is outside the {num_classes} classes "
-                           f"[0, {num_classes}) taken from a sample; declare --num-classes")
+        found = scan.first_bad_label(spec, shards, num_classes) if shards else None
+        if found is None:
+            return ConfigError(f"label {spec.label!r}: value {m.group(1)} is outside the {num_classes} classes "
+                               f"[0, {num_classes})")
+        path, index, value = found
+        where = f"{path}: record {index}: label {spec.label!r} holds {value!r}"
+        if value >= num_classes and value == int(value):
+            return ConfigError(f"{where}, outside the {num_classes} classes [0, {num_classes}) taken from a "
+                               f"sample; declare --num-classes {int(value) + 1} (or more)")
+        return ConfigError(f"{where}: class ids are integers >= 0 (a nodata value or a continuous band? mask it "
+                           "before export, or give the right --label)")
     if re.search(r"Feature: \S+ \(data type: \w+\) is required|Key: \S+[.,]|Can't parse serialized", text) and shards:
         found = scan.first_bad_record(spec, shards)
         if found is not None:
@@ -444,10 +472,23 @@ def options_from_args(args) -> tuple[TrainOptions, dict]:
     config = {}
     if getattr(args, "config", None):
         with open(args.config) as f:
-            config = yaml.safe_load(f) or {}
+            try:
+                config = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise ConfigError(f"{args.config}:{where}: not valid YAML: {problem}") from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"{args.config}: expected a mapping with sections 'data:' and 'train:', got "
+                              f"{type(config).__name__}")
         unknown = set(config) - {"data", "train"}
         if unknown:
             raise ConfigError(f"{args.config}: unknown sections {sorted(unknown)}; expected 'data' and 'train'")
+        for section in ("data", "train"):
+            if not isinstance(config.get(section) or {}, dict):
+                raise ConfigError(f"{args.config}: section '{section}:' must be a mapping of keys to values, got "
+                                  f"{config[section]!r}")
     train = dict(config.get("train") or {})
     data = dict(config.get("data") or {})
     given = {k: v for k, v in vars(args).items() if not k.startswith("_") and k not in ("command", "verbose",

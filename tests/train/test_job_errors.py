@@ -121,3 +121,62 @@ def test_record_missing_a_band_mid_shard_is_named_by_file_and_record(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert f"MissingFeatureError: {tmp_path}/pts-00001.tfrecord.gz: record 170: band 'b' declared but absent" \
         in r.stderr, r.stderr[-3000:]
+
+
+def _table(folder, name, labels, bands=("a", "b")):
+    """One GZIP table shard `folder/name` whose record i has label labels[i] and bands derived from it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(folder / name), "GZIP") as w:
+        for i, y in enumerate(labels):
+            values = {b: float((i * (k + 3)) % 7) + y for k, b in enumerate(bands)}
+            values["class"] = float(y)
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                k: tf.train.Feature(float_list=tf.train.FloatList(value=[v])) for k, v in values.items()})
+            ).SerializeToString())
+
+
+def test_label_outside_the_classes_mid_shard_is_named_by_file_and_record(tmp_path):
+    _table(tmp_path / "d", "pts-00000.tfrecord.gz", [i % 3 for i in range(300)])
+    _table(tmp_path / "d", "pts-00001.tfrecord.gz", [-1.0 if i == 211 else i % 3 for i in range(300)])
+    r = _cli("train", "--data", tmp_path / "d", "--label", "class", "--epochs", "1", "--global-batch-size", "32",
+             "--num-classes", "3", "--output", tmp_path / "out")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"{tmp_path}/d/pts-00001.tfrecord.gz: record 211: label 'class' holds -1.0: class ids are integers >= 0" \
+        in r.stderr, r.stderr[-3000:]
+
+
+def test_training_and_validation_data_must_not_share_files(points, tmp_path):
+    r = _cli("train", "--data", points, "--validation-data", points / "points-00001.tfrecord.gz",
+             "--label", "class", "--output", tmp_path)
+    assert r.returncode == 2 and "1 file(s) are both training and validation data" in r.stderr, r.stderr[-2000:]
+
+
+def test_bad_yaml_is_a_one_line_error(points, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  bands: [a, b\ntrain:\n  epochs: 1\n")
+    r = _cli("train", "--data", points, "--config", bad)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and f"{bad}: line 3" in r.stderr \
+        and "not valid YAML" in r.stderr, r.stderr[-2000:]
+    bad.write_text("data: 5\n")
+    r = _cli("train", "--data", points, "--config", bad)
+    assert r.returncode == 2 and "section 'data:' must be a mapping" in r.stderr, r.stderr[-2000:]
+
+
+def test_export_folder_missing_a_shard_is_refused(tmp_path):
+    folder = tmp_path / "img"
+    synth.write_image_export(str(folder), prefix="exp", shards=3, records=12, patch_size=8, seed=1)
+    (folder / "exp-00002.tfrecord.gz").unlink()  # the last shard: no gap in the indices, only the mixer knows
+    r = _cli("train", "--data", folder, "--epochs", "1", "--global-batch-size", "4", "--output", tmp_path / "o")
+    assert r.returncode == 2 and "MixerError" in r.stderr and "totalPatches 12 but the shards hold 8" in r.stderr \
+        and "a shard of the export is missing or extra" in r.stderr, r.stderr[-2000:]
+    r = _cli("plan", str(folder / "exp-*.tfrecord.gz"), "--global-batch-size", "4")  # a glob: a subset on purpose
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_nodata_label_value_is_pointed_out(tmp_path):
+    _table(tmp_path / "d", "pts-00000.tfrecord.gz", [255.0 if i % 10 == 0 else i % 3 for i in range(300)])
+    r = _cli("train", "--data", tmp_path / "d", "--label", "class", "--epochs", "1", "--global-batch-size", "50",
+             "--output", tmp_path / "out")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "warning: label 'class': the largest value 255 is far above the others (0, 1, 2): a nodata value? " \
+           "It makes 256 classes" in r.stdout + r.stderr

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import logging
 import math
+import numbers
 from typing import Mapping, Optional, Sequence, Union
 
 from harness.data import records
@@ -152,25 +153,34 @@ class DataSpec:
           task: classification | regression (default classification)
 
         Raises:
-          SpecError: for an unknown key (naming the closest known one) or an inconsistent spec.
+          SpecError: if `config` is not a mapping; for an unknown key (naming the closest known one); for a value
+            of the wrong type or out of range (the message names `data.<key>`, the value and what was expected:
+            a positive integer for patch_size, resize and num_classes, an integer >= 0 for kernel_margin, a list
+            of band names for bands and each band_groups value, true/false for crop_margin, a string for label,
+            one of the allowed words for kind, dtype(s), group_delivery and task); or for an inconsistent spec.
         """
-        known = {"kind", "bands", "label", "dtype", "dtypes", "patch_size", "kernel_margin", "crop_margin",
-                 "resize", "band_groups", "group_delivery", "num_classes", "task"}
-        config = dict(config or {})
+        if config is None:
+            config = {}
+        if not isinstance(config, Mapping):
+            raise SpecError(f"data: expected a mapping (bands: [...], label: ..., patch_size: ...), got "
+                            f"{_got(config)}")
         for key in config:
-            if key not in known:
-                hint = _closest(key, sorted(known))
+            if key not in _CONFIG_KEYS:
+                hint = _closest(str(key), sorted(_CONFIG_KEYS))
                 raise SpecError(f"unknown data config key {key!r}" + (f" (did you mean {hint!r}?)" if hint else ""))
-        groups = config.get("band_groups") or {}
-        bands = tuple(config.get("bands") or ())
-        dtypes = {b: config.get("dtype", FLOAT) for b in bands or (b for g in groups.values() for b in g)}
-        dtypes.update(config.get("dtypes") or {})
-        kind = config.get("kind") or (IMAGE if config.get("patch_size") else TABLE)
-        return cls(kind=kind, bands=bands, label=config.get("label"), dtypes=dtypes,
-                   patch_size=config.get("patch_size"), kernel_margin=int(config.get("kernel_margin") or 0),
-                   crop_margin=bool(config.get("crop_margin", False)), resize=config.get("resize"),
-                   band_groups=groups, group_delivery=config.get("group_delivery", DICT),
-                   num_classes=config.get("num_classes"), task=config.get("task", CLASSIFICATION))
+        groups = _band_groups(config.get("band_groups"))
+        bands = _names(config.get("bands"), "bands") if config.get("bands") is not None else ()
+        dtype = _choice(config, "dtype", DTYPES, FLOAT)
+        dtypes = {b: dtype for b in bands or (b for g in groups.values() for b in g)}
+        dtypes.update(_dtypes(config.get("dtypes")))
+        patch_size = _count(config, "patch_size", minimum=1)
+        kind = _choice(config, "kind", (IMAGE, TABLE), IMAGE if patch_size else TABLE)
+        return cls(kind=kind, bands=bands, label=_label(config.get("label")), dtypes=dtypes,
+                   patch_size=patch_size, kernel_margin=_count(config, "kernel_margin", minimum=0) or 0,
+                   crop_margin=_flag(config, "crop_margin"), resize=_count(config, "resize", minimum=1),
+                   band_groups=groups, group_delivery=_choice(config, "group_delivery", (DICT, TIME), DICT),
+                   num_classes=_count(config, "num_classes", minimum=1),
+                   task=_choice(config, "task", (CLASSIFICATION, REGRESSION), CLASSIFICATION))
 
     def to_config(self) -> dict:
         """The `data:` section that from_config reads back into an equal spec (defaults left out)."""
@@ -247,6 +257,81 @@ class DataSpec:
     def label_shape(self) -> Shape:
         """(height, width) of the label mask for images, () for tables."""
         return (self.output_size, self.output_size) if self.kind == IMAGE else ()
+
+
+# --- reading the `data:` config section: each value checked for type and range, errors naming `data.<key>` -------
+_CONFIG_KEYS = frozenset({"kind", "bands", "label", "dtype", "dtypes", "patch_size", "kernel_margin", "crop_margin",
+                          "resize", "band_groups", "group_delivery", "num_classes", "task"})
+
+
+def _got(value) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _count(config: Mapping, key: str, *, minimum: int) -> Optional[int]:
+    """config[key] as an int >= minimum, or None when absent or null. YAML `true` is refused: bool is an int."""
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise SpecError(f"data.{key}: expected {expected}, got {_got(value)}")
+    return int(value)
+
+
+def _choice(config: Mapping, key: str, allowed: Sequence[str], default: str) -> str:
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or value not in allowed:
+        raise SpecError(f"data.{key}: expected one of {', '.join(allowed)}; got {_got(value)}")
+    return value
+
+
+def _flag(config: Mapping, key: str) -> bool:
+    value = config.get(key, False)
+    if not isinstance(value, bool):
+        raise SpecError(f"data.{key}: expected true or false, got {_got(value)}")
+    return value
+
+
+def _label(value) -> Optional[str]:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise SpecError(f"data.label: expected a feature name (a string), got {_got(value)}")
+    return value
+
+
+def _names(value, where: str) -> tuple[str, ...]:
+    """A list of band names; a bare string is refused rather than split into characters."""
+    leaf = where.rpartition(".")[2]
+    if isinstance(value, str):
+        raise SpecError(f"data.{where}: expected a list of band names, got {_got(value)}; write {leaf}: [{value}]")
+    if not isinstance(value, (list, tuple)):
+        raise SpecError(f"data.{where}: expected a list of band names, got {_got(value)}")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name:
+            raise SpecError(f"data.{where}[{i}]: expected a band name (a string; quote names YAML reads as "
+                            f"numbers), got {_got(name)}")
+    return tuple(value)
+
+
+def _band_groups(value) -> dict[str, tuple[str, ...]]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"data.band_groups: expected a mapping group: [bands], got {_got(value)}")
+    return {str(g): _names(b, f"band_groups.{g}") for g, b in value.items()}
+
+
+def _dtypes(value) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"data.dtypes: expected a mapping feature: dtype, got {_got(value)}")
+    for name, dt in value.items():
+        if not isinstance(dt, str) or dt not in DTYPES:
+            raise SpecError(f"data.dtypes.{name}: expected one of {', '.join(DTYPES)}; got {_got(dt)}")
+    return {str(n): dt for n, dt in value.items()}
 
 
 # --- inference ---------------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def test_from_config_yaml_round_trip():
 
 @pytest.mark.parametrize("config, match", [
     ({"bands": ["a"], "lable": "y"}, "did you mean 'label'"),
-    ({"bands": ["a"], "dtype": "double"}, "dtype must be one of"),
+    ({"bands": ["a"], "dtype": "double"}, r"data.dtype: expected one of float, int64, bytes; got 'double' \(str\)"),
     ({"bands": ["a"], "kind": "image"}, "patch_size"),
     ({"bands": ["a", "a"]}, "twice"),
     ({"band_groups": {"x": ["a"], "y": ["b", "c"]}, "group_delivery": "time"}, "equal size"),
@@ -63,6 +63,50 @@ def test_from_config_yaml_round_trip():
 def test_bad_config(config, match):
     with pytest.raises(SpecError, match=match):
         SP.DataSpec.from_config(config)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("patch_size: '16'", r"data.patch_size: expected a positive integer, got '16' \(str\)"),
+    ("patch_size: true", r"data.patch_size: expected a positive integer, got True \(bool\)"),
+    ("patch_size: 0", r"data.patch_size: expected a positive integer, got 0 \(int\)"),
+    ("patch_size: 16.0", r"data.patch_size: expected a positive integer, got 16.0 \(float\)"),
+    ("patch_size: 8\nkernel_margin: four", r"data.kernel_margin: expected an integer >= 0, got 'four' \(str\)"),
+    ("patch_size: 8\nkernel_margin: -2", r"data.kernel_margin: expected an integer >= 0, got -2 \(int\)"),
+    ("patch_size: 8\nresize: '32'", r"data.resize: expected a positive integer, got '32' \(str\)"),
+    ("num_classes: five", r"data.num_classes: expected a positive integer, got 'five' \(str\)"),
+    ("num_classes: false", r"data.num_classes: expected a positive integer, got False \(bool\)"),
+    ("bands: B2", r"data.bands: expected a list of band names, got 'B2' \(str\); write bands: \[B2\]"),
+    ("bands: {B2: 1}", r"data.bands: expected a list of band names, got \{'B2': 1\} \(dict\)"),
+    ("bands: [B2, 3]", r"data.bands\[1\]: expected a band name .*got 3 \(int\)"),
+    ("band_groups: {t1: red_1, t2: [red_2]}",
+     r"data.band_groups.t1: expected a list of band names, got 'red_1' \(str\); write t1: \[red_1\]"),
+    ("band_groups: [a, b]", r"data.band_groups: expected a mapping group: \[bands\], got \['a', 'b'\] \(list\)"),
+    ("bands: [a]\ndtypes: {a: double}", r"data.dtypes.a: expected one of float, int64, bytes; got 'double'"),
+    ("bands: [a]\ndtypes: [a]", r"data.dtypes: expected a mapping feature: dtype, got \['a'\] \(list\)"),
+    ("bands: [a]\nlabel: 3", r"data.label: expected a feature name \(a string\), got 3 \(int\)"),
+    ("bands: [a]\nlabel: [y]", r"data.label: expected a feature name \(a string\), got \['y'\] \(list\)"),
+    ("bands: [a]\nkind: imag", r"data.kind: expected one of image, table; got 'imag' \(str\)"),
+    ("bands: [a]\ntask: regresion", r"data.task: expected one of classification, regression; got 'regresion'"),
+    ("bands: [a]\ngroup_delivery: stack", r"data.group_delivery: expected one of dict, time; got 'stack'"),
+    ("bands: [a]\ncrop_margin: 'yes'", r"data.crop_margin: expected true or false, got 'yes' \(str\)"),
+    ("bands: [a]\ncrop_margin: 1", r"data.crop_margin: expected true or false, got 1 \(int\)"),
+    ("bands: [a]\n3: x", r"unknown data config key 3"),
+])
+def test_config_value_types_are_named(text, match):
+    with pytest.raises(SpecError, match=match):
+        SP.DataSpec.from_config(yaml.safe_load(text))
+
+
+@pytest.mark.parametrize("data", [5, "bands: [a]", ["a"]])
+def test_config_section_must_be_a_mapping(data):
+    with pytest.raises(SpecError, match=r"^data: expected a mapping .*got "):
+        SP.DataSpec.from_config(data)
+
+
+def test_config_yaml_booleans_and_null_defaults():
+    spec = SP.DataSpec.from_config(yaml.safe_load("bands: [a]\npatch_size: 4\ncrop_margin: yes\nresize: null"))
+    assert spec.crop_margin is True and spec.resize is None and spec.kernel_margin == 0
+    assert SP.DataSpec.from_config({"bands": ("a", "b")}).bands == ("a", "b")
 
 
 def test_guess_band_groups_needs_matching_stems():

@@ -18,6 +18,11 @@ class MissingShardError(ShardDiscoveryError):
     """A numeric shard index is missing from a sequence (00000, 00001, 00003: 00002 lost)."""
 
 
+class ShardConflictError(ShardDiscoveryError):
+    """Two shard sets share a prefix: names declare different totals (`-of-00002` and `-of-00003`), or one index
+    appears in two files."""
+
+
 class CompressionMismatchError(HarnessError):
     """A file's bytes disagree with the compression it was declared with (GZIP read as uncompressed or reverse)."""
 
@@ -28,6 +33,10 @@ class NotTFRecordError(HarnessError):
 
 class TruncatedShardError(HarnessError):
     """A shard ends in the middle of a record; the message gives the last good record index."""
+
+
+class CorruptShardError(HarnessError):
+    """A record's CRC or the GZIP stream is corrupt; the message gives the last good record index."""
 
 
 class NotExampleError(HarnessError):

@@ -78,6 +78,8 @@ def count_shard(shard: Shard) -> ShardStats:
       CompressionMismatchError: if the shard's compression disagrees with its bytes.
       NotTFRecordError: if record 0 is not TFRecord framing, or the file has bytes but no record.
       TruncatedShardError: if the shard ends inside a record (the message gives the last good record index).
+      CorruptShardError: if a record's CRC fails or the GZIP stream is corrupt (the message gives the last good
+        record index).
     """
     ds = records.dataset(shard, buffer_size=1 << 20).batch(_COUNT_BATCH)
 

@@ -6,27 +6,38 @@ that says what is wrong with which file and record (harness.errors). Facts used 
   - a shard cut inside a record: "truncated record at <offset>" after the good records;
   - a shard cut inside the 12-byte header of a record is NOT reported by TF (it stops silently), so counting
     also compares an uncompressed file's size with the framed size of the records read (16 bytes per record:
-    8 length + 4 length CRC + 4 data CRC; TFRecord format, tensorflow/core/lib/io/record_writer.h).
+    8 length + 4 length CRC + 4 data CRC; TFRecord format, tensorflow/core/lib/io/record_writer.h);
+  - a flipped byte in a record: "corrupted record at <offset>" (a CRC fails); in a GZIP stream: zlib's
+    "inflate() failed with error -3: incorrect data check" (or "invalid ..."), raised before any record of the
+    256 kB input buffer holding it is returned, so the good records are recounted on a decompressed copy.
 """
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import os
+import re
+import tempfile
+import zlib
 from typing import Optional
 
 import tensorflow as tf
 from google.protobuf import message as pb_message
 from google.protobuf import unknown_fields
 
-from harness.data.shards import GZIP, Shard, check_compression, sniff_compression
-from harness.errors import (CompressionMismatchError, HarnessError, NotExampleError, NotTFRecordError,
-                            TruncatedShardError)
+from harness.data.shards import (GZIP, NONE, RECORD_HEADER_BYTES, Shard, check_compression, is_record_header,
+                                 sniff_compression)
+from harness.errors import (CompressionMismatchError, CorruptShardError, HarnessError, NotExampleError,
+                            NotTFRecordError, TruncatedShardError)
 
 FRAMING_BYTES = 16  # per record: uint64 length, uint32 masked CRC of the length, uint32 masked CRC of the data
 
 FLOAT, INT64, BYTES = "float", "int64", "bytes"
 EMPTY = "empty"  # a feature present with no kind set (TFX writes these for missing values)
 _KIND_TO_DTYPE = {"float_list": FLOAT, "int64_list": INT64, "bytes_list": BYTES, None: EMPTY}
+_CORRUPT_RECORD = re.compile(r"corrupted record at \d+")
+_CORRUPT_ZLIB = re.compile(r"incorrect data check|incorrect header check|invalid [a-z ]+")
+_TF_NOISE = re.compile(r"\s*\[Op:\w+\]( name:.*)?$|'\s*failed with (EOF reached|Read less bytes than requested)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,17 +59,87 @@ def dataset(shard: Shard, *, buffer_size: Optional[int] = None) -> tf.data.TFRec
 
 
 def data_loss_error(shard: Shard, good: int, err: Exception) -> HarnessError:
-    """The named error for a DataLossError met after `good` readable records of `shard`."""
+    """The named error for a DataLossError met after `good` readable records of `shard`.
+
+    Returns:
+      CompressionMismatchError when the declared compression disagrees with the bytes; CorruptShardError for a
+      failed record CRC or a corrupt GZIP stream (the good records recounted exactly); NotTFRecordError when
+      record 0 is unreadable and the file does not start with a record header; else TruncatedShardError.
+    """
     try:
         check_compression(shard)
     except CompressionMismatchError as mismatch:
         return mismatch
-    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    detail = detail.split("}}")[-1].strip()
+    detail = clean_detail(err)
+    zlib_corrupt = shard.compression == GZIP and _CORRUPT_ZLIB.search(detail)
+    if zlib_corrupt or (_CORRUPT_RECORD.search(detail) and (good > 0 or _starts_with_record(shard))):
+        good = max(good, _good_records(shard))
+        last = f"last good record index {good - 1}" if good else "no good record"
+        return CorruptShardError(f"{shard.path}: corrupt record after {good} good records ({last}): {detail}")
     if good == 0 and "truncated" not in detail:
         return NotTFRecordError(f"{shard.path}: not a TFRecord file (record 0 unreadable: {detail})")
     last = f"last good record index {good - 1}" if good else "no complete record"
     return TruncatedShardError(f"{shard.path}: shard truncated after {good} records ({last}): {detail}")
+
+
+def clean_detail(err: Exception) -> str:
+    """The first line of a TensorFlow error without its op prefix and suffix (`{{function_node ...}}`,
+    `[Op:ReduceDataset] name:`, `' failed with EOF reached`)."""
+    text = str(err).strip()
+    if not text:
+        return type(err).__name__
+    detail = text.splitlines()[0].split("}}")[-1]
+    return _TF_NOISE.sub("", detail).strip() or type(err).__name__
+
+
+def _starts_with_record(shard: Shard) -> bool:
+    """True when the (decompressed) file starts with a valid record header: a TFRecord file, whatever follows."""
+    with tf.io.gfile.GFile(shard.path, "rb") as f:
+        try:
+            head = (gzip.GzipFile(fileobj=f).read(RECORD_HEADER_BYTES) if shard.compression == GZIP
+                    else f.read(RECORD_HEADER_BYTES))
+        except (OSError, EOFError, zlib.error):
+            return False
+    return is_record_header(head)
+
+
+def _good_records(shard: Shard) -> int:
+    """Records readable before the first error. A GZIP shard is decompressed (up to the zlib error) into a temporary
+    uncompressed copy first: TensorFlow inflates 256 kB at a time and returns no record of a failing block."""
+    if shard.compression != GZIP:
+        return _count_until_error(shard.path, NONE)
+    with tempfile.TemporaryDirectory(prefix="harness-corrupt-") as tmp:
+        copy = os.path.join(tmp, "records")
+        with tf.io.gfile.GFile(shard.path, "rb") as src, open(copy, "wb") as dst:
+            _inflate_until_error(src, dst)
+        return _count_until_error(copy, NONE)
+
+
+def _inflate_until_error(src, dst) -> None:
+    """Write the GZIP stream `src` decompressed to `dst`, up to the 256-byte piece where zlib fails (a failing call
+    returns nothing, so the failing 1 MiB chunk is fed again in small pieces)."""
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    for chunk in iter(lambda: src.read(1 << 20), b""):
+        saved = inflate.copy()
+        try:
+            dst.write(inflate.decompress(chunk))
+        except zlib.error:
+            inflate = saved
+            try:
+                for i in range(0, len(chunk), 256):
+                    dst.write(inflate.decompress(chunk[i:i + 256]))
+            except zlib.error:
+                return
+
+
+def _count_until_error(path: str, compression: str) -> int:
+    good = 0
+    try:
+        for _ in tf.data.TFRecordDataset(path, compression_type=compression):
+            good += 1
+    except tf.errors.DataLossError:
+        pass
+    return good
 
 
 def has_payload(shard: Shard) -> bool:
@@ -79,6 +160,7 @@ def read_records(shard: Shard, n: int) -> list[bytes]:
       CompressionMismatchError: if the shard's declared compression disagrees with its bytes.
       NotTFRecordError: if the first record is not TFRecord framing, or the file has bytes but no record.
       TruncatedShardError: if the shard ends inside one of the first `n` records.
+      CorruptShardError: if a CRC fails, or the GZIP stream is corrupt, in the first `n` records.
     """
     check_compression(shard)
     out: list[bytes] = []

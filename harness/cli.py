@@ -11,11 +11,39 @@ import os
 import sys
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only where it informs: not for None (a value derived or absent, which the help text
+    describes instead), not for required options, not where the help already names its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.required or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def _command(sub, name: str, target: str, help: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=help,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
     p.set_defaults(_target=target)
     return p
+
+
+def _at_least(minimum: int):
+    """An argparse `type` for an integer count >= minimum: a bad value is a one-line usage error (exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+POSITIVE, NON_NEGATIVE = _at_least(1), _at_least(0)
 
 
 def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -30,7 +58,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     (defaults then come from `harness.train.job.TrainOptions`)."""
     S = argparse.SUPPRESS
     p.add_argument("--data", nargs="+", metavar="PATH", default=S, help="training shards: folder, glob or paths")
-    p.add_argument("--validation-data", nargs="+", metavar="PATH", default=S)
+    p.add_argument("--validation-data", nargs="+", metavar="PATH", default=S,
+                   help="validation shards: folder, glob or paths (default: none, no validation)")
     p.add_argument("--config", help="YAML run config with `data:` (feature spec) and `train:` sections")
     p.add_argument("--mixer", default=S, help="mixer.json when not beside the shards as <prefix>-mixer.json")
     p.add_argument("--label", default=S, help="label feature (class ids, stored as float by Earth Engine)")
@@ -44,16 +73,20 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="default float32; auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 CPUs/TPUs")
     p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default=S,
                    help="default auto: multi-worker when TF_CONFIG names several tasks, mirrored on several GPUs")
-    p.add_argument("--cpu-replicas", type=int, default=S,
+    p.add_argument("--cpu-replicas", type=POSITIVE, default=S,
                    help="logical CPU devices for MirroredStrategy on a machine without GPUs (default 1)")
     p.add_argument("--output", default=S, help="output folder (chief only): backup, model, summary; default runs/train")
     p.add_argument("--num-classes", type=int, default=S, help="default: the spec's, else max label + 1 in a sample")
     p.add_argument("--class-weights", default=S, help="none | balanced | w0,w1,... (default none)")
-    p.add_argument("--cache", choices=["auto", "memory", "file", "none"], default=S)
-    p.add_argument("--cache-dir", default=S)
-    p.add_argument("--shuffle-buffer", type=int, default=S, help="records, default 1024")
+    p.add_argument("--cache", choices=["auto", "memory", "file", "none"], default=S,
+                   help="parsed records kept after the first epoch; default auto: in memory when they fit, else in "
+                        "files under --cache-dir when given, else none")
+    p.add_argument("--cache-dir", default=S, help="folder of the file cache (--cache file)")
+    p.add_argument("--shuffle-buffer", type=POSITIVE, default=S,
+                   help="records; default: about 256 MB of serialized records, at most 16384 and at most the "
+                        "worker's records")
     p.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
-    p.add_argument("--seed", type=int, default=S)
+    p.add_argument("--seed", type=int, default=S, help="file order, shuffle and augmentation (default 0)")
     p.add_argument("--profile", action="store_true", default=S,
                    help="write report.json, timeline.png and the input-bound table (every worker's steps, GPU/CPU "
                         "utilization, a tf.profiler trace window)")
@@ -76,57 +109,65 @@ def _bench_commands(sub) -> None:
     bsub = bench.add_subparsers(dest="bench", required=True)
     p = _command(bsub, "input", "harness.bench.input:main",
                  "Input pipeline examples/s on your shards: read limit, harness pipeline, per-record pipeline")
-    p.add_argument("--data", nargs="+", required=True, metavar="PATH")
+    p.add_argument("--data", nargs="+", required=True, metavar="PATH", help="shards: a folder, a glob, or paths")
     p.add_argument("--label", help="label feature (default: inferred)")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--passes", type=int, default=1, help="times the files are read per timed run")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs (after one warm-up run)")
+    p.add_argument("--batch", type=POSITIVE, default=64, help="examples per batch")
+    p.add_argument("--passes", type=POSITIVE, default=1, help="times the files are read per timed run")
+    p.add_argument("--repeats", type=POSITIVE, default=3, help="timed runs (after one warm-up run)")
 
     p = _command(bsub, "train", "harness.bench.train:main",
                  "Training examples/s and input stall, on synthetic batches on the device or on real shards")
     p.add_argument("--data", nargs="+", default=["synthetic"], metavar="synthetic|PATH",
                    help="`synthetic` (the compute ceiling) or shards")
-    p.add_argument("--like", nargs="+", metavar="PATH", help="synthetic batches shaped like these shards")
+    p.add_argument("--like", nargs="+", metavar="PATH",
+                   help="synthetic batches shaped like these shards (default: --patch-size, --bands, --classes)")
     p.add_argument("--label", help="label feature (default: inferred)")
-    p.add_argument("--steps", type=int, default=50, help="timed steps")
-    p.add_argument("--warmup", type=int, default=5, help="untimed first steps (tracing, autotuning, cache fill)")
+    p.add_argument("--steps", type=POSITIVE, default=50, help="timed steps")
+    p.add_argument("--warmup", type=NON_NEGATIVE, default=5, help="untimed first steps (tracing, autotuning, cache fill)")
     p.add_argument("--output", default="runs/bench", help="report folder (chief only)")
-    p.add_argument("--per-replica-batch-size", type=int, default=16)
-    p.add_argument("--precision", choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"], default="float32")
-    p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default="auto")
-    p.add_argument("--cpu-replicas", type=int, default=None, help="logical CPU replicas (mirrored, no GPU)")
-    p.add_argument("--patch-size", type=int, default=64, help="synthetic: patch side")
-    p.add_argument("--bands", type=int, default=4, help="synthetic: bands")
-    p.add_argument("--classes", type=int, default=4, help="synthetic: classes")
-    p.add_argument("--cache", choices=["auto", "memory", "file", "none"], default="auto")
-    p.add_argument("--cache-dir")
-    p.add_argument("--data-service", metavar="grpc://HOST:PORT", help="input pipeline on a tf.data service")
+    p.add_argument("--per-replica-batch-size", type=POSITIVE, default=16, help="examples per replica per step")
+    p.add_argument("--precision", choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"], default="float32",
+                   help="auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 CPUs/TPUs")
+    p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default="auto",
+                   help="auto: multi-worker when TF_CONFIG names several tasks, mirrored on several GPUs")
+    p.add_argument("--cpu-replicas", type=POSITIVE, default=None,
+                   help="logical CPU replicas (mirrored, no GPU); default 1")
+    p.add_argument("--patch-size", type=POSITIVE, default=64, help="synthetic: patch side, pixels")
+    p.add_argument("--bands", type=POSITIVE, default=4, help="synthetic: bands")
+    p.add_argument("--classes", type=POSITIVE, default=4, help="synthetic: classes")
+    p.add_argument("--cache", choices=["auto", "memory", "file", "none"], default="auto",
+                   help="real shards: parsed records kept after the first pass (auto: in memory when they fit, else in "
+                        "files under --cache-dir when given, else none)")
+    p.add_argument("--cache-dir", help="folder of the file cache (--cache file); default: none")
+    p.add_argument("--data-service", metavar="grpc://HOST:PORT",
+                   help="input pipeline on a tf.data service (default: in this process)")
     p.add_argument("--profile-steps", metavar="START:STOP", help="steps to trace (default: 10 after warm-up)")
     p.add_argument("--profile-dir", help="TensorBoard log dir of the traces (default OUTPUT/tensorboard)")
     p.add_argument("--no-trace", action="store_true", help="no tf.profiler trace")
     p.add_argument("--no-sampling", action="store_true", help="no GPU/CPU utilization sampling")
     p.add_argument("--sample-interval", type=float, default=0.05, help="seconds between utilization samples")
     p.add_argument("--no-plot", action="store_true", help="no timeline.png")
-    p.add_argument("--baseline", metavar="REPORT", help="a one-replica run's report.json: adds scaling efficiency")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline", metavar="REPORT",
+                   help="a one-replica run's report.json: adds scaling efficiency (default: none)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic data and model initialization")
 
     p = _command(sub, "reshard", "harness.data.reshard:main",
                  "Rewrite (GZIP) shards into uncompressed shards balanced over a multiple of the workers, in order")
     p.add_argument("sources", nargs="+", metavar="SRC", help="shards: a folder, a glob, or paths")
     p.add_argument("--output", required=True, help="folder for the new shards")
-    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True, help="training workers the output is balanced over")
     p.add_argument("--shards-per-worker", type=int, default=1, help="more files per worker: more parallel reads")
     p.add_argument("--prefix", help="output name prefix (default: the source's)")
-    p.add_argument("--mixer", help="mixer.json when not beside the shards")
+    p.add_argument("--mixer", help="mixer.json when not beside the shards (default: <prefix>-mixer.json there)")
 
     ds = sub.add_parser("data-service", help="tf.data service servers for --data-service")
     dsub = ds.add_subparsers(dest="role", required=True)
     p = _command(dsub, "dispatcher", "harness.data.service:main", "Start a tf.data service dispatcher")
-    p.add_argument("--port", type=int, default=5050)
-    p.add_argument("--work-dir", help="journal folder (fault-tolerant dispatcher)")
+    p.add_argument("--port", type=NON_NEGATIVE, default=5050, help="port to listen on")
+    p.add_argument("--work-dir", help="journal folder (fault-tolerant dispatcher); default: none, not fault-tolerant")
     p = _command(dsub, "worker", "harness.data.service:main", "Start a tf.data service worker")
     p.add_argument("--dispatcher", required=True, help="HOST:PORT of the dispatcher")
-    p.add_argument("--port", type=int, default=0, help="0: any free port")
+    p.add_argument("--port", type=NON_NEGATIVE, default=0, help="0: any free port")
     p.add_argument("--worker-address", help="HOST:PORT the dispatcher gives consumers (default localhost:PORT)")
 
 
@@ -139,44 +180,46 @@ def build_parser() -> argparse.ArgumentParser:
                  "Print the schema, patch shape, per-shard record counts and a ready-to-use config")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--mixer", help="mixer.json when not beside the shards as <prefix>-mixer.json")
-    p.add_argument("--kernel-margin", type=int, default=None,
-                   help="kernel size k of the export (stored patch = patchDimensions + k)")
-    p.add_argument("--records", type=int, default=8, help="records read per shard to infer the schema")
+    p.add_argument("--kernel-margin", type=NON_NEGATIVE, default=None,
+                   help="kernel size k of the export (stored patch = patchDimensions + k); default: from mixer.json, "
+                        "else 0")
+    p.add_argument("--records", type=POSITIVE, default=8, help="records read per shard to infer the schema")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = _command(sub, "synth", "harness.data.synth:main",
                  "Write a synthetic export laid out exactly as Earth Engine writes it")
     p.add_argument("output", help="folder to write into")
-    p.add_argument("--kind", choices=["image", "table"], default="image")
-    p.add_argument("--prefix", default="export")
-    p.add_argument("--shards", type=int, default=4)
-    p.add_argument("--records", type=int, default=16, help="records (patches or rows) in all")
-    p.add_argument("--bands", nargs="+", default=["B2", "B3", "B4", "B8"])
-    p.add_argument("--label", default="landcover")
-    p.add_argument("--classes", type=int, default=4)
-    p.add_argument("--patch-size", type=int, default=64, help="patchDimensions (without margin)")
-    p.add_argument("--kernel-size", type=int, default=0, help="kernel margin k (stored patch is P + k)")
+    p.add_argument("--kind", choices=["image", "table"], default="image", help="patches (image) or points (table)")
+    p.add_argument("--prefix", default="export", help="file name prefix")
+    p.add_argument("--shards", type=POSITIVE, default=4, help="files (at most --records)")
+    p.add_argument("--records", type=POSITIVE, default=16, help="records (patches or rows) in all")
+    p.add_argument("--bands", nargs="+", default=["B2", "B3", "B4", "B8"], help="band names")
+    p.add_argument("--label", default="landcover", help="label feature name ('' for none)")
+    p.add_argument("--classes", type=POSITIVE, default=4, help="label classes")
+    p.add_argument("--patch-size", type=POSITIVE, default=64, help="patchDimensions P (without margin), pixels")
+    p.add_argument("--kernel-size", type=NON_NEGATIVE, default=0,
+                   help="kernelSize k: 0 or 1 store no margin, an even k a stored patch of P + k (k/2 per side)")
     p.add_argument("--dtype", choices=["float", "int64", "bytes"], default="float", help="band storage")
     p.add_argument("--uncompressed", action="store_true", help="write .tfrecord without GZIP")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random fields and classes")
 
     p = _command(sub, "plan", "harness.distribute.plan:main",
                  "Print files and records per worker, batch sizes, steps per epoch and dropped records")
     p.add_argument("data", nargs="+", metavar="DATA")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--replicas-per-worker", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1, help="training workers (hosts or processes)")
+    p.add_argument("--replicas-per-worker", type=int, default=1, help="devices per worker")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--global-batch-size", type=int)
-    g.add_argument("--per-replica-batch-size", type=int)
-    p.add_argument("--json", action="store_true")
+    g.add_argument("--global-batch-size", type=int, help="examples per step over all replicas")
+    g.add_argument("--per-replica-batch-size", type=int, help="examples per step per replica")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = _command(sub, "train", "harness.train.job:main", "Train on GEE TFRecord shards (one worker or several)")
     _train_args(p)
     p = _command(sub, "demo", "harness.train.demo:main",
                  "Write a synthetic GEE image export (if absent) and train a U-Net on it with 2 CPU replicas")
-    p.add_argument("--output", default="runs/demo")
-    p.add_argument("--data-dir", default="demo-data")
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--output", default="runs/demo", help="training output folder")
+    p.add_argument("--data-dir", default="demo-data", help="folder of the synthetic export")
+    p.add_argument("--epochs", type=POSITIVE, default=4, help="training epochs")
 
     _bench_commands(sub)
 
@@ -184,13 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     lsub = launch.add_subparsers(dest="launcher", required=True)
     p = _command(lsub, "local", "harness.launch.local:main",
                  "N workers on this machine, each with its TF_CONFIG; output prefixed by worker")
-    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True, help="worker processes to start")
     p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before all workers are stopped")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before all workers are stopped (default: none, wait)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
     p = _command(lsub, "k8s", "harness.launch.k8s:main",
                  "Write Kubernetes manifests (TFJob, MPIJob, or Indexed Job + headless Service) for a command")
-    p.add_argument("--kind", choices=["tfjob", "mpijob", "indexed-job"], required=True)
+    p.add_argument("--kind", choices=["tfjob", "mpijob", "indexed-job"], required=True,
+                   help="Kubeflow TFJob or MPIJob, or a plain Indexed Job with a headless Service")
     p.add_argument("--workers", type=int, required=True, help="training pods")
     p.add_argument("--gpus-per-worker", type=int, default=0, help="nvidia.com/gpu per pod (mpijob: MPI slots too)")
     p.add_argument("--image", required=True, help="container image built from the Dockerfile")
@@ -215,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mpirun-args", help="further mpirun arguments, one quoted string")
     p = _command(lsub, "horovod", "harness.launch.mpi:main_horovod", "N ranks under horovodrun (Gloo or MPI)")
     _rank_launch_args(p)
-    p.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
+    p.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun's rendezvous")
     p.add_argument("--horovodrun-args", help="further horovodrun arguments, one quoted string")
 
     return parser
@@ -225,7 +270,8 @@ def _rank_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--np", type=int, required=True, help="number of ranks (processes) in all")
     p.add_argument("-H", "--hosts", help="host:slots,... (default: this host)")
     p.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before the launcher and ranks are killed")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before the launcher and ranks are killed (default: none, wait)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train --backend horovod ...")
 
 
@@ -252,8 +298,17 @@ def main(argv=None) -> int:
         # Bad input or configuration: the message, not a traceback (-v shows it).
         if args.verbose:
             raise
-        print(f"harness {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"harness {name}: {type(e).__name__}: {_for_flags(e, args)}", file=sys.stderr)
         return 2
+
+
+def _for_flags(error: Exception, args: argparse.Namespace) -> str:
+    """The error's message, its advice to declare `label:` in a config turned into `--label` for the commands that
+    take no config (`bench input`, `bench train`)."""
+    text = str(error)
+    if hasattr(args, "label") and not hasattr(args, "config"):
+        text = text.replace("declare `label:`", "give --label NAME (no label feature was inferred)")
+    return text
 
 
 if __name__ == "__main__":

@@ -59,9 +59,32 @@ def _store(values: np.ndarray, dtype: str) -> tf.train.Feature:
     raise ValueError(f"dtype must be float, int64 or bytes, got {dtype!r}")
 
 
-def _split(records: int, shards: int) -> list[int]:
+def _check(*, shards: int, records: int, bands: Sequence[str], label: Optional[str], classes: int,
+           dtypes: Sequence[str], dtype: str) -> None:
+    """Refuse arguments that would write a broken export, before any file is written."""
     if shards < 1 or records < shards:
         raise ValueError(f"need records >= shards >= 1, got {records} records for {shards} shards")
+    if isinstance(bands, str) or not bands:
+        raise ValueError(f"need a non-empty list of band names, got {bands!r}")
+    if len(set(bands)) != len(bands) or label in bands:
+        raise ValueError(f"band and label names must be distinct, got bands {list(bands)} and label {label!r}")
+    if classes < 1:
+        raise ValueError(f"need classes >= 1, got {classes}")
+    if dtype not in dtypes:
+        raise ValueError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+
+
+def _margin(patch_size: int, kernel_size: int) -> int:
+    """The kernel margin k stored around a P x P patch: kernelSize 0 or 1 (Earth Engine's default [1, 1]) store
+    none; otherwise kernelSize must be even (k/2 per side; ../shared/GEE_FORMAT.md)."""
+    if patch_size < 1:
+        raise ValueError(f"patch size must be >= 1, got {patch_size}")
+    if kernel_size < 0 or (kernel_size > 1 and kernel_size % 2):
+        raise ValueError(f"kernel size must be 0, 1 (no margin) or even (k/2 pixels per side), got {kernel_size}")
+    return 0 if kernel_size == 1 else kernel_size
+
+
+def _split(records: int, shards: int) -> list[int]:
     return [records // shards + (1 if i < records % shards else 0) for i in range(shards)]
 
 
@@ -79,7 +102,8 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
 
     Args:
       patch_size: P (patchDimensions), pixels.
-      kernel_size: k, the kernel margin: each stored band holds (P+k)^2 values.
+      kernel_size: k, the kernel margin: each stored band holds (P+k)^2 values; 0 or 1 (Earth Engine's default
+        kernelSize) store no margin, otherwise k must be even.
       dtype: band storage, "float" | "int64" | "bytes" (label always float, as Earth Engine writes it).
       label: label band name, or None for no label.
 
@@ -87,8 +111,12 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
       the shard paths in order, then the mixer path.
 
     Raises:
-      ValueError: if records < shards, or for an unknown dtype.
+      ValueError: before writing anything, if patch_size < 1, kernel_size is negative or odd above 1, shards < 1,
+        records < shards, bands is empty or repeats a name (or the label's), classes < 1, or for an unknown dtype.
     """
+    _check(shards=shards, records=records, bands=bands, label=label, classes=classes, dtypes=(FLOAT, INT64, BYTES),
+           dtype=dtype)
+    kernel_size = _margin(patch_size, kernel_size)
     tf.io.gfile.makedirs(out_dir)
     rng = np.random.default_rng(seed)
     field = _Field(rng, len(bands), classes, wavelength=max(8.0, patch_size / 2))
@@ -133,10 +161,11 @@ def write_table_export(out_dir: str, *, prefix: str = "export", shards: int = 1,
       the shard paths in order.
 
     Raises:
-      ValueError: if records < shards, or dtype is not float or int64.
+      ValueError: before writing anything, if shards < 1, records < shards, bands is empty or repeats a name (or
+        the label's), classes < 1, or dtype is not float or int64 (table bands are numbers).
     """
-    if dtype not in (FLOAT, INT64):
-        raise ValueError(f"table bands are float or int64, got {dtype!r}")
+    _check(shards=shards, records=records, bands=bands, label=label, classes=classes, dtypes=(FLOAT, INT64),
+           dtype=dtype)
     tf.io.gfile.makedirs(out_dir)
     rng = np.random.default_rng(seed)
     field = _Field(rng, len(bands), classes, wavelength=50.0)

@@ -1,0 +1,125 @@
+"""Command-line arguments: bad counts are one-line usage errors (exit 2), help texts say what a default means,
+and synth refuses arguments that would write a broken export."""
+import argparse
+
+import pytest
+
+from harness import cli
+from harness.data import synth
+
+
+def _usage_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "usage: harness" in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["inspect", "x", "--records", "0"], "argument --records: expected an integer >= 1, got '0'"),
+    (["inspect", "x", "--records", "-3"], "argument --records: expected an integer >= 1, got '-3'"),
+    (["inspect", "x", "--records", "many"], "argument --records: expected an integer >= 1, got 'many'"),
+    (["inspect", "x", "--kernel-margin", "-2"], "argument --kernel-margin: expected an integer >= 0, got '-2'"),
+    (["synth", "out", "--patch-size", "0"], "argument --patch-size: expected an integer >= 1, got '0'"),
+    (["synth", "out", "--kernel-size", "-2"], "argument --kernel-size: expected an integer >= 0, got '-2'"),
+    (["synth", "out", "--shards", "0"], "argument --shards: expected an integer >= 1, got '0'"),
+    (["synth", "out", "--records", "-1"], "argument --records: expected an integer >= 1, got '-1'"),
+    (["synth", "out", "--classes", "0"], "argument --classes: expected an integer >= 1, got '0'"),
+    (["bench", "input", "--data", "x", "--batch", "0"], "argument --batch: expected an integer >= 1, got '0'"),
+    (["bench", "input", "--data", "x", "--repeats", "0"], "argument --repeats: expected an integer >= 1, got '0'"),
+    (["bench", "train", "--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
+    (["bench", "train", "--warmup", "-1"], "argument --warmup: expected an integer >= 0, got '-1'"),
+    (["train", "--data", "x", "--shuffle-buffer", "0"], "argument --shuffle-buffer: expected an integer >= 1, got '0'"),
+    (["demo", "--epochs", "0"], "argument --epochs: expected an integer >= 1, got '0'"),
+])
+def test_bad_counts_are_usage_errors(capsys, argv, message):
+    assert _usage_error(capsys, argv).endswith(message)
+
+
+def test_synth_refuses_an_odd_kernel_size(tmp_path, capsys):
+    out = tmp_path / "odd"
+    assert cli.main(["synth", str(out), "--records", "2", "--shards", "1", "--patch-size", "4",
+                     "--kernel-size", "3"]) == 2
+    assert "harness synth: ValueError: kernel size must be 0, 1 (no margin) or even" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"patch_size": 0}, "patch size must be >= 1, got 0"),
+    ({"kernel_size": -2}, "kernel size must be 0, 1 .* got -2"),
+    ({"kernel_size": 3}, "kernel size must be 0, 1 .* got 3"),
+    ({"records": 0}, "need records >= shards >= 1"),
+    ({"shards": 0}, "need records >= shards >= 1"),
+    ({"bands": []}, "non-empty list of band names"),
+    ({"bands": "B2"}, "non-empty list of band names"),
+    ({"bands": ["a", "landcover"]}, "band and label names must be distinct"),
+    ({"classes": 0}, "need classes >= 1"),
+    ({"dtype": "double"}, "dtype must be one of float, int64, bytes"),
+])
+def test_synth_image_refuses_broken_exports(tmp_path, kwargs, match):
+    out = tmp_path / "export"
+    with pytest.raises(ValueError, match=match):
+        synth.write_image_export(str(out), **{"records": 2, "shards": 1, "patch_size": 4, **kwargs})
+    assert not out.exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"records": 0}, "need records >= shards >= 1"),
+    ({"bands": ()}, "non-empty list of band names"),
+    ({"dtype": "bytes"}, "dtype must be one of float, int64"),
+])
+def test_synth_table_refuses_broken_exports(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        synth.write_table_export(str(tmp_path / "t"), **kwargs)
+
+
+def test_synth_kernel_size_one_is_no_margin(tmp_path):
+    """Earth Engine's default kernelSize [1, 1] stores exactly P x P."""
+    from harness.data import records, shards as S
+
+    paths = synth.write_image_export(str(tmp_path), records=2, shards=1, bands=["a"], patch_size=4, kernel_size=1)
+    schema = records.schema_of(records.first_examples(S.discover_shards(paths[:1])[0], 1)[0])
+    assert schema["a"].length == 16
+
+
+def _help(command) -> str:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in command:
+        parser = sub.choices[name]
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    return " ".join(parser.format_help().split())
+
+
+def test_help_says_what_a_derived_default_is():
+    train = _help(["train"])
+    assert "default 1024" not in train
+    assert "--shuffle-buffer SHUFFLE_BUFFER records; default: about 256 MB of serialized records, at most 16384" in train
+    for command in (["inspect"], ["train"], ["synth"], ["bench", "input"], ["bench", "train"], ["reshard"],
+                    ["launch", "k8s"], ["launch", "mpi"], ["data-service", "worker"]):
+        assert "(default: None)" not in _help(command), command
+    assert "--batch BATCH examples per batch (default: 64)" in _help(["bench", "input"])
+    assert "kernel size k of the export (stored patch = patchDimensions + k); default: from mixer.json" in \
+        _help(["inspect"])
+
+
+def test_every_option_has_help():
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    yield from walk(sub, f"{name} {sub_name}")
+            elif action.option_strings and not action.help:
+                yield f"{name} {action.option_strings[-1]}"
+
+    assert list(walk(cli.build_parser(), "harness")) == []
+
+
+def test_bench_input_without_label_asks_for_the_flag(tmp_path, capsys):
+    synth.write_image_export(str(tmp_path), records=4, shards=1, bands=["a"], label=None, patch_size=4)
+    assert cli.main(["bench", "input", "--data", str(tmp_path), "--batch", "2", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "harness bench: SpecError: the spec has no label: give --label NAME" in err
+    assert "declare `label:`" not in err

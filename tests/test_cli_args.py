@@ -34,7 +34,8 @@ def _usage_error(capsys, argv) -> str:
     (["train", "--data", "x", "--shuffle-buffer", "0"], "argument --shuffle-buffer: expected an integer >= 1, got '0'"),
     (["demo", "--epochs", "0"], "argument --epochs: expected an integer >= 1, got '0'"),
 ])
-def test_bad_counts_are_usage_errors(capsys, argv, message):
+def test_bad_counts_are_usage_errors(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)  # without the check, synth would write into ./out
     assert _usage_error(capsys, argv).endswith(message)
 
 

@@ -397,9 +397,11 @@ def infer_spec(shards: Sequence[Shard], *, mixer: Optional[Mixer] = None, label:
       schema: a schema already read (skips reading).
 
     Raises:
-      SpecError: if no shard holds a record, the label is absent, or the mixer and the stored side disagree.
+      SpecError: if label is not a string, no shard holds a record, or the mixer and the stored side disagree.
+      MissingFeatureError: if the label is absent from the records (naming the closest key).
       and the reading errors of records.first_examples.
     """
+    label = _label(label)  # a YAML `label: 3` reaches here before from_config
     if schema is None:
         schema = read_schema(shards, records_to_read)
     if label is not None and label not in schema:

@@ -109,6 +109,11 @@ def test_config_yaml_booleans_and_null_defaults():
     assert SP.DataSpec.from_config({"bands": ("a", "b")}).bands == ("a", "b")
 
 
+def test_infer_refuses_a_label_that_is_not_a_name(image_export):
+    with pytest.raises(SpecError, match=r"data.label: expected a feature name \(a string\), got 3 \(int\)"):
+        SP.infer_spec(S.discover_shards(str(image_export)), label=3)
+
+
 def test_guess_band_groups_needs_matching_stems():
     assert SP.guess_band_groups(["red_t1", "nir_t1", "red_t2", "nir_t2"]) == {
         "t1": ("red_t1", "nir_t1"), "t2": ("red_t2", "nir_t2")}

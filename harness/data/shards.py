@@ -46,10 +46,6 @@ _PLAIN = re.compile(r"^(?P<prefix>.+?)(?P<ext>(\.[A-Za-z]+[A-Za-z0-9]*)*)$")
 _NOT_SHARD = re.compile(r"(\.json|\.md|\.txt|\.pbtxt|\.csv|\.yaml|\.yml|\.crc|\.lock|\.index|/\.[^/]*)$",
                         re.IGNORECASE)
 _GLOB_CHARS = re.compile(r"[*?\[]")
-# Refuse a folder holding several exports (prefixes). Off until tests/data/test_spec.py::test_infer_real_points
-# reads ../shared/data/gee-aces-points through a glob instead of the folder; meanwhile such a folder is merged with
-# the warning a multi-prefix glob gets.
-REFUSE_MULTI_EXPORT_FOLDERS = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +183,7 @@ def _expand(source: str) -> tuple[list[str], str]:
         found = [p for p in found if not _NOT_SHARD.search(p) and not tf.io.gfile.isdir(p)]
         if not found:
             raise ShardDiscoveryError(f"folder {source!r} holds no TFRecord shards")
-        if REFUSE_MULTI_EXPORT_FOLDERS:
-            _check_one_export(source, found)
+        _check_one_export(source, found)  # training beside validation in one folder would be merged
         return found, FOLDER
     if not tf.io.gfile.exists(source):
         raise ShardDiscoveryError(f"{source!r} does not exist")
@@ -269,8 +264,8 @@ def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional
       relative and an absolute path) is kept once, at its first position, with a warning.
 
     Raises:
-      ShardDiscoveryError: if a source matches nothing or does not exist, or (with REFUSE_MULTI_EXPORT_FOLDERS)
-        a folder holds several prefixes.
+      ShardDiscoveryError: if a source matches nothing or does not exist, or a folder holds several
+        prefixes (exports).
       ShardConflictError: if names of one prefix declare different `-of-N` totals, or two files hold one index.
       MissingShardError: if an index is missing: a gap between the lowest and highest index found, any index
         from 0 when the source is a folder, any index below a declared `-of-N` count when the source is a folder

@@ -28,6 +28,30 @@ log = logging.getLogger(__name__)
 BACKENDS = ("tf", "horovod")  # tf.distribute strategies; Horovod (one process per device)
 
 
+_INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
+               "shuffle_buffer", "seed"}
+_BOOL_FIELDS = {"augment", "profile", "check_sharding"}
+
+
+def _check_option_types(options: "TrainOptions") -> None:
+    """Raise ConfigError naming `train.<field>`, the value and the expected type (a YAML `epochs: "5"` is a
+    string; `true` is not a number)."""
+    for field in dataclasses.fields(options):
+        value = getattr(options, field.name)
+        if value is None or field.name in ("data", "validation_data"):
+            continue
+        if field.name in _INT_FIELDS:
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif field.name in _BOOL_FIELDS:
+            ok, want = isinstance(value, bool), "true or false"
+        elif field.name == "learning_rate":
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            ok, want = isinstance(value, str), "a string"
+        if not ok:
+            raise ConfigError(f"train.{field.name}: expected {want}, got {value!r} ({type(value).__name__})")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
     """Everything `harness train` needs besides the data spec. Field names match the command-line flags and the
@@ -59,6 +83,7 @@ class TrainOptions:
     check_sharding: bool = False
 
     def __post_init__(self):
+        _check_option_types(self)
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "horovod" and (self.strategy != "auto" or self.cpu_replicas != 1):

@@ -29,14 +29,9 @@ def _touch(path):
 
 
 # --- 1. several exports in one folder -----------------------------------------------------------------------------
-@pytest.fixture
-def refuse(monkeypatch):
-    monkeypatch.setattr(S, "REFUSE_MULTI_EXPORT_FOLDERS", True)
-
-
 @pytest.mark.parametrize("names", [["training.tfrecord.gz", "validation.tfrecord.gz", "testing.tfrecord.gz"],
                                    ["a-00000.tfrecord.gz", "b-00000.tfrecord.gz", "b-00001.tfrecord.gz"]])
-def test_folder_with_several_exports_is_refused(tmp_path, refuse, names):
+def test_folder_with_several_exports_is_refused(tmp_path, names):
     for n in names:
         _touch(tmp_path / n)
     with pytest.raises(ShardDiscoveryError, match=r"holds \d exports.*\(1 file\).*pass one of them as a glob, "
@@ -45,7 +40,7 @@ def test_folder_with_several_exports_is_refused(tmp_path, refuse, names):
     assert "(2 files)" in str(e.value) or "training (1 file)" in str(e.value)
 
 
-def test_real_split_folder_refused_and_glob_or_list_merged_with_warning(shared_data, refuse, caplog):
+def test_real_split_folder_refused_and_glob_or_list_merged_with_warning(shared_data, caplog):
     folder = shared_data / "gee-aces-points"
     with pytest.raises(ShardDiscoveryError, match="training \\(1 file\\)"):
         S.discover_shards(str(folder))
@@ -57,7 +52,7 @@ def test_real_split_folder_refused_and_glob_or_list_merged_with_warning(shared_d
     assert "merging" not in caplog.text
 
 
-def test_single_export_folders_still_work(shared_data, image_export, refuse):
+def test_single_export_folders_still_work(shared_data, image_export):
     (shard,) = S.discover_shards(str(shared_data / "gee-aces-image"))  # one tfrecord beside a json mixer
     assert shard.prefix.endswith("image_2021")
     assert len(S.discover_shards(str(image_export))) == 3

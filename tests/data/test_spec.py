@@ -6,7 +6,7 @@ from harness.errors import SpecError
 
 
 def test_infer_real_points(shared_data):
-    found = S.discover_shards(str(shared_data / "gee-aces-points"))
+    found = S.discover_shards(str(shared_data / "gee-aces-points" / "*.tfrecord.gz"))
     spec = SP.infer_spec(found)
     assert spec.kind == "table" and spec.label == "class" and len(spec.bands) == 8
     assert spec.dtype_of("class") == "float"  # Earth Engine stores the label as float

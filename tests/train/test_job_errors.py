@@ -180,3 +180,13 @@ def test_a_nodata_label_value_is_pointed_out(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "warning: label 'class': the largest value 255 is far above the others (0, 1, 2): a nodata value? " \
            "It makes 256 classes" in r.stdout + r.stderr
+
+
+def test_train_section_values_are_type_checked(points, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    for text, message in (('train:\n  epochs: "5"\n', "train.epochs: expected an integer, got '5' (str)"),
+                          ("train:\n  augment: 1\n", "train.augment: expected true or false, got 1 (int)"),
+                          ("train:\n  learning_rate: fast\n", "train.learning_rate: expected a number, got 'fast'")):
+        cfg.write_text(text)
+        r = _cli("train", "--data", points, "--label", "class", "--config", cfg, "--output", tmp_path / "o")
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -52,6 +52,10 @@ READ_BATCH_BYTES = 256 * 1024
 READ_BATCH_MAX = 4096
 
 
+# The assertion a batch with a label that is not a class id fails with (see decode).
+LABEL_CHECK_MESSAGE = "harness: class labels must be integers in [0, num_classes)"
+
+
 # --- parsing -----------------------------------------------------------------------------------------------------
 def feature_description(spec: DataSpec) -> dict:
     """`tf.io.parse_example` features for the spec: fixed-length lists of S*S (image) or scalars (table)."""
@@ -104,7 +108,13 @@ def _stack(spec: DataSpec, parsed: dict, bands: Sequence[str]) -> tf.Tensor:
 
 
 def decode(spec: DataSpec, serialized: tf.Tensor):
-    """Serialized Examples [N] -> (inputs, labels) per the spec (see build_dataset for shapes and dtypes)."""
+    """Serialized Examples [N] -> (inputs, labels) per the spec (see build_dataset for shapes and dtypes).
+
+    Raises (when the dataset is iterated):
+      tf.errors.InvalidArgumentError: from `tf.io.parse_example` for a record that lacks a feature or holds
+        another number of values; with LABEL_CHECK_MESSAGE for a classification label that is negative,
+        fractional, NaN or >= spec.num_classes. harness.data.scan finds the file and record.
+    """
     parsed = tf.io.parse_example(serialized, feature_description(spec))
     if spec.band_groups:
         groups = {g: _stack(spec, parsed, b) for g, b in spec.band_groups.items()}
@@ -115,8 +125,16 @@ def decode(spec: DataSpec, serialized: tf.Tensor):
         return inputs
     label = parsed[spec.label]
     if spec.task == CLASSIFICATION:
-        # Earth Engine stores class ids as floats (3.0): round, then cast (GEE_FORMAT.md).
-        label = tf.cast(tf.round(label) if label.dtype.is_floating else label, tf.int32)
+        # Earth Engine stores class ids as floats (3.0): cast (GEE_FORMAT.md), after checking that every value is a
+        # class id; a fractional, NaN or negative label fails the batch (harness.data.scan names the record).
+        ok = label >= 0
+        if label.dtype.is_floating:
+            ok &= tf.equal(label, tf.round(label))
+        if spec.num_classes:
+            ok &= label < spec.num_classes
+        check = tf.debugging.Assert(tf.reduce_all(ok), [LABEL_CHECK_MESSAGE])
+        with tf.control_dependencies([check]):
+            label = tf.cast(label, tf.int32)
     else:
         label = tf.cast(label, tf.float32)
     if spec.kind == IMAGE:

@@ -68,9 +68,9 @@ def _name_in_batch(spec: DataSpec, shard: Shard, batch, start: int) -> Optional[
     return None
 
 
-def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: int):
+def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: Optional[int]):
     """The first record of `shards` (in order) whose classification label is not a class id in
-    [0, num_classes): negative, fractional, NaN or infinite, or >= num_classes.
+    [0, num_classes): negative, fractional, NaN or infinite, or >= num_classes (not checked when None).
 
     Reads the label feature only, one vectorized parse per read batch of SCAN_BATCH records.
 
@@ -88,7 +88,9 @@ def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: int):
             labels = tf.io.parse_example(batch, description)[spec.label].numpy().astype(np.float64)
             labels = labels.reshape(labels.shape[0], -1)  # [records, values per record]
             with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(labels) | (labels < 0) | (labels >= num_classes) | (labels != np.round(labels))
+                bad = ~np.isfinite(labels) | (labels < 0) | (labels != np.round(labels))
+                if num_classes:
+                    bad |= labels >= num_classes
             rows = np.flatnonzero(bad.any(axis=1))
             if rows.size:
                 row = int(rows[0])

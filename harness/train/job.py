@@ -207,7 +207,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         mean, variance = models.band_moments(sample, batches=SAMPLE_BATCHES)
         labels = tf.concat([y for _, y in sample], axis=0).numpy()
     except tf.errors.InvalidArgumentError as e:
-        raise _named_error(e, spec, 0, shards) from e
+        raise _named_error(e, spec, options.num_classes or spec.num_classes or 0, shards) from e
     num_classes = options.num_classes or spec.num_classes or int(labels.max()) + 1
     if not (options.num_classes or spec.num_classes):
         say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} label values; "
@@ -355,13 +355,18 @@ def _named_error(error, spec, num_classes: int, shards=()) -> Exception:
     from harness.data import scan
     from harness.errors import MissingFeatureError
 
+    from harness.data.pipeline import LABEL_CHECK_MESSAGE
+
     text = str(error)
     m = re.search(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)", text)
-    if m:
-        found = scan.first_bad_label(spec, shards, num_classes) if shards else None
-        if found is None:
+    if m or LABEL_CHECK_MESSAGE in text:
+        found = scan.first_bad_label(spec, shards, num_classes or None) if shards else None
+        if found is None and m:
             return ConfigError(f"label {spec.label!r}: value {m.group(1)} is outside the {num_classes} classes "
                                f"[0, {num_classes})")
+        if found is None:
+            return ConfigError(f"label {spec.label!r}: a value is not a class id (an integer >= 0"
+                               + (f" and < {num_classes})" if num_classes else ")"))
         path, index, value = found
         where = f"{path}: record {index}: label {spec.label!r} holds {value!r}"
         if value >= num_classes and value == int(value):

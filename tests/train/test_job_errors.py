@@ -190,3 +190,13 @@ def test_train_section_values_are_type_checked(points, tmp_path):
         cfg.write_text(text)
         r = _cli("train", "--data", points, "--label", "class", "--config", cfg, "--output", tmp_path / "o")
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_fractional_label_mid_shard_is_not_rounded_silently(tmp_path):
+    _table(tmp_path / "d", "pts-00000.tfrecord.gz", [i % 3 for i in range(300)])
+    _table(tmp_path / "d", "pts-00001.tfrecord.gz", [2.5 if i == 150 else i % 3 for i in range(300)])
+    r = _cli("train", "--data", tmp_path / "d", "--label", "class", "--epochs", "1", "--global-batch-size", "32",
+             "--output", tmp_path / "out")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"{tmp_path}/d/pts-00001.tfrecord.gz: record 150: label 'class' holds 2.5: class ids are integers >= 0" \
+        in r.stderr, r.stderr[-3000:]

@@ -173,8 +173,14 @@ def _expand(source: str) -> tuple[list[str], str]:
     source = normalise_path(source)
     if _GLOB_CHARS.search(source):
         found = sorted(normalise_path(p) for p in tf.io.gfile.glob(source))
+        matched = found
         found = [p for p in found if not _NOT_SHARD.search(p) and not tf.io.gfile.isdir(p)]
         if not found:
+            folders = [p for p in matched if tf.io.gfile.isdir(p)]
+            if folders:
+                raise ShardDiscoveryError(f"{source!r} matches only folders ({', '.join(folders[:3])}"
+                                          f"{', ...' if len(folders) > 3 else ''}): add the file pattern, e.g. "
+                                          f"{source.rstrip('/')}/*")
             raise ShardDiscoveryError(f"no file matches {source!r}")
         return found, GLOB
     if tf.io.gfile.isdir(source):
@@ -191,9 +197,9 @@ def _expand(source: str) -> tuple[list[str], str]:
 
 
 def _same_file_key(path: str) -> str:
-    """Identity of a file: the normalised absolute path for local files, the string itself for `gs://` and other
-    URLs."""
-    return path if "://" in path else normalise_path(os.path.abspath(path))
+    """Identity of a file: the normalised real path for local files (symbolic links resolved), the string itself
+    for `gs://` and other URLs."""
+    return path if "://" in path else normalise_path(os.path.realpath(path))
 
 
 def _check_one_export(folder: str, paths: list[str]) -> None:
@@ -293,7 +299,8 @@ def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional
         log.warning("%d duplicate path(s) dropped: the same file was named more than once", dropped)
     if len(groups) > 1:
         log.warning("merging %d exports into one dataset: %s (pass one prefix, e.g. as a glob, to read one alone)",
-                    len(groups), ", ".join(f"{g['prefix']} ({len(g['items'])} files)" for g in groups.values()))
+                    len(groups), ", ".join(f"{g['prefix']} ({len(g['items'])} file{'s' if len(g['items']) > 1 else ''})"
+                              for g in groups.values()))
     shards = []
     for key in sorted(groups):
         g = groups[key]

@@ -46,7 +46,7 @@ def test_real_split_folder_refused_and_glob_or_list_merged_with_warning(shared_d
         S.discover_shards(str(folder))
     with caplog.at_level(logging.WARNING):
         assert len(S.discover_shards(str(folder / "*.tfrecord.gz"))) == 3
-    assert "merging 3 exports" in caplog.text and "training (1 files)" in caplog.text
+    assert "merging 3 exports" in caplog.text and "training (1 file)," in caplog.text
     caplog.clear()
     assert len(S.discover_shards(str(folder / "training*.tfrecord.gz"))) == 1
     assert "merging" not in caplog.text
@@ -159,3 +159,18 @@ def test_truncation_and_junk_keep_their_names_and_clean_detail(tmp_path):
     junk.write_bytes(b"not a TFRecord file, only text " * 8)
     with pytest.raises(NotTFRecordError, match="junk.tfrecord"):
         index.count_shard(S.discover_shards(str(junk))[0])
+
+
+def test_glob_matching_only_folders_says_so(tmp_path):
+    (tmp_path / "Split-train").mkdir()
+    (tmp_path / "Split-eval").mkdir()
+    with pytest.raises(ShardDiscoveryError, match=r"matches only folders .*add the file pattern, e\.g\. .*Split-\*/\*"):
+        S.discover_shards(str(tmp_path / "Split-*"))
+
+
+def test_symlink_to_a_listed_file_counted_once(tmp_path, caplog):
+    real = _write(tmp_path / "exp-00000.tfrecord", [_example(3, np.random.default_rng(0))])
+    link = tmp_path / "other" / "exp-00000.tfrecord"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    assert [s.path for s in S.discover_shards([real, str(link)])] == [real]

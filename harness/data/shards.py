@@ -260,7 +260,7 @@ def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional
     """List the shards named by a folder, a glob, a path, or a sequence of them, in shard order.
 
     Args:
-      sources: folder(s), glob(s) or file path(s), local or `gs://`; `\\\\` separators are accepted. A folder must
+      sources: folder(s), glob(s) or file path(s), local or `gs://`; `\\` separators are accepted. A folder must
         hold one export (one prefix); a glob or list naming several prefixes merges them, with a warning.
       compression: None to sniff each file (the default); `"GZIP"` or `""` to declare it, in which case a file
         whose bytes disagree raises CompressionMismatchError.

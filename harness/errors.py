@@ -72,6 +72,11 @@ class EmptyFeatureError(SpecMismatchError):
     """A declared feature is present but holds no values."""
 
 
+class LabelValueError(SpecMismatchError):
+    """A classification label holds a value that is not a class id in [0, num_classes) (negative, fractional, NaN,
+    or beyond the classes); the message names the file, record and value."""
+
+
 class SchemaDriftError(SpecMismatchError):
     """Shards of one dataset have different schemas (feature names or dtypes)."""
 

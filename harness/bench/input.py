@@ -186,13 +186,9 @@ def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int =
             n, secs, cpu = time_passes(builders[name](), repeats)
         except tf.errors.InvalidArgumentError:
             from harness.data import scan
-            from harness.errors import SpecMismatchError
             bad = scan.first_bad_record(spec, shards)  # name the file, record and feature the parse failed on
             if bad is None and spec.task == spec_lib.CLASSIFICATION:
-                label = scan.first_bad_label(spec, shards, spec.num_classes)
-                if label is not None:
-                    bad = SpecMismatchError(f"{label[0]}: record {label[1]}: label {spec.label!r} holds "
-                                            f"{label[2]!r}, not a class id (an integer >= 0)")
+                bad = scan.bad_label_error(spec, shards, spec.num_classes)
             if bad is None:
                 raise
             raise bad from None

@@ -15,7 +15,7 @@ import tensorflow as tf
 from harness.data import records
 from harness.data.shards import Shard
 from harness.data.spec import DataSpec, check_feature
-from harness.errors import SpecMismatchError
+from harness.errors import LabelValueError, SpecMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +97,23 @@ def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
                 return shard.path, start + row, float(labels[row][bad[row]][0])
             start += int(batch.shape[0])
     return None
+
+
+def bad_label_error(spec: DataSpec, shards: Sequence[Shard], num_classes: Optional[int]) -> Optional[LabelValueError]:
+    """first_bad_label as the error to raise, or None when every label is a class id.
+
+    The message names file, record and value; an integer at or above `num_classes` asks for --num-classes, any
+    other value (negative, fractional, NaN) says class ids are integers >= 0.
+    """
+    import math
+
+    found = first_bad_label(spec, shards, num_classes)
+    if found is None:
+        return None
+    path, index, value = found
+    where = f"{path}: record {index}: label {spec.label!r} holds {value!r}"
+    if num_classes and math.isfinite(value) and value == round(value) and value >= num_classes:
+        return LabelValueError(f"{where}, outside the {num_classes} classes [0, {num_classes}) taken from a sample; "
+                               f"declare --num-classes {int(value) + 1} (or more)")
+    return LabelValueError(f"{where}: class ids are integers >= 0 (a nodata value or a continuous band? mask it "
+                           "before export, or give the right --label)")

@@ -353,27 +353,20 @@ def _named_error(error, spec, num_classes: int, shards=()) -> Exception:
     import re
 
     from harness.data import scan
-    from harness.errors import MissingFeatureError
-
     from harness.data.pipeline import LABEL_CHECK_MESSAGE
+    from harness.errors import MissingFeatureError
 
     text = str(error)
     m = re.search(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)", text)
     if m or LABEL_CHECK_MESSAGE in text:
-        found = scan.first_bad_label(spec, shards, num_classes or None) if shards else None
-        if found is None and m:
+        named = scan.bad_label_error(spec, shards, num_classes or None) if shards else None
+        if named is not None:
+            return named
+        if m:
             return ConfigError(f"label {spec.label!r}: value {m.group(1)} is outside the {num_classes} classes "
                                f"[0, {num_classes})")
-        if found is None:
-            return ConfigError(f"label {spec.label!r}: a value is not a class id (an integer >= 0"
-                               + (f" and < {num_classes})" if num_classes else ")"))
-        path, index, value = found
-        where = f"{path}: record {index}: label {spec.label!r} holds {value!r}"
-        if value >= num_classes and value == int(value):
-            return ConfigError(f"{where}, outside the {num_classes} classes [0, {num_classes}) taken from a "
-                               f"sample; declare --num-classes {int(value) + 1} (or more)")
-        return ConfigError(f"{where}: class ids are integers >= 0 (a nodata value or a continuous band? mask it "
-                           "before export, or give the right --label)")
+        return ConfigError(f"label {spec.label!r}: a value is not a class id (an integer >= 0"
+                           + (f" and < {num_classes})" if num_classes else ")"))
     if re.search(r"Feature: \S+ \(data type: \w+\) is required|Key: \S+[.,]|Can't parse serialized", text) and shards:
         found = scan.first_bad_record(spec, shards)
         if found is not None:

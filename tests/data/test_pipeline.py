@@ -192,7 +192,7 @@ def test_memory_cache_of_parsed_read_batches_reshuffles_each_epoch(table, monkey
 
 def test_labels_that_are_not_class_ids_fail_the_batch(tmp_path):
     from harness.data import scan
-    for value, num_classes in ((1.5, None), (float("nan"), None), (-1.0, None), (7.0, 3)):
+    for value, num_classes in ((1.5, None), (float("nan"), None), (-1.0, None), (float("inf"), 3), (7.0, 3)):
         labels = [0.0, 1.0, value, 2.0]
         path = tmp_path / f"l{len(list(tmp_path.iterdir()))}-00000.tfrecord"
         with tf.io.TFRecordWriter(str(path)) as w:
@@ -205,3 +205,6 @@ def test_labels_that_are_not_class_ids_fail_the_batch(tmp_path):
         with pytest.raises(tf.errors.InvalidArgumentError, match="class labels must be integers"):
             _all(P.build_dataset(found, spec, per_replica_batch_size=4, training=False))
         assert scan.first_bad_label(spec, found, num_classes)[:2] == (found[0].path, 2)
+        error = scan.bad_label_error(spec, found, num_classes)
+        assert str(error).startswith(f"{found[0].path}: record 2: label 'class' holds ")
+        assert ("declare --num-classes 8" if value == 7.0 else "class ids are integers >= 0") in str(error)

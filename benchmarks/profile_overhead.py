@@ -56,15 +56,16 @@ def main(argv=None) -> int:
     import tensorflow as tf
     import tf_keras as keras
 
-    from harness.bench.train import Shapes, _model, synthetic_batches
+    from harness.bench.train import Shapes, synthetic_batches
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession
+    from harness.train import models
     from harness.train.loop import LoopConfig, Trainer
 
     strategy, context = make_strategy("single")
     shapes = Shapes("image", (args.patch, args.patch, 4), 4)
     with strategy.scope():
-        model = _model(shapes)
+        model = models.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes)
         optimizer = keras.optimizers.Adam(1e-3)
     config = LoopConfig(epochs=1, steps_per_epoch=args.steps, global_batch_size=args.batch,
                         loss_divisor=args.batch, warmup_steps=0)

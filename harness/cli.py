@@ -1,14 +1,18 @@
-"""The `harness` command line: one parser per subcommand, each dispatching to the module that does the work.
+"""The `harness` command line: one parser per subcommand, each calling its handler in `harness.commands`.
 
-Implementations are imported lazily (`"module:function"` strings) so `harness --help` does not import TensorFlow.
+Handlers import the library inside the function, so `harness --help` does not import TensorFlow.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
+from typing import Callable
+
+from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
+from harness.commands import train as train_cmd
+from harness.errors import HarnessError
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -22,9 +26,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _command(sub, name: str, target: str, help: str) -> argparse.ArgumentParser:
+def _command(sub, name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
-    p.set_defaults(_target=target)
+    p.set_defaults(handler=handler)
     return p
 
 
@@ -55,7 +59,7 @@ def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     """Flags of `harness train`; every default is None so a YAML `--config` value applies unless a flag is given
-    (defaults then come from `harness.train.job.TrainOptions`)."""
+    (defaults then come from `harness.train.options.TrainOptions`)."""
     S = argparse.SUPPRESS
     p.add_argument("--data", nargs="+", metavar="PATH", default=S, help="training shards: folder, glob or paths")
     p.add_argument("--validation-data", nargs="+", metavar="PATH", default=S,
@@ -107,7 +111,7 @@ def _bench_commands(sub) -> None:
     """`harness bench input|train`, `harness reshard`, `harness data-service dispatcher|worker`."""
     bench = sub.add_parser("bench", help="Benchmarks: the input pipeline alone, or training (synthetic or real data)")
     bsub = bench.add_subparsers(dest="bench", required=True)
-    p = _command(bsub, "input", "harness.bench.input:main",
+    p = _command(bsub, "input", bench_cmd.bench_input,
                  "Input pipeline examples/s on your shards: read limit, harness pipeline, per-record pipeline")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH", help="shards: a folder, a glob, or paths")
     p.add_argument("--label", help="label feature (default: inferred)")
@@ -115,7 +119,7 @@ def _bench_commands(sub) -> None:
     p.add_argument("--passes", type=POSITIVE, default=1, help="times the files are read per timed run")
     p.add_argument("--repeats", type=POSITIVE, default=3, help="timed runs (after one warm-up run)")
 
-    p = _command(bsub, "train", "harness.bench.train:main",
+    p = _command(bsub, "train", bench_cmd.bench_train,
                  "Training examples/s and input stall, on synthetic batches on the device or on real shards")
     p.add_argument("--data", nargs="+", default=["synthetic"], metavar="synthetic|PATH",
                    help="`synthetic` (the compute ceiling) or shards")
@@ -151,7 +155,7 @@ def _bench_commands(sub) -> None:
                    help="a one-replica run's report.json: adds scaling efficiency (default: none)")
     p.add_argument("--seed", type=int, default=0, help="synthetic data and model initialization")
 
-    p = _command(sub, "reshard", "harness.data.reshard:main",
+    p = _command(sub, "reshard", data_cmd.reshard,
                  "Rewrite (GZIP) shards into uncompressed shards balanced over a multiple of the workers, in order")
     p.add_argument("sources", nargs="+", metavar="SRC", help="shards: a folder, a glob, or paths")
     p.add_argument("--output", required=True, help="folder for the new shards")
@@ -162,10 +166,10 @@ def _bench_commands(sub) -> None:
 
     ds = sub.add_parser("data-service", help="tf.data service servers for --data-service")
     dsub = ds.add_subparsers(dest="role", required=True)
-    p = _command(dsub, "dispatcher", "harness.data.service:main", "Start a tf.data service dispatcher")
+    p = _command(dsub, "dispatcher", data_cmd.data_service, "Start a tf.data service dispatcher")
     p.add_argument("--port", type=NON_NEGATIVE, default=5050, help="port to listen on")
     p.add_argument("--work-dir", help="journal folder (fault-tolerant dispatcher); default: none, not fault-tolerant")
-    p = _command(dsub, "worker", "harness.data.service:main", "Start a tf.data service worker")
+    p = _command(dsub, "worker", data_cmd.data_service, "Start a tf.data service worker")
     p.add_argument("--dispatcher", required=True, help="HOST:PORT of the dispatcher")
     p.add_argument("--port", type=NON_NEGATIVE, default=0, help="0: any free port")
     p.add_argument("--worker-address", help="HOST:PORT the dispatcher gives consumers (default localhost:PORT)")
@@ -176,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = _command(sub, "inspect", "harness.data.inspect:main",
+    p = _command(sub, "inspect", data_cmd.inspect,
                  "Print the schema, patch shape, per-shard record counts and a ready-to-use config")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--mixer", help="mixer.json when not beside the shards as <prefix>-mixer.json")
@@ -186,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", type=POSITIVE, default=8, help="records read per shard to infer the schema")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = _command(sub, "synth", "harness.data.synth:main",
+    p = _command(sub, "synth", data_cmd.synth,
                  "Write a synthetic export laid out exactly as Earth Engine writes it")
     p.add_argument("output", help="folder to write into")
     p.add_argument("--kind", choices=["image", "table"], default="image", help="patches (image) or points (table)")
@@ -203,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uncompressed", action="store_true", help="write .tfrecord without GZIP")
     p.add_argument("--seed", type=int, default=0, help="random fields and classes")
 
-    p = _command(sub, "plan", "harness.distribute.plan:main",
+    p = _command(sub, "plan", plan_cmd.plan,
                  "Print files and records per worker, batch sizes, steps per epoch and dropped records")
     p.add_argument("data", nargs="+", metavar="DATA")
     p.add_argument("--workers", type=int, default=1, help="training workers (hosts or processes)")
@@ -213,9 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--per-replica-batch-size", type=int, help="examples per step per replica")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = _command(sub, "train", "harness.train.job:main", "Train on GEE TFRecord shards (one worker or several)")
+    p = _command(sub, "train", train_cmd.train, "Train on GEE TFRecord shards (one worker or several)")
     _train_args(p)
-    p = _command(sub, "demo", "harness.train.demo:main",
+    p = _command(sub, "demo", train_cmd.demo,
                  "Write a synthetic GEE image export (if absent) and train a U-Net on it with 2 CPU replicas")
     p.add_argument("--output", default="runs/demo", help="training output folder")
     p.add_argument("--data-dir", default="demo-data", help="folder of the synthetic export")
@@ -225,14 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     launch = sub.add_parser("launch", help="Start a command as several workers")
     lsub = launch.add_subparsers(dest="launcher", required=True)
-    p = _command(lsub, "local", "harness.launch.local:main",
+    p = _command(lsub, "local", launch_cmd.local,
                  "N workers on this machine, each with its TF_CONFIG; output prefixed by worker")
     p.add_argument("--workers", type=int, required=True, help="worker processes to start")
     p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds before all workers are stopped (default: none, wait)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
-    p = _command(lsub, "k8s", "harness.launch.k8s:main",
+    p = _command(lsub, "k8s", launch_cmd.k8s,
                  "Write Kubernetes manifests (TFJob, MPIJob, or Indexed Job + headless Service) for a command")
     p.add_argument("--kind", choices=["tfjob", "mpijob", "indexed-job"], required=True,
                    help="Kubeflow TFJob or MPIJob, or a plain Indexed Job with a headless Service")
@@ -254,11 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
-    p = _command(lsub, "mpi", "harness.launch.mpi:main_mpi",
+    p = _command(lsub, "mpi", launch_cmd.mpi,
                  "N ranks under mpirun (-bind-to none -map-by slot, exported environment), e.g. for --backend horovod")
     _rank_launch_args(p)
     p.add_argument("--mpirun-args", help="further mpirun arguments, one quoted string")
-    p = _command(lsub, "horovod", "harness.launch.mpi:main_horovod", "N ranks under horovodrun (Gloo or MPI)")
+    p = _command(lsub, "horovod", launch_cmd.horovod, "N ranks under horovodrun (Gloo or MPI)")
     _rank_launch_args(p)
     p.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun's rendezvous")
     p.add_argument("--horovodrun-args", help="further horovodrun arguments, one quoted string")
@@ -281,11 +285,9 @@ def main(argv=None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("tensorflow", "absl", "h5py"):   # their INFO lines drown ours
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    module, _, func = args._target.partition(":")
     name = " ".join(filter(None, [args.command, getattr(args, "launcher", None)]))
-    from harness.errors import HarnessError
     try:
-        return int(getattr(importlib.import_module(module), func)(args) or 0)
+        return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print(f"harness {name}: interrupted; run the same command again to resume from the last backup",
               file=sys.stderr)
@@ -294,8 +296,9 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
-    except (HarnessError, ValueError, OSError) as e:
-        # Bad input or configuration: the message, not a traceback (-v shows it).
+    except (HarnessError, OSError) as e:
+        # Bad input or configuration: the message, not a traceback (-v shows it). Anything else is a bug: its
+        # traceback shows.
         if args.verbose:
             raise
         print(f"harness {name}: {type(e).__name__}: {_for_flags(e, args)}", file=sys.stderr)

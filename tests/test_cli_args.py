@@ -6,6 +6,7 @@ import pytest
 
 from harness import cli
 from harness.data import synth
+from harness.errors import ConfigError
 
 
 def _usage_error(capsys, argv) -> str:
@@ -43,7 +44,7 @@ def test_synth_refuses_an_odd_kernel_size(tmp_path, capsys):
     out = tmp_path / "odd"
     assert cli.main(["synth", str(out), "--records", "2", "--shards", "1", "--patch-size", "4",
                      "--kernel-size", "3"]) == 2
-    assert "harness synth: ValueError: kernel size must be 0, 1 (no margin) or even" in capsys.readouterr().err
+    assert "harness synth: ConfigError: kernel size must be 0, 1 (no margin) or even" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -61,7 +62,7 @@ def test_synth_refuses_an_odd_kernel_size(tmp_path, capsys):
 ])
 def test_synth_image_refuses_broken_exports(tmp_path, kwargs, match):
     out = tmp_path / "export"
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigError, match=match):
         synth.write_image_export(str(out), **{"records": 2, "shards": 1, "patch_size": 4, **kwargs})
     assert not out.exists()  # refused before anything is written
 
@@ -72,7 +73,7 @@ def test_synth_image_refuses_broken_exports(tmp_path, kwargs, match):
     ({"dtype": "bytes"}, "dtype must be one of float, int64"),
 ])
 def test_synth_table_refuses_broken_exports(tmp_path, kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigError, match=match):
         synth.write_table_export(str(tmp_path / "t"), **kwargs)
 
 

@@ -138,7 +138,8 @@ def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = Non
     from harness.data import pipeline
 
     def build():
-        return pipeline.build_dataset(list(shards), spec, per_replica_batch_size=batch, training=False, cache="none")
+        options = pipeline.PipelineOptions(per_replica_batch_size=batch, training=False, cache="none")
+        return pipeline.build_dataset(list(shards), spec, options)
 
     if record_first is None:
         return build()
@@ -199,19 +200,3 @@ def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int =
                      "cpu_us_per_example": statistics.median(cpu) / n * 1e6,
                      "cores": statistics.median(c / w for c, w in zip(cpu, secs))}
     return out
-
-
-def main(args) -> int:
-    """`harness bench input --data PATH [--batch B] [--passes P] [--repeats R]`."""
-    result = measure(args.data, batch=args.batch, passes=args.passes, repeats=args.repeats, label=args.label)
-    print(f"{result['records']} records per pass ({result['mean_record_bytes'] / 1e3:.1f} kB each, "
-          f"{result['compression']}), batch {args.batch}, {args.repeats} timed passes")
-    print(f"  {'pipeline':<11} {'examples/s':>12} {'spread':>7} {'MB/s':>8} {'CPU us/ex':>10} {'cores':>6}")
-    for name in ("read limit", "harness", "per-record"):
-        r = result[name]
-        print(f"  {name:<11} {r['examples_per_s']:>12,.0f} {r['spread']:>6.1%} {r['mb_per_s']:>8.1f} "
-              f"{r['cpu_us_per_example']:>10.1f} {r['cores']:>6.2f}")
-    h = result["harness"]["examples_per_s"]
-    print(f"  harness / read limit = {h / result['read limit']['examples_per_s']:.2f}, "
-          f"harness / per-record = {h / result['per-record']['examples_per_s']:.2f}")
-    return 0

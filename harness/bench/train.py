@@ -52,115 +52,120 @@ def synthetic_batches(strategy, shapes: Shapes, per_replica_batch: int, seed: in
     return itertools.repeat(batch)
 
 
-def _model(shapes: Shapes, mean=None, variance=None):
-    from harness.train import models
+@dataclasses.dataclass(frozen=True)
+class BenchTrainOptions:
+    """`harness bench train`'s options (the flags of the same names; `harness bench train --help`).
 
-    if shapes.kind == "image":
-        h, w, bands = shapes.input_shape
-        return models.unet(h, w, bands, shapes.num_classes, mean=mean, variance=variance)
-    return models.pixel_classifier(shapes.input_shape[-1], shapes.num_classes, mean=mean, variance=variance)
+    Attributes:
+      data: `("synthetic",)` (one random batch per replica, generated on its device) or shard paths.
+      like: with synthetic data, shards whose shapes the synthetic batches take.
+      steps, warmup: timed steps, and untimed first steps (tracing, autotuning, cache fill).
+      per_replica_batch_size: examples per replica per step.
+      patch_size, bands, classes: synthetic shapes when `like` is not given (pixels, bands, classes).
+      sample_interval: seconds between utilization samples.
+      baseline: a one-replica run's report.json, for the scaling efficiency.
+    """
 
+    data: tuple[str, ...] = (SYNTHETIC,)
+    like: Optional[tuple[str, ...]] = None
+    label: Optional[str] = None
+    steps: int = 50
+    warmup: int = 5
+    output: str = "runs/bench"
+    per_replica_batch_size: int = 16
+    precision: str = "float32"
+    strategy: str = "auto"
+    cpu_replicas: Optional[int] = None
+    patch_size: int = 64
+    bands: int = 4
+    classes: int = 4
+    cache: str = "auto"
+    cache_dir: Optional[str] = None
+    data_service: Optional[str] = None
+    profile_steps: Optional[str] = None
+    profile_dir: Optional[str] = None
+    no_trace: bool = False
+    no_sampling: bool = False
+    sample_interval: float = 0.05
+    no_plot: bool = False
+    baseline: Optional[str] = None
+    seed: int = 0
 
-class RealData:
-    """The harness input pipeline over real shards for this worker, and what the advice needs to know of it."""
+    def __post_init__(self):
+        if tuple(self.data) != (SYNTHETIC,) and SYNTHETIC in self.data:
+            raise ConfigError("--data is either `synthetic` or shard paths, not both (compare two runs' reports)")
 
-    def __init__(self, paths, *, context, label: Optional[str], per_replica_batch: int, cache: str,
-                 cache_dir: Optional[str], data_service: Optional[str], seed: int):
-        from harness.data import index, pipeline, spec as spec_lib
-        from harness.data.shards import discover_shards, find_mixer
-        from harness.distribute import plan as plan_lib
-        from harness.train import models
-
-        self.shards = discover_shards(list(paths))
-        self.spec = spec_lib.infer_spec(self.shards, mixer=find_mixer(self.shards), label=label)
-        if self.spec.label is None:
-            raise ConfigError(f"no label feature found in {self.shards[0].path}: give --label")
-        counts = index.record_counts(self.shards)
-        self.plan = plan_lib.make_plan([(s.path, n) for s, n in zip(self.shards, counts)],
-                                       workers=context.num_workers, replicas_per_worker=context.replicas_per_worker,
-                                       per_replica_batch_size=per_replica_batch)
-        sample = pipeline.build_dataset(self.shards, self.spec, per_replica_batch_size=per_replica_batch,
-                                        training=False, cache="none")
-        self.mean, self.variance = models.band_moments(sample, batches=2)
-        classes = self.spec.num_classes or int(max(int(y.numpy().max()) for _, y in sample.take(4))) + 1
-        self.shapes = Shapes(self.spec.kind, tuple(self.spec.input_shape), classes)
-        self.options = dict(per_replica_batch_size=per_replica_batch, training=True,
-                            records_per_epoch=self.plan.steps_per_epoch * self.plan.per_worker_batch_size,
-                            cache=cache, cache_dir=cache_dir, seed=seed)
-        self.data_service = data_service
-        stats = index.record_stats(self.shards)
-        mine = set(self.plan.files[context.rank])
-        nbytes = sum(st.bytes for s, st in zip(self.shards, stats) if s.path in mine)
-        choice = pipeline.choose_cache(cache, nbytes, cache_dir=cache_dir, name="bench")
-        self.facts = {"compression": self.shards[0].compression or "none", "cache": choice.kind,
-                      "files_per_worker": len(self.plan.files[context.rank]), "cpu_count": os.cpu_count(),
-                      "data_service": bool(data_service), "synthetic": False}
-
-    def iterator(self, strategy):
-        from harness.data import pipeline
-
-        def fn(input_context):
-            ds = pipeline.build_dataset(self.shards, self.spec, input_pipeline_id=input_context.input_pipeline_id,
-                                        num_input_pipelines=input_context.num_input_pipelines, **self.options)
-            if self.data_service:
-                from harness.data import service
-                ds = service.distribute(ds, self.data_service,
-                                        job_name=f"harness-bench-p{input_context.input_pipeline_id}")
-            return ds
-
-        return iter(strategy.distribute_datasets_from_function(fn))
+    @property
+    def synthetic(self) -> bool:
+        return tuple(self.data) == (SYNTHETIC,)
 
 
-def run(args) -> Optional[dict]:
-    """Run the benchmark; returns the report on the chief, None on the other workers."""
+def _real_inputs(options: BenchTrainOptions, context):
+    """The training job's own input preparation (`harness.train.inputs.prepare`) for the real shards (or the
+    shards `like` names): the same plan, spec, statistics and pipelines as `harness train`."""
+    from harness.train.inputs import prepare
+    from harness.train.options import TrainOptions
+
+    train_options = TrainOptions(data=tuple(options.like if options.synthetic else options.data),
+                                 per_replica_batch_size=options.per_replica_batch_size, cache=options.cache,
+                                 cache_dir=options.cache_dir, data_service=options.data_service, seed=options.seed,
+                                 precision=options.precision, output=options.output)
+    return prepare(train_options, context, data_config={"label": options.label} if options.label else None)
+
+
+def run(options: BenchTrainOptions) -> Optional[dict]:
+    """Run the benchmark; returns the report on the chief, None on the other workers.
+
+    Raises:
+      ConfigError: for a bad --baseline; the errors of `harness.train.inputs.prepare` for real shards.
+    """
     import tf_keras as keras
 
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession, default_window
     from harness.profile.trace import parse_step_window
-    from harness.train import precision
+    from harness.train import models, precision
     from harness.train.loop import LoopConfig, Trainer
 
-    strategy, context = make_strategy(args.strategy, num_cpu_replicas=args.cpu_replicas)
-    baseline = load_baseline(args.baseline) if args.baseline else None
-    policy = precision.apply_policy(args.precision)
-    synthetic = args.data == [SYNTHETIC]
-    real = None
-    if not synthetic or args.like:
-        real = RealData(args.like if synthetic else args.data, context=context, label=args.label,
-                        per_replica_batch=args.per_replica_batch_size, cache=args.cache, cache_dir=args.cache_dir,
-                        data_service=args.data_service, seed=args.seed)
-    shapes = real.shapes if real else Shapes("image", (args.patch_size, args.patch_size, args.bands), args.classes)
-    global_batch = args.per_replica_batch_size * context.replicas_in_sync
+    strategy, context = make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
+    baseline = load_baseline(options.baseline) if options.baseline else None
+    policy = precision.apply_policy(options.precision)
+    synthetic = options.synthetic
+    real = _real_inputs(options, context) if not synthetic or options.like else None
+    shapes = (Shapes(real.spec.kind, tuple(real.spec.input_shape), real.num_classes) if real
+              else Shapes("image", (options.patch_size, options.patch_size, options.bands), options.classes))
+    global_batch = options.per_replica_batch_size * context.replicas_in_sync
     with strategy.scope():
-        model = _model(shapes, *((real.mean, real.variance) if real else (None, None)))
+        moments = dict(mean=real.mean, variance=real.variance) if real else {}
+        model = models.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes, **moments)
         optimizer = precision.wrap_optimizer(keras.optimizers.Adam(1e-3), policy)
-    total = args.warmup + args.steps
+    total = options.warmup + options.steps
     config = LoopConfig(epochs=1, steps_per_epoch=total, global_batch_size=global_batch, loss_divisor=global_batch,
-                        warmup_steps=args.warmup)
-    window = None if args.no_trace else (parse_step_window(args.profile_steps) if args.profile_steps
-                                         else default_window(total, args.warmup))
-    session = ProfileSession(context=context, strategy=strategy, output=args.output, trace_steps=window,
-                             logdir=args.profile_dir, warmup_steps=args.warmup,
-                             interval_s=None if args.no_sampling else args.sample_interval)
+                        warmup_steps=options.warmup)
+    window = None if options.no_trace else (parse_step_window(options.profile_steps) if options.profile_steps
+                                            else default_window(total, options.warmup))
+    session = ProfileSession(context=context, strategy=strategy, output=options.output, trace_steps=window,
+                             logdir=options.profile_dir, warmup_steps=options.warmup,
+                             interval_s=None if options.no_sampling else options.sample_interval)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
                       timer=session.timer, step_hooks=session.hooks)
-    iterator = (synthetic_batches(strategy, shapes, args.per_replica_batch_size, args.seed) if synthetic
-                else real.iterator(strategy))
+    iterator = (synthetic_batches(strategy, shapes, options.per_replica_batch_size, options.seed) if synthetic
+                else iter(strategy.distribute_datasets_from_function(real.dataset_fn(True))))
     if context.is_chief:
         print(f"bench train: {'synthetic batches on the device' if synthetic else 'real data'}, {shapes.kind} "
               f"{list(shapes.input_shape)}, {shapes.num_classes} classes, {context.replicas_in_sync} replicas x "
-              f"{args.per_replica_batch_size} = {global_batch} per step, {policy}, {args.warmup} warm-up + "
-              f"{args.steps} timed steps", flush=True)
+              f"{options.per_replica_batch_size} = {global_batch} per step, {policy}, {options.warmup} warm-up + "
+              f"{options.steps} timed steps", flush=True)
     with session:
         trainer.fit(iterator)
-    facts = real.facts if real and not synthetic else {"synthetic": True, "cpu_count": os.cpu_count()}
-    config_out = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    facts = (dict(real.worker_facts(context.rank), synthetic=False) if real and not synthetic
+             else {"synthetic": True, "cpu_count": os.cpu_count()})
+    config_out = dataclasses.asdict(options)
     config_out.update(policy=policy, global_batch_size=global_batch, shapes=dataclasses.asdict(shapes),
                       context=str(context), plan=real.plan.to_dict() if real and not synthetic else None)
     amend = (lambda r: add_scaling(r, baseline)) if baseline else None
     return session.finish(kind=f"bench-train-{SYNTHETIC if synthetic else 'real'}", config=config_out, facts=facts,
-                          plot=not args.no_plot, amend=amend)
+                          plot=not options.no_plot, amend=amend)
 
 
 def load_baseline(path: str) -> dict:
@@ -184,10 +189,3 @@ def add_scaling(report: dict, base: dict) -> None:
     s = report["summary"]
     s["baseline_examples_per_s"] = base["examples_per_s"]
     s["scaling_efficiency"] = s["examples_per_s"] / (s["replicas_in_sync"] * base["examples_per_s"])
-
-
-def main(args) -> int:
-    if args.data != [SYNTHETIC] and SYNTHETIC in args.data:
-        raise ConfigError("--data is either `synthetic` or shard paths, not both (compare two runs' reports)")
-    run(args)
-    return 0

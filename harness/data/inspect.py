@@ -5,7 +5,6 @@ report schema differences, and counts every shard through the cached index (harn
 """
 from __future__ import annotations
 
-import json
 import logging
 from typing import Optional
 
@@ -115,12 +114,3 @@ def format_text(rep: dict) -> str:
         lines.append("config:")
         lines.append(yaml.safe_dump(rep["config"], sort_keys=False, default_flow_style=None).rstrip())
     return "\n".join(lines)
-
-
-def main(args) -> int:
-    rep = report(args.paths, mixer_path=args.mixer, kernel_margin=args.kernel_margin,
-                 records_to_read=args.records)
-    print(json.dumps(rep, indent=2) if args.json else format_text(rep))
-    return 0
-
-

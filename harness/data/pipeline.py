@@ -22,16 +22,18 @@ import hashlib
 import logging
 import os
 import random
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
 from harness.data import index
+from harness.data.labels import LABEL_CHECK_MESSAGE, is_class_id
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard
+from harness.data.source import ShardSet
 from harness.data.spec import CLASSIFICATION, IMAGE, TIME, DataSpec, validate_spec
-from harness.distribute.sharding import RECORD, assign_nonempty
-from harness.errors import BatchSizeError, SpecError
+from harness.distribute.sharding import RECORD, ShardAssignment, assign_nonempty
+from harness.errors import BatchSizeError, ConfigError, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +52,6 @@ READERS_PER_CORE = 1
 # READ_BATCH_MAX records, and are parsed one read batch at a time (see read_batch_size).
 READ_BATCH_BYTES = 256 * 1024
 READ_BATCH_MAX = 4096
-
-
-# The assertion a batch with a label that is not a class id fails with (see decode).
-LABEL_CHECK_MESSAGE = "harness: class labels must be integers in [0, num_classes)"
 
 
 # --- parsing -----------------------------------------------------------------------------------------------------
@@ -126,13 +124,8 @@ def decode(spec: DataSpec, serialized: tf.Tensor):
     label = parsed[spec.label]
     if spec.task == CLASSIFICATION:
         # Earth Engine stores class ids as floats (3.0): cast (GEE_FORMAT.md), after checking that every value is a
-        # class id; a fractional, NaN or negative label fails the batch (harness.data.scan names the record).
-        ok = label >= 0
-        if label.dtype.is_floating:
-            ok &= tf.equal(label, tf.round(label))
-        if spec.num_classes:
-            ok &= label < spec.num_classes
-        check = tf.debugging.Assert(tf.reduce_all(ok), [LABEL_CHECK_MESSAGE])
+        # class id (harness.data.labels); a failing batch is traced to its record by harness.data.scan.
+        check = tf.debugging.Assert(tf.reduce_all(is_class_id(label, spec.num_classes)), [LABEL_CHECK_MESSAGE])
         with tf.control_dependencies([check]):
             label = tf.cast(label, tf.int32)
     else:
@@ -198,7 +191,7 @@ def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
     """Decide the cache for `nbytes` of serialized records (the index's counted bytes, about the decoded size).
 
     Raises:
-      ValueError: for an unknown mode, or mode "file" without cache_dir.
+      ConfigError: for an unknown mode, or mode "file" without cache_dir.
     """
     def gb(b: int) -> str:
         return f"{b / 1e9:.2f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
@@ -210,10 +203,10 @@ def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
         return CacheChoice("memory", None, "cache='memory'")
     if mode == "file":
         if not cache_dir:
-            raise ValueError("cache='file' needs cache_dir")
+            raise ConfigError("cache='file' needs cache_dir")
         return CacheChoice("file", path, "cache='file'")
     if mode != "auto":
-        raise ValueError(f"cache must be auto, memory, file or none, got {mode!r}")
+        raise ConfigError(f"cache must be auto, memory, file or none, got {mode!r}")
     available = _available_memory() if available is None else available
     budget = int(available * MEMORY_CACHE_FRACTION)
     if nbytes <= budget:
@@ -272,12 +265,43 @@ def read_files(paths: Sequence[str], compressions: Sequence[str], *, determinist
                             deterministic=deterministic)
 
 
-def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_size: int, training: bool,
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+    """How one input pipeline reads its shards (the `DataConfig` of tf-models' input_reader, frozen).
+
+    Attributes:
+      per_replica_batch_size: examples per batch delivered to one replica.
+      training: True: read order not deterministic, shuffle, keep records_per_epoch, repeat forever, optional
+        augmentation. False: one deterministic pass, no shuffle or augmentation.
+      records_per_epoch: keep exactly the first this-many records of each epoch of this pipeline's shuffled
+        stream and drop the rest (read, not parsed), so every worker runs the same number of steps.
+      shuffle_buffer: records in the shuffle buffer; default min(records, ~256 MB of records, 16384).
+      cache: "auto" (memory when the pipeline's records fit in half the available memory, else files under
+        cache_dir, else none), "memory", "file" (needs cache_dir) or "none". The cache is filled before any
+        randomness: with parsed read batches for small records (sized as decoded float32), serialized records
+        for large ones.
+      cache_dir: folder of the file cache.
+      augment: random flips and 90-degree rotations of image and mask together (training images only).
+      seed: seeds file order, shuffle and augmentation; None for a random seed.
+      validate: check the spec against the first record of every shard first (spec.validate_spec; one record
+        read per shard, once per process). False when the caller validated already (the training job).
+    """
+
+    per_replica_batch_size: int
+    training: bool
+    records_per_epoch: Optional[int] = None
+    shuffle_buffer: Optional[int] = None
+    cache: str = "auto"
+    cache_dir: Optional[str] = None
+    augment: bool = False
+    seed: Optional[int] = None
+    validate: bool = True
+
+
+def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, options: PipelineOptions, *,
                   input_pipeline_id: int = 0, num_input_pipelines: int = 1,
-                  records_per_epoch: Optional[int] = None, shuffle_buffer: Optional[int] = None,
-                  cache: str = "auto", cache_dir: Optional[str] = None, augment: bool = False,
-                  seed: Optional[int] = None, validate: bool = True) -> tf.data.Dataset:
-    """The dataset of one input pipeline, yielding `(inputs, labels)` batches of `per_replica_batch_size`.
+                  assignment: Optional[ShardAssignment] = None) -> tf.data.Dataset:
+    """The dataset of one input pipeline, yielding `(inputs, labels)` batches of `options.per_replica_batch_size`.
 
     Shapes and dtypes (B = per_replica_batch_size; H = W = spec.output_size; C = bands):
       image: inputs float32 [B, H, W, C]; with band groups a dict {group: [B, H, W, Cg]} or, for
@@ -286,48 +310,43 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
     Batches always have exactly B examples (drop_remainder=True); records left over are logged.
 
     Args:
-      shards: every shard of the dataset, in order (discover_shards); zero-record shards are skipped.
-      spec: the feature spec (validate_spec it first); it must have a label.
-      per_replica_batch_size: examples per batch delivered to one replica.
-      training: True: read order not deterministic, shuffle, keep records_per_epoch, repeat forever, optional
-        augmentation. False: one deterministic pass, no shuffle or augmentation.
+      data: the dataset's `ShardSet` (counted once: `source.open_shards`), or its shards in order (counted here
+        through the record index); zero-record shards are skipped.
+      spec: the feature spec; it must have a label.
+      options: `PipelineOptions`.
       input_pipeline_id / num_input_pipelines: this pipeline among all (usually the worker index and count);
         files (or records) are split by assign_nonempty (zero-record files skipped).
-      records_per_epoch: keep exactly the first this-many records of each epoch of this pipeline's shuffled
-        stream and drop the rest (read, not parsed), so every worker runs the same number of steps.
-      shuffle_buffer: records in the shuffle buffer; default min(records, ~256 MB of records, 16384).
-      cache: "auto" (memory when the pipeline's records fit in half the available memory, else files under
-        cache_dir, else none), "memory", "file" (needs cache_dir) or "none". The cache is filled before any
-        randomness: with parsed read batches for small records (sized as decoded float32), serialized records
-        for large ones.
-      augment: random flips and 90-degree rotations of image and mask together (training images only).
-      seed: seeds file order, shuffle and augmentation; None for a random seed.
-      validate: check the spec against the first record of every shard first (spec.validate_spec; one record
-        read per shard).
+      assignment: this pipeline's files as the epoch plan assigned them (`Plan.assignments[id]`); computed from
+        the pipeline id and count when None.
 
     Raises:
       SpecError: if the spec has no label.
       BatchSizeError: if records_per_epoch exceeds this pipeline's records or is below one batch, or an
         evaluation pass would yield no batch.
-      ValueError: from assign_nonempty (bad pipeline id or count, no files) or for a bad cache mode.
+      ConfigError: from assign_nonempty (bad pipeline id or count, no files) or for a bad cache mode.
       and the errors of spec.validate_spec (declared features vs records) and index.record_stats (bad or
-      truncated shards), raised before any batch is produced.
+        truncated shards), raised before any batch is produced.
     """
+    o = options
+    per_replica_batch_size, training, records_per_epoch = o.per_replica_batch_size, o.training, o.records_per_epoch
     if spec.label is None:
         raise SpecError("the spec has no label: declare `label:` to build a training or evaluation dataset")
     if per_replica_batch_size < 1:
         raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {per_replica_batch_size}")
-    seed = random.randrange(2 ** 31) if seed is None else seed
-    if validate:
+    seed = random.randrange(2 ** 31) if o.seed is None else o.seed
+    shards = data.shards if isinstance(data, ShardSet) else tuple(data)
+    if o.validate:
         _validate_once(spec, shards)
-    stats = index.record_stats(shards)
+    stats = data.stats if isinstance(data, ShardSet) else index.record_stats(shards)
     nonempty = [(s, st) for s, st in zip(shards, stats) if st.records > 0]
     if len(nonempty) < len(shards):
         log.info("skipping %d zero-record shard(s)", len(shards) - len(nonempty))
     if not nonempty:
         raise BatchSizeError("every shard holds zero records")
-    assignment = assign_nonempty([(s.path, st.records) for s, st in zip(shards, stats)], num_input_pipelines,
-                                 input_pipeline_id)
+    if assignment is None:
+        assignment = assign_nonempty([(s.path, st.records) for s, st in zip(shards, stats)], num_input_pipelines,
+                                     input_pipeline_id)
+    input_pipeline_id, num_input_pipelines = assignment.input_pipeline_id, assignment.num_input_pipelines
     by_path = {s.path: (s, st) for s, st in nonempty}
     my_records = assignment.records({p: st.records for p, (_, st) in by_path.items()})
     total_bytes = sum(st.bytes for _, st in nonempty)
@@ -349,7 +368,7 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
         my_bytes = my_records * decoded_record_bytes(spec)  # the cache holds parsed tensors
 
     digest = hashlib.sha1("|".join(assignment.files).encode()).hexdigest()[:12]
-    choice = choose_cache(cache, my_bytes, cache_dir=cache_dir,
+    choice = choose_cache(o.cache, my_bytes, cache_dir=o.cache_dir,
                           name=f"harness-{digest}-{'train' if training else 'eval'}-p{input_pipeline_id}of"
                                f"{num_input_pipelines}")
     log.info("input pipeline %d/%d: %d files, %d records, cache: %s (%s)", input_pipeline_id,
@@ -357,14 +376,14 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
     if choice.kind == "memory":
         ds = ds.cache()
     elif choice.kind == "file":
-        tf.io.gfile.makedirs(cache_dir)
+        tf.io.gfile.makedirs(o.cache_dir)
         ds = ds.cache(choice.path)
 
     batched = read_batched  # elements are read batches (parsed), not records
     if batched and (training or records_per_epoch is not None):
         ds, batched = ds.unbatch(), False  # shuffle and records_per_epoch work on records
     if training:
-        buffer = shuffle_buffer or max(1, min(my_records, int(SHUFFLE_BUFFER_BYTES // max(mean_bytes, 1)),
+        buffer = o.shuffle_buffer or max(1, min(my_records, int(SHUFFLE_BUFFER_BYTES // max(mean_bytes, 1)),
                                               MAX_DEFAULT_SHUFFLE))
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
         if records_per_epoch is not None:
@@ -391,7 +410,7 @@ def build_dataset(shards: Sequence[Shard], spec: DataSpec, *, per_replica_batch_
         ds = ds.batch(per_replica_batch_size, drop_remainder=True)
         ds = ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
 
-    if augment and training:
+    if o.augment and training:
         if spec.kind != IMAGE:
             log.warning("augment ignored: flips and rotations apply to image patches, not tables")
         else:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import posixpath
 from typing import Optional, Sequence
 
@@ -24,6 +23,7 @@ import tensorflow as tf
 
 from harness.data import index
 from harness.data.shards import discover_shards, find_mixer
+from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ READ_BATCH = 1024
 def balanced_sizes(records: int, shards: int) -> list[int]:
     """`shards` counts summing to `records`, differing by at most one, larger first."""
     if shards < 1:
-        raise ValueError(f"need at least one output shard, got {shards}")
+        raise ConfigError(f"need at least one output shard, got {shards}")
     return [records // shards + (1 if i < records % shards else 0) for i in range(shards)]
 
 
@@ -45,16 +45,16 @@ def reshard(sources: Sequence[str], output: str, *, workers: int, shards_per_wor
       the index written to `<prefix>-index.json`: `{"sources", "records", "workers", "shards": [{"path",
       "first_record", "records"}], "mixer"}`.
     Raises:
-      ValueError: if workers or shards_per_worker < 1, or there are fewer records than output shards.
+      ConfigError: if workers or shards_per_worker < 1, or there are fewer records than output shards.
       and the errors of shard discovery and counting (bad, truncated or mismatched shards).
     """
     if workers < 1 or shards_per_worker < 1:
-        raise ValueError(f"--workers and --shards-per-worker must be >= 1, got {workers} and {shards_per_worker}")
+        raise ConfigError(f"--workers and --shards-per-worker must be >= 1, got {workers} and {shards_per_worker}")
     shards = discover_shards(list(sources))
     counts = index.record_counts(shards)
     total, n_out = sum(counts), workers * shards_per_worker
     if total < n_out:
-        raise ValueError(f"{total} records cannot fill {n_out} shards ({workers} workers x {shards_per_worker})")
+        raise ConfigError(f"{total} records cannot fill {n_out} shards ({workers} workers x {shards_per_worker})")
     prefix = prefix or posixpath.basename(shards[0].prefix)
     tf.io.gfile.makedirs(output)
     sizes = balanced_sizes(total, n_out)
@@ -101,16 +101,3 @@ def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int]) -> None:
                 pending = pending[take:]
                 written += take
         log.info("wrote %s: %d records", path, size)
-
-
-def main(args) -> int:
-    """`harness reshard SRC... --output DIR --workers N [--shards-per-worker K]`."""
-    result = reshard(args.sources, args.output, workers=args.workers, shards_per_worker=args.shards_per_worker,
-                     prefix=args.prefix, mixer=args.mixer)
-    sizes = sorted({e["records"] for e in result["shards"]})
-    print(f"{result['records']} records from {len(result['sources'])} shard(s) -> {len(result['shards'])} "
-          f"uncompressed shards of {'/'.join(map(str, sizes))} records ({result['workers']} workers x "
-          f"{result['shards_per_worker']}) in {args.output}")
-    for e in result["shards"]:
-        print(f"  {os.path.basename(e['path'])}: records {e['first_record']}..{e['first_record'] + e['records'] - 1}")
-    return 0

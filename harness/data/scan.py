@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from harness.data import records
 from harness.data.shards import Shard
+from harness.data.labels import is_class_id, not_a_class_id_error
 from harness.data.spec import DataSpec, check_feature
 from harness.errors import LabelValueError, SpecMismatchError
 
@@ -87,10 +88,7 @@ def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
         for batch in records.dataset(shard).batch(SCAN_BATCH):
             labels = tf.io.parse_example(batch, description)[spec.label].numpy().astype(np.float64)
             labels = labels.reshape(labels.shape[0], -1)  # [records, values per record]
-            with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(labels) | (labels < 0) | (labels != np.round(labels))
-                if num_classes:
-                    bad |= labels >= num_classes
+            bad = ~is_class_id(labels, num_classes).numpy()
             rows = np.flatnonzero(bad.any(axis=1))
             if rows.size:
                 row = int(rows[0])
@@ -105,15 +103,47 @@ def bad_label_error(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
     The message names file, record and value; an integer at or above `num_classes` asks for --num-classes, any
     other value (negative, fractional, NaN) says class ids are integers >= 0.
     """
-    import math
-
     found = first_bad_label(spec, shards, num_classes)
     if found is None:
         return None
     path, index, value = found
-    where = f"{path}: record {index}: label {spec.label!r} holds {value!r}"
-    if num_classes and math.isfinite(value) and value == round(value) and value >= num_classes:
-        return LabelValueError(f"{where}, outside the {num_classes} classes [0, {num_classes}) taken from a sample; "
-                               f"declare --num-classes {int(value) + 1} (or more)")
-    return LabelValueError(f"{where}: class ids are integers >= 0 (a nodata value or a continuous band? mask it "
-                           "before export, or give the right --label)")
+    return not_a_class_id_error(f"{path}: record {index}", spec.label, value, num_classes)
+
+
+def named_error(error: Exception, spec: DataSpec, num_classes: Optional[int],
+                shards: Sequence[Shard] = ()) -> Exception:
+    """A named error for a TensorFlow error whose cause the harness knows; else `error` itself.
+
+    A failed class-id check (harness.data.labels) or a sparse cross-entropy label out of range is traced to its
+    file, record and value (bad_label_error); a parse failure (a record after the first of its shard lacks a
+    feature or holds another number of values) to its file, record and feature (first_bad_record), by scanning
+    `shards` in order.
+
+    Returns:
+      LabelValueError, a SpecMismatchError subclass, or `error` unchanged.
+    """
+    import re
+
+    from harness.data.labels import LABEL_CHECK_MESSAGE
+    from harness.errors import MissingFeatureError
+
+    text = str(error)
+    m = re.search(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)", text)
+    if m or LABEL_CHECK_MESSAGE in text:
+        named = bad_label_error(spec, shards, num_classes or None) if shards else None
+        if named is not None:
+            return named
+        if m:
+            return LabelValueError(f"label {spec.label!r}: value {m.group(1)} is outside the {num_classes} classes "
+                                   f"[0, {num_classes})")
+        return LabelValueError(f"label {spec.label!r}: a value is not a class id (an integer >= 0"
+                               + (f" and < {num_classes})" if num_classes else ")"))
+    if re.search(r"Feature: \S+ \(data type: \w+\) is required|Key: \S+[.,]|Can't parse serialized", text) and shards:
+        found = first_bad_record(spec, shards)
+        if found is not None:
+            return found
+    m = re.search(r"Feature: (\S+) \(data type: (\w+)\) is required but could not be found", text)
+    if m:
+        return MissingFeatureError(f"feature {m.group(1)!r} ({m.group(2)}) is missing from a record after the "
+                                   "first of its shard (the spec was checked against each shard's first record)")
+    return error

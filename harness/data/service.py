@@ -15,9 +15,7 @@ workers never take each other's batches.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import sys
 import threading
 from typing import Optional
 
@@ -64,7 +62,7 @@ def start_worker(dispatcher: str, port: int = 0, *, worker_address: Optional[str
     return tf.data.experimental.service.WorkerServer(config, start=True)
 
 
-def _serve_until_signal(what: str) -> None:
+def serve_until_signal(what: str) -> None:
     """Block until SIGINT or SIGTERM; the servers end with the process."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -72,19 +70,3 @@ def _serve_until_signal(what: str) -> None:
     print(f"{what} (Ctrl-C or SIGTERM to stop)", flush=True)
     while not stop.wait(0.5):  # a timed wait: Python runs signal handlers between waits
         pass
-
-
-def main(args) -> int:
-    """`harness data-service dispatcher|worker ...`; serves until SIGINT/SIGTERM. `server` stays referenced until
-    then: a collected server stops serving."""
-    if args.role == "dispatcher":
-        server = start_dispatcher(args.port, work_dir=args.work_dir)
-        _serve_until_signal(f"tf.data service dispatcher at {server.target}")
-    else:
-        server = start_worker(args.dispatcher, args.port, worker_address=args.worker_address)
-        _serve_until_signal(f"tf.data service worker on port {args.port or '(any)'}, dispatcher {args.dispatcher}")
-    # Exit at once: a worker's task threads for an endless training job would keep the interpreter's shutdown
-    # waiting (up to the dispatcher's job timeout), and a server keeps no state to save (the fault-tolerant
-    # dispatcher journals as it goes).
-    sys.stdout.flush()
-    os._exit(0)

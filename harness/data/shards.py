@@ -102,7 +102,7 @@ class Mixer:
         try:
             dims = tuple(int(v) for v in obj["patchDimensions"])
             if len(dims) != 2:
-                raise ValueError(f"patchDimensions has {len(dims)} values, expected 2")
+                raise MixerError(f"patchDimensions has {len(dims)} values, expected 2")
             return cls(path, dims, int(obj["patchesPerRow"]), int(obj["totalPatches"]), obj.get("projection", {}))
         except (KeyError, TypeError, ValueError) as e:
             raise MixerError(f"{path}: not an Earth Engine mixer (needs patchDimensions, patchesPerRow, "

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.data.records import BYTES, FLOAT, INT64
+from harness.errors import ConfigError
 
 _COMPONENTS = 3  # sinusoids per band
 
@@ -56,31 +57,31 @@ def _store(values: np.ndarray, dtype: str) -> tf.train.Feature:
     if dtype == BYTES:
         raw = np.clip(np.round(128 + 80 * flat), 0, 255).astype(np.uint8).tobytes()
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[raw]))
-    raise ValueError(f"dtype must be float, int64 or bytes, got {dtype!r}")
+    raise ConfigError(f"dtype must be float, int64 or bytes, got {dtype!r}")
 
 
 def _check(*, shards: int, records: int, bands: Sequence[str], label: Optional[str], classes: int,
            dtypes: Sequence[str], dtype: str) -> None:
     """Refuse arguments that would write a broken export, before any file is written."""
     if shards < 1 or records < shards:
-        raise ValueError(f"need records >= shards >= 1, got {records} records for {shards} shards")
+        raise ConfigError(f"need records >= shards >= 1, got {records} records for {shards} shards")
     if isinstance(bands, str) or not bands:
-        raise ValueError(f"need a non-empty list of band names, got {bands!r}")
+        raise ConfigError(f"need a non-empty list of band names, got {bands!r}")
     if len(set(bands)) != len(bands) or label in bands:
-        raise ValueError(f"band and label names must be distinct, got bands {list(bands)} and label {label!r}")
+        raise ConfigError(f"band and label names must be distinct, got bands {list(bands)} and label {label!r}")
     if classes < 1:
-        raise ValueError(f"need classes >= 1, got {classes}")
+        raise ConfigError(f"need classes >= 1, got {classes}")
     if dtype not in dtypes:
-        raise ValueError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
+        raise ConfigError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
 
 
 def _margin(patch_size: int, kernel_size: int) -> int:
     """The kernel margin k stored around a P x P patch: kernelSize 0 or 1 (Earth Engine's default [1, 1]) store
     none; otherwise kernelSize must be even (k/2 per side; ../shared/GEE_FORMAT.md)."""
     if patch_size < 1:
-        raise ValueError(f"patch size must be >= 1, got {patch_size}")
+        raise ConfigError(f"patch size must be >= 1, got {patch_size}")
     if kernel_size < 0 or (kernel_size > 1 and kernel_size % 2):
-        raise ValueError(f"kernel size must be 0, 1 (no margin) or even (k/2 pixels per side), got {kernel_size}")
+        raise ConfigError(f"kernel size must be 0, 1 (no margin) or even (k/2 pixels per side), got {kernel_size}")
     return 0 if kernel_size == 1 else kernel_size
 
 
@@ -111,7 +112,7 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
       the shard paths in order, then the mixer path.
 
     Raises:
-      ValueError: before writing anything, if patch_size < 1, kernel_size is negative or odd above 1, shards < 1,
+      ConfigError: before writing anything, if patch_size < 1, kernel_size is negative or odd above 1, shards < 1,
         records < shards, bands is empty or repeats a name (or the label's), classes < 1, or for an unknown dtype.
     """
     _check(shards=shards, records=records, bands=bands, label=label, classes=classes, dtypes=(FLOAT, INT64, BYTES),
@@ -161,7 +162,7 @@ def write_table_export(out_dir: str, *, prefix: str = "export", shards: int = 1,
       the shard paths in order.
 
     Raises:
-      ValueError: before writing anything, if shards < 1, records < shards, bands is empty or repeats a name (or
+      ConfigError: before writing anything, if shards < 1, records < shards, bands is empty or repeats a name (or
         the label's), classes < 1, or dtype is not float or int64 (table bands are numbers).
     """
     _check(shards=shards, records=records, bands=bands, label=label, classes=classes, dtypes=(FLOAT, INT64),
@@ -189,17 +190,3 @@ def write_table_export(out_dir: str, *, prefix: str = "export", shards: int = 1,
         paths.append(path)
         start += n
     return paths
-
-
-def main(args) -> int:
-    """`harness synth`: write the export and print its files."""
-    common = dict(prefix=args.prefix, shards=args.shards, records=args.records, bands=args.bands,
-                  label=args.label or None, classes=args.classes, dtype=args.dtype,
-                  compressed=not args.uncompressed, seed=args.seed)
-    if args.kind == "image":
-        paths = write_image_export(args.output, patch_size=args.patch_size, kernel_size=args.kernel_size, **common)
-    else:
-        paths = write_table_export(args.output, **common)
-    for p in paths:
-        print(p)
-    return 0

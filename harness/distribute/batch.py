@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-from harness.errors import BatchSizeError
+from harness.errors import BatchSizeError, ClusterConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +53,10 @@ def batch_sizes(*, workers: int, replicas_per_worker: int, global_batch_size: Op
     Raises:
       BatchSizeError: if neither or both batch sizes are given, one is < 1, or `global_batch_size` is not a
         multiple of the replicas in sync (`workers x replicas_per_worker`).
-      ValueError: if `workers` or `replicas_per_worker` is < 1.
+      ClusterConfigError: if `workers` or `replicas_per_worker` is < 1.
     """
     if workers < 1 or replicas_per_worker < 1:
-        raise ValueError(f"workers ({workers}) and replicas_per_worker ({replicas_per_worker}) must be >= 1")
+        raise ClusterConfigError(f"workers ({workers}) and replicas_per_worker ({replicas_per_worker}) must be >= 1")
     if (global_batch_size is None) == (per_replica_batch_size is None):
         raise BatchSizeError("give exactly one of the global batch size and the per-replica batch size")
     replicas = workers * replicas_per_worker
@@ -81,10 +81,10 @@ def steps_per_epoch(records_per_worker: Sequence[int], batch: BatchSizes) -> int
 
     Raises:
       BatchSizeError: if that is zero; the message names the worker with the fewest records.
-      ValueError: if `records_per_worker` does not have one entry per worker.
+      ClusterConfigError: if `records_per_worker` does not have one entry per worker.
     """
     if len(records_per_worker) != batch.workers:
-        raise ValueError(f"{len(records_per_worker)} record counts for {batch.workers} workers")
+        raise ClusterConfigError(f"{len(records_per_worker)} record counts for {batch.workers} workers")
     fewest = min(range(batch.workers), key=lambda w: records_per_worker[w])
     steps = records_per_worker[fewest] // batch.per_worker_batch_size
     if steps == 0:

@@ -7,12 +7,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Optional, Sequence
 
 from harness.distribute import batch as batch_math
-from harness.distribute.sharding import assign_nonempty
-from harness.errors import BatchSizeError
+from harness.distribute.sharding import ShardAssignment, assign_nonempty
+from harness.errors import BatchSizeError, ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +19,8 @@ class Plan:
     """One epoch of a job, per worker (indexed by rank).
 
     Attributes:
-      files: the files each worker opens, in shard order (zero-record files skipped).
+      assignments: each worker's `ShardAssignment` (files in shard order, zero-record files skipped, and the
+        policy): what its input pipeline reads (`harness.data.pipeline.build_dataset(assignment=...)`).
       records: records each worker's input pipeline reads per epoch.
       policy: sharding policy, `"file"` or `"record"` (see `harness.distribute.sharding`).
       batch: per-replica batch, workers and replicas per worker (global and per-worker batch derive from it).
@@ -28,12 +28,17 @@ class Plan:
       dropped: records each worker reads but drops per epoch (`drop_remainder=True`, equal steps).
     """
 
-    files: tuple[tuple[str, ...], ...]
+    assignments: tuple[ShardAssignment, ...]
     records: tuple[int, ...]
     policy: str
     batch: batch_math.BatchSizes
     steps_per_epoch: int
     dropped: tuple[int, ...]
+
+    @property
+    def files(self) -> tuple[tuple[str, ...], ...]:
+        """The files each worker opens, in shard order."""
+        return tuple(a.files for a in self.assignments)
 
     @property
     def per_replica_batch_size(self) -> int:
@@ -95,12 +100,12 @@ def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_
     Raises:
       BatchSizeError: as `harness.distribute.batch.batch_sizes`, if every file holds zero records, or if an epoch
         would have zero steps.
-      ValueError: if `file_counts` is empty, a count is negative, or one path has two different counts.
+      ConfigError: if `file_counts` is empty, a count is negative, or one path has two different counts.
     """
     counts: dict[str, int] = {}
     for path, n in file_counts:
         if n < 0 or counts.get(path, n) != n:
-            raise ValueError(f"bad record count {n} for {path}")
+            raise ConfigError(f"bad record count {n} for {path}")
         counts[path] = n
     batch = batch_math.batch_sizes(workers=workers, replicas_per_worker=replicas_per_worker,
                                    global_batch_size=global_batch_size,
@@ -110,22 +115,6 @@ def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_
     shares = [assign_nonempty(file_counts, workers, w, warn=False) for w in range(workers)]
     records = tuple(s.records(counts) for s in shares)
     steps = batch_math.steps_per_epoch(records, batch)
-    return Plan(files=tuple(s.files for s in shares), records=records, policy=shares[0].policy, batch=batch,
+    return Plan(assignments=tuple(shares), records=records, policy=shares[0].policy, batch=batch,
                 steps_per_epoch=steps, dropped=batch_math.dropped_records(records, steps, batch))
 
-
-def main(args) -> int:
-    """`harness plan DATA --workers N --replicas-per-worker M (--global-batch-size B | --per-replica-batch-size b)`.
-
-    Discovers the shards and counts their records (`harness.data`), then prints the plan (`--json`: as JSON).
-    """
-    from harness.data.index import record_counts
-    from harness.data.shards import discover_shards
-
-    shards = discover_shards(args.data)
-    counts = record_counts(shards)
-    plan = make_plan([(s.path, n) for s, n in zip(shards, counts)], workers=args.workers,
-                     replicas_per_worker=args.replicas_per_worker, global_batch_size=args.global_batch_size,
-                     per_replica_batch_size=args.per_replica_batch_size)
-    print(json.dumps(plan.to_dict(), indent=2) if args.json else plan.format())
-    return 0

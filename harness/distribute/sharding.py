@@ -10,6 +10,8 @@ import dataclasses
 import logging
 from typing import Sequence
 
+from harness.errors import ClusterConfigError, ShardDiscoveryError
+
 log = logging.getLogger(__name__)
 
 FILE = "file"
@@ -59,14 +61,15 @@ def assign_files(files: Sequence[str], num_input_pipelines: int, input_pipeline_
     `len(files) >= num_input_pipelines`; otherwise the record-level policy applies and a warning is logged.
 
     Raises:
-      ValueError: if `files` is empty, `num_input_pipelines < 1`, or the id is out of range.
+      ShardDiscoveryError: if `files` is empty.
+      ClusterConfigError: if `num_input_pipelines < 1`, or the id is out of range.
     """
     if num_input_pipelines < 1:
-        raise ValueError(f"num_input_pipelines must be >= 1, got {num_input_pipelines}")
+        raise ClusterConfigError(f"num_input_pipelines must be >= 1, got {num_input_pipelines}")
     if not 0 <= input_pipeline_id < num_input_pipelines:
-        raise ValueError(f"input_pipeline_id {input_pipeline_id} out of range [0, {num_input_pipelines})")
+        raise ClusterConfigError(f"input_pipeline_id {input_pipeline_id} out of range [0, {num_input_pipelines})")
     if not files:
-        raise ValueError("no files to shard")
+        raise ShardDiscoveryError("no files to shard")
     if len(files) >= num_input_pipelines:
         return ShardAssignment(tuple(files[input_pipeline_id::num_input_pipelines]), FILE, input_pipeline_id,
                                num_input_pipelines)
@@ -86,7 +89,7 @@ def assign_nonempty(file_counts: Sequence[tuple[str, int]], num_input_pipelines:
     records the plan counts are the records the pipeline reads.
 
     Raises:
-      ValueError: as `assign_files`, including when every file holds zero records.
+      ShardDiscoveryError, ClusterConfigError: as `assign_files` (every file holding zero records: no files).
     """
     return assign_files([path for path, n in file_counts if n > 0], num_input_pipelines, input_pipeline_id,
                         warn=warn)

@@ -64,14 +64,14 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
         TensorFlow already initialized its devices; if MultiWorkerMirroredStrategy is built after TensorFlow
         initialized its runtime; if the replicas in sync are not workers x local devices.
       WorkerFailedError: if a peer of a multi-worker cluster is not reachable within `worker_wait_s`.
-      ValueError: for an unknown `kind` or `communication`, `HOROVOD`, or `num_cpu_replicas > 1` with a kind
+      ClusterConfigError: for an unknown `kind` or `communication`, `HOROVOD`, or `num_cpu_replicas > 1` with a kind
         that cannot use it.
     """
     gpus = len(tf.config.list_physical_devices("GPU"))  # does not initialize the runtime
     config = environment.read_tf_config(environ)
     backend = _resolve_kind(kind, config, gpus, num_cpu_replicas or 1)
     if (num_cpu_replicas or 1) > 1 and (backend is not Backend.MIRRORED or gpus):
-        raise ValueError(f"num_cpu_replicas={num_cpu_replicas} applies to mirrored without GPUs only "
+        raise ClusterConfigError(f"num_cpu_replicas={num_cpu_replicas} applies to mirrored without GPUs only "
                          f"(kind {backend.value}, {gpus} GPUs)")
     if backend is Backend.SINGLE:
         strategy = tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
@@ -105,9 +105,9 @@ def _resolve_kind(kind: Union[str, Backend], config: Optional[environment.TFConf
     try:
         backend = Backend(kind)
     except ValueError:
-        raise ValueError(f"unknown strategy kind {kind!r}: one of auto, single, mirrored, multi_worker") from None
+        raise ClusterConfigError(f"unknown strategy kind {kind!r}: one of auto, single, mirrored, multi_worker") from None
     if backend is Backend.HOROVOD:
-        raise ValueError("Horovod builds no tf.distribute strategy: use WorkerContext.from_horovod(hvd)")
+        raise ClusterConfigError("Horovod builds no tf.distribute strategy: use WorkerContext.from_horovod(hvd)")
     return backend
 
 
@@ -130,7 +130,7 @@ def _multi_worker(config: Optional[environment.TFConfig], gpus: int, communicati
     local_devices = max(gpus, 1)  # MultiWorkerMirrored drives every local GPU, or one CPU
     name = communication or ("nccl" if gpus else "ring")
     if name not in _COMMUNICATION:
-        raise ValueError(f"unknown communication {name!r}: one of {sorted(_COMMUNICATION)}")
+        raise ClusterConfigError(f"unknown communication {name!r}: one of {sorted(_COMMUNICATION)}")
     options = tf.distribute.experimental.CommunicationOptions(implementation=_COMMUNICATION[name])
     if config is None:  # one worker, no cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(

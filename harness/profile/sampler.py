@@ -6,7 +6,7 @@ percent of the last sample period during which a kernel ran (`gpu`) and the memo
 0-100). Where NVML has no driver or no device the sampler says "no GPU" and records `None`, never 0.
 
 Sample times are seconds on the `time.perf_counter` clock minus `origin`, the same clock as
-`harness.train.timing.StepTimer`, so samples line up with steps.
+`harness.profile.timing.StepTimer`, so samples line up with steps.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from harness.profile import report as report_lib
 from harness.profile.gather import gather_to_chief
 from harness.profile.sampler import DEFAULT_INTERVAL_S, UtilizationSampler
 from harness.profile.trace import ProfileWindow, profiler_input_analysis
-from harness.train.timing import StepTimer
+from harness.profile.timing import StepTimer
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import shutil
 
 from harness.data import synth
 from harness.train import job
+from harness.train.options import TrainOptions
 
 RECORDS, SHARDS, VALIDATION_SHARDS = 960, 10, 2
 
@@ -27,15 +28,15 @@ def ensure_data(data_dir: str) -> tuple[list[str], list[str]]:
     return shards[:-VALIDATION_SHARDS], shards[-VALIDATION_SHARDS:]
 
 
-def main(args) -> int:
+def run(*, output: str = "runs/demo", data_dir: str = "demo-data", epochs: int = 4) -> dict:
+    """Write the demo export if absent and train on it from scratch; returns the job's summary."""
     from harness.distribute.strategy import make_strategy
 
     distribution = make_strategy("mirrored", num_cpu_replicas=2)  # before any other TensorFlow op
-    train, validation = ensure_data(args.data_dir)
+    train, validation = ensure_data(data_dir)
     # The demo always trains from scratch: its own output folder would otherwise resume from the last backup.
-    shutil.rmtree(args.output, ignore_errors=True)
-    options = job.TrainOptions(data=tuple(train), validation_data=tuple(validation), epochs=args.epochs,
-                               per_replica_batch_size=16, strategy="mirrored", cpu_replicas=2,
-                               output=args.output, learning_rate=3e-3)
-    job.run(options, data_config={"crop_margin": True}, distribution=distribution)
-    return 0
+    shutil.rmtree(output, ignore_errors=True)
+    options = TrainOptions(data=tuple(train), validation_data=tuple(validation), epochs=epochs,
+                           per_replica_batch_size=16, strategy="mirrored", cpu_replicas=2, output=output,
+                           learning_rate=3e-3)
+    return job.run(options, data_config={"crop_margin": True}, distribution=distribution)

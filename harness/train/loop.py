@@ -19,7 +19,7 @@ import tf_keras as keras
 from tqdm import tqdm
 
 from harness.errors import NonFiniteLossError
-from harness.train.timing import StepTimer
+from harness.profile.timing import StepTimer
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import tf_keras as keras
 from tf_keras import layers
 
+from harness.errors import BatchSizeError, ConfigError
+
 
 def pixel_classifier(num_bands: int, num_classes: int, *, hidden: tuple[int, ...] = (64, 64), mean=None,
                      variance=None) -> keras.Model:
@@ -41,11 +43,11 @@ def unet(height: int, width: int, num_bands: int, num_classes: int, *, filters: 
     `pixel_classifier`.
 
     Raises:
-      ValueError: if the patch size is not divisible by the total downsampling factor.
+      ConfigError: if the patch size is not divisible by the total downsampling factor.
     """
     factor = 2 ** (len(filters) - 1)
     if height % factor or width % factor:
-        raise ValueError(f"U-Net with {len(filters)} levels needs height and width divisible by {factor}, "
+        raise ConfigError(f"U-Net with {len(filters)} levels needs height and width divisible by {factor}, "
                          f"got {height}x{width}")
     x = inputs = keras.Input((height, width, num_bands), name="image")
     x = layers.Normalization(mean=mean, variance=variance, name="normalize")(x)
@@ -72,6 +74,19 @@ def band_moments(dataset, *, batches: int = 8):
         x = np.asarray(inputs, dtype=np.float64).reshape(-1, inputs.shape[-1])
         total, total_sq, n = total + x.sum(0), total_sq + (x * x).sum(0), n + x.shape[0]
     if n == 0:
-        raise ValueError("band_moments: the dataset yielded no batch")
+        raise BatchSizeError("band_moments: the dataset yielded no batch")
     mean = total / n
     return mean, np.maximum(total_sq / n - mean * mean, 1e-12)
+
+
+def builtin_model(kind: str, input_shape, num_classes: int, *, mean=None, variance=None):
+    """The built-in model for a data kind: the U-Net for image patches `[height, width, bands]`, the per-pixel
+    classifier for table rows `[bands]`; logits float32 `[batch, height, width, classes]` or `[batch, classes]`.
+
+    Raises:
+      ConfigError: from `unet` (patch side not divisible by its downsampling).
+    """
+    if kind == "table":
+        return pixel_classifier(input_shape[-1], num_classes, mean=mean, variance=variance)
+    h, w, bands = input_shape
+    return unet(h, w, bands, num_classes, mean=mean, variance=variance)

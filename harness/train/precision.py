@@ -10,6 +10,7 @@ import logging
 
 import tensorflow as tf
 import tf_keras as keras
+from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,10 @@ def resolve_precision(name: str) -> tuple[str, str]:
     Returns:
       (policy name, human-readable reason).
     Raises:
-      ValueError: if `name` is not one of CHOICES.
+      ConfigError: if `name` is not one of CHOICES.
     """
     if name not in CHOICES:
-        raise ValueError(f"--precision must be one of {CHOICES}, got {name!r}")
+        raise ConfigError(f"--precision must be one of {CHOICES}, got {name!r}")
     if name != "auto":
         return name, "requested"
     gpus = tf.config.list_physical_devices("GPU")

@@ -20,19 +20,23 @@ def table(table_export):
     return found, SP.infer_spec(found)
 
 
+def _build(found, spec, batch, *, input_pipeline_id=0, num_input_pipelines=1, **options):
+    """P.build_dataset with PipelineOptions(per_replica_batch_size=batch, **options)."""
+    return P.build_dataset(found, spec, P.PipelineOptions(per_replica_batch_size=batch, **options),
+                           input_pipeline_id=input_pipeline_id, num_input_pipelines=num_input_pipelines)
+
 def _all(ds):
     return [tf.nest.map_structure(lambda t: t.numpy(), b) for b in ds]
 
 
 def test_image_shapes_dtypes_and_crop(image):
     found, spec = image
-    (x, y), = _all(P.build_dataset(found, spec, per_replica_batch_size=10, training=False))
+    (x, y), = _all(_build(found, spec, 10, training=False))
     assert x.shape == (10, 12, 12, 3) and x.dtype == np.float32 and y.shape == (10, 12, 12) and y.dtype == np.int32
-    (xc, yc), = _all(P.build_dataset(found, spec.replace(crop_margin=True), per_replica_batch_size=10,
-                                     training=False))
+    (xc, yc), = _all(_build(found, spec.replace(crop_margin=True), 10, training=False))
     np.testing.assert_array_equal(xc, x[:, 2:10, 2:10])  # rows/cols [k/2, k/2 + P]
     np.testing.assert_array_equal(yc, y[:, 2:10, 2:10])
-    (xr, yr), = _all(P.build_dataset(found, spec.replace(resize=24), per_replica_batch_size=10, training=False))
+    (xr, yr), = _all(_build(found, spec.replace(resize=24), 10, training=False))
     assert xr.shape == (10, 24, 24, 3) and yr.shape == (10, 24, 24)
     np.testing.assert_array_equal(yr[:, ::2, ::2], y)  # nearest neighbour keeps the mask's classes in place
 
@@ -40,19 +44,18 @@ def test_image_shapes_dtypes_and_crop(image):
 def test_band_groups_dict_and_time(image):
     found, spec = image
     grouped = spec.replace(bands=(), band_groups={"t0": ("B2",), "t1": ("B3",), "t2": ("B4",)})
-    (x, _), = _all(P.build_dataset(found, grouped, per_replica_batch_size=10, training=False))
-    (flat, _), = _all(P.build_dataset(found, spec, per_replica_batch_size=10, training=False))
+    (x, _), = _all(_build(found, grouped, 10, training=False))
+    (flat, _), = _all(_build(found, spec, 10, training=False))
     assert set(x) == {"t0", "t1", "t2"} and x["t1"].shape == (10, 12, 12, 1)
     np.testing.assert_array_equal(x["t2"][..., 0], flat[..., 2])
-    (xt, _), = _all(P.build_dataset(found, grouped.replace(group_delivery="time"), per_replica_batch_size=5,
-                                    training=False))[:1]
+    (xt, _), = _all(_build(found, grouped.replace(group_delivery="time"), 5, training=False))[:1]
     assert xt.shape == (5, 3, 12, 12, 1)
 
 
 def test_table_real_points_labels_int32(shared_data):
     found = S.discover_shards(str(shared_data / "gee-aces-points/testing.tfrecord.gz"))
     spec = SP.infer_spec(found)
-    batches = _all(P.build_dataset(found, spec, per_replica_batch_size=100, training=False))
+    batches = _all(_build(found, spec, 100, training=False))
     assert len(batches) == 1219 // 100
     x, y = batches[0]
     assert x.shape == (100, 8) and x.dtype == np.float32 and y.shape == (100,) and y.dtype == np.int32
@@ -61,9 +64,9 @@ def test_table_real_points_labels_int32(shared_data):
 
 def test_vectorized_and_per_record_parse_agree(image, monkeypatch):
     found, spec = image
-    a = _all(P.build_dataset(found, spec, per_replica_batch_size=5, training=False))
+    a = _all(_build(found, spec, 5, training=False))
     monkeypatch.setattr(P, "VECTORIZE_MAX_RECORD_BYTES", 0)
-    b = _all(P.build_dataset(found, spec, per_replica_batch_size=5, training=False))
+    b = _all(_build(found, spec, 5, training=False))
     (xa, ya), (xb, yb) = [(np.concatenate([x for x, _ in r]), np.concatenate([y for _, y in r])) for r in (a, b)]
     ia, ib = np.argsort(xa[:, 0, 0, 0]), np.argsort(xb[:, 0, 0, 0])  # the interleave order may differ
     np.testing.assert_array_equal(xa[ia], xb[ib])
@@ -77,31 +80,29 @@ def _ids(batches):
 @pytest.mark.parametrize("pipelines", [2, 3])  # 2 files: by file for 2, by record for 3
 def test_input_pipelines_split_records_once(table, pipelines):
     found, spec = table
-    every = sorted(_ids(_all(P.build_dataset(found, spec, per_replica_batch_size=1, training=False))))
-    parts = [_ids(_all(P.build_dataset(found, spec, per_replica_batch_size=1, training=False,
-                                       input_pipeline_id=i, num_input_pipelines=pipelines)))
+    every = sorted(_ids(_all(_build(found, spec, 1, training=False))))
+    parts = [_ids(_all(_build(found, spec, 1, training=False, input_pipeline_id=i, num_input_pipelines=pipelines)))
              for i in range(pipelines)]
     assert sorted(sum(parts, [])) == every and len(every) == 64
 
 
 def test_evaluation_is_deterministic(table):
     found, spec = table
-    assert _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=8, training=False))) == \
-        _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=8, training=False)))
+    assert _ids(_all(_build(found, spec, 8, training=False))) == \
+        _ids(_all(_build(found, spec, 8, training=False)))
 
 
 def test_records_per_epoch_keeps_first_n_of_each_epoch(table, caplog):
     caplog.set_level(logging.INFO)
     found, spec = table
-    ds = P.build_dataset(found, spec, per_replica_batch_size=8, training=True, records_per_epoch=40, seed=0,
-                         cache="none")
+    ds = _build(found, spec, 8, training=True, records_per_epoch=40, seed=0, cache="none")
     ids = _ids(_all(ds.take(15)))  # 3 epochs of 5 steps: training repeats forever
     epochs = [ids[i:i + 40] for i in range(0, 120, 40)]
     assert all(len(set(e)) == 40 for e in epochs)  # no record twice within an epoch
     assert epochs[0] != epochs[1]  # reshuffled each epoch
     assert "24 of this input pipeline's 64 records are read and dropped each epoch" in caplog.text
     with pytest.raises(BatchSizeError, match="exceeds"):
-        P.build_dataset(found, spec, per_replica_batch_size=8, training=True, records_per_epoch=65)
+        _build(found, spec, 8, training=True, records_per_epoch=65)
 
 
 def test_augment_moves_image_and_mask_together(image):
@@ -128,8 +129,7 @@ def test_augment_time_stacked_groups(image):
 
 def test_training_dataset_augments_and_repeats(image):
     found, spec = image
-    ds = P.build_dataset(found, spec.replace(crop_margin=True), per_replica_batch_size=4, training=True,
-                         augment=True, seed=1)
+    ds = _build(found, spec.replace(crop_margin=True), 4, training=True, augment=True, seed=1)
     batches = _all(ds.take(6))  # 24 > 10 records: repeats
     assert all(x.shape == (4, 8, 8, 3) and y.shape == (4, 8, 8) for x, y in batches)
 
@@ -141,8 +141,7 @@ def test_cache_choice_and_file_cache(table, tmp_path, caplog):
     assert c.kind == "file" and c.path == str(tmp_path / "n") and "exceed" in c.reason
     assert P.choose_cache("auto", 900, cache_dir=None, name="n", available=1000).kind == "none"
     found, spec = table
-    ds = P.build_dataset(found, spec, per_replica_batch_size=8, training=False, cache="file",
-                         cache_dir=str(tmp_path / "c"))
+    ds = _build(found, spec, 8, training=False, cache="file", cache_dir=str(tmp_path / "c"))
     assert len(_all(ds)) == 8 and list((tmp_path / "c").iterdir())
     assert "cache: file" in caplog.text
 
@@ -150,14 +149,14 @@ def test_cache_choice_and_file_cache(table, tmp_path, caplog):
 def test_eval_smaller_than_batch(table):
     found, spec = table
     with pytest.raises(BatchSizeError):
-        P.build_dataset(found, spec, per_replica_batch_size=100, training=False)
+        _build(found, spec, 100, training=False)
 
 
 def test_build_checks_the_spec_before_any_batch(image):
     from harness.errors import MissingFeatureError
     found, spec = image
     with pytest.raises(MissingFeatureError, match="'LandCover'.*closest available key: 'landcover'"):
-        P.build_dataset(found, spec.replace(label="LandCover"), per_replica_batch_size=2, training=True)
+        _build(found, spec.replace(label="LandCover"), 2, training=True)
 
 
 def test_read_batch_size_follows_record_bytes(monkeypatch):
@@ -170,20 +169,20 @@ def test_read_batch_size_follows_record_bytes(monkeypatch):
 @pytest.mark.parametrize("read_batch", [1, 5, 32, 4096])  # 32 records per file: partial read batches at file ends
 def test_read_batches_yield_every_record_once_in_one_order(table, monkeypatch, read_batch):
     found, spec = table
-    reference = _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=1, training=False)))
+    reference = _ids(_all(_build(found, spec, 1, training=False)))
     monkeypatch.setattr(P, "READ_BATCH_BYTES", float("inf"))
     monkeypatch.setattr(P, "READ_BATCH_MAX", read_batch)
-    ids = _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=7, training=False)))
+    ids = _ids(_all(_build(found, spec, 7, training=False)))
     assert len(ids) == 63 and len(set(ids)) == 63 and set(ids) <= set(reference)  # 64 // 7 batches of 7
-    assert ids == _ids(_all(P.build_dataset(found, spec, per_replica_batch_size=7, training=False)))
+    assert ids == _ids(_all(_build(found, spec, 7, training=False)))
 
 
 def test_memory_cache_of_parsed_read_batches_reshuffles_each_epoch(table, monkeypatch):
     found, spec = table
     monkeypatch.setattr(P, "READ_BATCH_BYTES", float("inf"))
     monkeypatch.setattr(P, "READ_BATCH_MAX", 5)
-    every = sorted(_ids(_all(P.build_dataset(found, spec, per_replica_batch_size=1, training=False))))
-    ds = P.build_dataset(found, spec, per_replica_batch_size=8, training=True, cache="memory", seed=3)
+    every = sorted(_ids(_all(_build(found, spec, 1, training=False))))
+    ds = _build(found, spec, 8, training=True, cache="memory", seed=3)
     ids = _ids(_all(ds.take(24)))  # 3 epochs of 64 records
     epochs = [ids[i:i + 64] for i in range(0, 192, 64)]
     assert all(sorted(e) == every for e in epochs)  # the cache returns every record once per epoch
@@ -203,7 +202,7 @@ def test_labels_that_are_not_class_ids_fail_the_batch(tmp_path):
         found = S.discover_shards(str(path))
         spec = SP.DataSpec(kind="table", bands=("a",), label="class", num_classes=num_classes)
         with pytest.raises(tf.errors.InvalidArgumentError, match="class labels must be integers"):
-            _all(P.build_dataset(found, spec, per_replica_batch_size=4, training=False))
+            _all(_build(found, spec, 4, training=False))
         assert scan.first_bad_label(spec, found, num_classes)[:2] == (found[0].path, 2)
         error = scan.bad_label_error(spec, found, num_classes)
         assert str(error).startswith(f"{found[0].path}: record 2: label 'class' holds ")

@@ -9,6 +9,7 @@ from harness.cli import main as cli_main
 from harness.data import reshard
 from harness.data.shards import discover_shards, find_mixer
 from harness.distribute.plan import make_plan
+from harness.errors import ConfigError
 
 
 def _records(shards):
@@ -37,8 +38,8 @@ def test_reshard_balances_and_keeps_order(image_export, tmp_path, capsys):
 
 def test_balanced_sizes_and_bad_counts(image_export, tmp_path):
     assert reshard.balanced_sizes(10, 4) == [3, 3, 2, 2] and sum(reshard.balanced_sizes(7, 7)) == 7
-    with pytest.raises(ValueError, match="cannot fill 12 shards"):
+    with pytest.raises(ConfigError, match="cannot fill 12 shards"):
         reshard.reshard([str(image_export)], str(tmp_path / "x"), workers=4, shards_per_worker=3)
-    with pytest.raises(ValueError, match=">= 1"):
+    with pytest.raises(ConfigError, match=">= 1"):
         reshard.reshard([str(image_export)], str(tmp_path / "x"), workers=0)
     assert not os.path.exists(tmp_path / "x")

@@ -50,7 +50,8 @@ def data_service(tmp_path_factory):
 def test_pipeline_through_the_service_yields_every_record_once(data_service, image_export):
     shards = discover_shards(str(image_export))
     spec = infer_spec(shards)
-    ds = pipeline.build_dataset(shards, spec, per_replica_batch_size=1, training=False, cache="none")
+    options = pipeline.PipelineOptions(per_replica_batch_size=1, training=False, cache="none")
+    ds = pipeline.build_dataset(shards, spec, options)
     local = sorted(float(x.numpy().sum()) for x, _ in ds)
     remote = service.distribute(ds, data_service, job_name="test-eval")
     served = sorted(float(x.numpy().sum()) for x, _ in remote)

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from harness import cli
 from harness.data import pipeline as P, shards as S, spec as SP, synth
+from harness.errors import ConfigError
 
 
 def test_inspect_real_points_cli(shared_data, capsys):
@@ -66,7 +67,7 @@ def test_dtypes_parse_and_labels_learnable(tmp_path, dtype):
     found = S.discover_shards(str(tmp_path))
     spec = SP.infer_spec(found, mixer=S.find_mixer(found))
     SP.validate_spec(spec, found)
-    x, y = next(iter(P.build_dataset(found, spec, per_replica_batch_size=4, training=False)))
+    x, y = next(iter(P.build_dataset(found, spec, P.PipelineOptions(per_replica_batch_size=4, training=False))))
     assert x.shape == (4, 16, 16, 3) and x.dtype == tf.float32 and y.dtype == tf.int32
     # A per-pixel linear classifier fitted by least squares beats the majority class by far.
     feats = np.c_[x.numpy().reshape(-1, 3), np.ones(4 * 256)]
@@ -78,7 +79,7 @@ def test_dtypes_parse_and_labels_learnable(tmp_path, dtype):
 
 
 def test_table_export_names():
-    with pytest.raises(ValueError, match="records >= shards"):
+    with pytest.raises(ConfigError, match="records >= shards"):
         synth.write_table_export("/nonexistent-not-written", records=1, shards=2)
 
 

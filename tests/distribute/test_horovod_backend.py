@@ -90,6 +90,11 @@ def test_horovodrun_gloo_trains_in_sync_and_resumes_from_rank0(image_export, tmp
     by_rank = train(horovodrun(2), data, out, "--epochs", "2", "--per-replica-batch-size", "4",
                     "--check-sharding", "--validation-data", folder / "val")
     check_ranks(by_rank, files)
+    # Training and validation shards discovered, counted and checked once each per rank; each plan assigns
+    # files once per rank (2 ranks x 2 plans), and the pipelines take those assignments.
+    for r in by_rank.values():
+        assert r["calls"] == {"discover_shards": 2, "find_mixer": 2, "record_stats": 2, "validate_spec": 2,
+                              "assign_nonempty": 4}, r["calls"]
     summary = by_rank[0]["summary"]
     # `harness plan --workers 2 --replicas-per-worker 1 --per-replica-batch-size 4` numbers: one replica per rank
     counts = [(f, 8) for f in files]
@@ -265,7 +270,8 @@ def test_non_chief_horovod_rank_neither_writes_nor_restores(tmp_path):
 
 def test_backend_option_and_flags():
     from harness.cli import build_parser
-    from harness.train.job import TrainOptions, options_from_args
+    from harness.commands.train import options_from_args
+    from harness.train.options import TrainOptions
 
     args = build_parser().parse_args(["train", "--data", "x", "--backend", "horovod", "--check-sharding"])
     options, _ = options_from_args(args)

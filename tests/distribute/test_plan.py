@@ -4,7 +4,7 @@ import json
 import pytest
 
 from harness.distribute.plan import make_plan
-from harness.errors import BatchSizeError
+from harness.errors import BatchSizeError, ConfigError
 
 
 def test_four_files_four_workers():
@@ -47,7 +47,7 @@ def test_zero_steps_names_the_worker_with_fewest_records():
 
 
 def test_conflicting_counts_for_one_path():
-    with pytest.raises(ValueError, match="b"):
+    with pytest.raises(ConfigError, match="b"):
         make_plan([("b", 1), ("b", 2)], workers=1, replicas_per_worker=1, per_replica_batch_size=1)
 
 

@@ -10,6 +10,7 @@ import harness  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf
 
 from harness.distribute.sharding import FILE, RECORD, assign_files, assign_nonempty
+from harness.errors import ClusterConfigError, ShardDiscoveryError
 
 
 def _write(folder: str, counts: list[int]) -> list[str]:
@@ -59,12 +60,12 @@ def test_describe_names_the_policy():
 
 @pytest.mark.parametrize("files, n, i", [([], 1, 0), (["a"], 0, 0), (["a"], 2, 2), (["a"], 2, -1)])
 def test_bad_arguments(files, n, i):
-    with pytest.raises(ValueError):
+    with pytest.raises((ClusterConfigError, ShardDiscoveryError)):
         assign_files(files, n, i)
 
 
 def test_assign_nonempty_skips_zero_record_files():
     share = assign_nonempty([("a", 3), ("e", 0), ("b", 1), ("c", 2)], 3, 1)
     assert (share.files, share.policy) == (("b",), FILE)
-    with pytest.raises(ValueError, match="no files"):
+    with pytest.raises(ShardDiscoveryError, match="no files"):
         assign_nonempty([("e", 0)], 1, 0)

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from harness.data import spec as spec_lib
 from harness.data import synth
-from harness.errors import ConfigError, MissingFeatureError
-from harness.train import job
+from harness.data import scan
+from harness.errors import LabelValueError, MissingFeatureError
 
 CLI = [sys.executable, "-m", "harness.cli"]
 
@@ -39,8 +39,8 @@ def test_continuous_label_is_refused(shared_data, tmp_path):
     r = _cli("train", "--data", shared_data / "gee-aces-points" / "validation.tfrecord.gz", "--label", "nir_before",
              "--output", tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "ConfigError" in r.stderr and "record 0: label 'nir_before' holds" in r.stderr
-    assert "not a class id" in r.stderr
+    assert "LabelValueError" in r.stderr and "record 0: label 'nir_before' holds" in r.stderr
+    assert "class ids are integers >= 0" in r.stderr
 
 
 def test_rerun_and_changed_resume(points, tmp_path):
@@ -78,7 +78,7 @@ def test_interrupt_exits_cleanly(points, tmp_path):
 
 def test_value_errors_are_messages_not_tracebacks(points):
     r = _cli("plan", points, "--workers", "0", "--global-batch-size", "8")
-    assert r.returncode == 2 and "harness plan: ValueError: workers (0)" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "harness plan: ClusterConfigError: workers (0)" in r.stderr and "Traceback" not in r.stderr
     r = _cli("train", "--config", "/nonexistent/run.yaml")
     assert r.returncode == 2 and "FileNotFoundError" in r.stderr and "Traceback" not in r.stderr
 
@@ -87,14 +87,14 @@ def test_tensorflow_errors_get_names():
     spec = spec_lib.DataSpec(kind="table", bands=("a",), label="species")
     e = tf.errors.InvalidArgumentError(None, None, "Received a label value of 2 which is outside the valid range "
                                                    "of [0, 2).  Label values: 0 2 1")
-    named = job._named_error(e, spec, 2)
-    assert isinstance(named, ConfigError) and "value 2 is outside the 2 classes [0, 2)" in str(named)
+    named = scan.named_error(e, spec, 2)
+    assert isinstance(named, LabelValueError) and "value 2 is outside the 2 classes [0, 2)" in str(named)
     e = tf.errors.InvalidArgumentError(None, None, "Feature: dropoff (data type: int64) is required but could not "
                                                    "be found.")
-    named = job._named_error(e, spec, 2)
+    named = scan.named_error(e, spec, 2)
     assert isinstance(named, MissingFeatureError) and "'dropoff' (int64) is missing" in str(named)
     other = tf.errors.InvalidArgumentError(None, None, "something else")
-    assert job._named_error(other, spec, 2) is other
+    assert scan.named_error(other, spec, 2) is other
 
 
 def test_launch_errors_name_the_launcher():

@@ -43,6 +43,11 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes(table_export,
     # 4 files of 256 records, 2 workers -> 512 records each; per-replica 32 -> 16 steps per epoch.
     assert results[0]["final_step"] == results[1]["final_step"] == 32
     assert results[0]["optimizer_iterations"] == 32
+    # Shards discovered, counted, checked and assigned once per run: the plan's assignment (one per worker)
+    # reaches the pipeline, which neither stats the files again nor re-splits them.
+    for r in results.values():
+        assert r["calls"] == {"discover_shards": 1, "find_mixer": 1, "record_stats": 1, "validate_spec": 1,
+                              "assign_nonempty": 2}, r["calls"]
     # Chief-only writes: each worker was given its own output folder; only the chief's exists.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker0"]
     written = sorted(p.name for p in (tmp_path / "worker0").iterdir())

@@ -6,6 +6,7 @@ import tf_keras as keras
 
 from harness.train import precision
 from harness.train.loop import LoopConfig, Trainer
+from harness.errors import ConfigError
 
 
 class _Chief:
@@ -66,5 +67,5 @@ def test_resolve_precision_requested_and_invalid():
     assert precision.resolve_precision("float32") == ("float32", "requested")
     policy, why = precision.resolve_precision("auto")   # no GPU here
     assert policy in ("float32", "mixed_bfloat16") and why
-    with pytest.raises(ValueError, match="--precision must be one of"):
+    with pytest.raises(ConfigError, match="--precision must be one of"):
         precision.resolve_precision("fp8")

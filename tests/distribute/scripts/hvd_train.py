@@ -7,6 +7,7 @@ rank makes (backups, model saves, files opened for writing by the job), then pri
 import hashlib
 import json
 import os
+import pathlib
 import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -19,7 +20,8 @@ import tf_keras  # noqa: E402
 
 from harness.cli import build_parser  # noqa: E402
 from harness.distribute import environment  # noqa: E402
-from harness.train import job, models  # noqa: E402
+from harness.commands.train import options_from_args  # noqa: E402
+from harness.train import job, models, results  # noqa: E402
 
 built, writes = [], {"backup": 0, "model": 0, "files": []}
 
@@ -48,10 +50,14 @@ models.pixel_classifier = capture(models.pixel_classifier)
 models.unet = capture(models.unet)
 tf.train.CheckpointManager.save = counting(tf.train.CheckpointManager.save, "backup")
 tf_keras.Model.save = counting(tf_keras.Model.save, "model")
-job.open = counting_open  # the job writes summary.json with open()
+results.open = counting_open  # the job writes summary.json with open() (harness.train.results)
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # tests/: call_counts
+import call_counts  # noqa: E402
+
+calls = call_counts.install()
 args = build_parser().parse_args(["train", *sys.argv[1:]])
-options, data = job.options_from_args(args)
+options, data = options_from_args(args)
 summary = job.run(options, data_config=data)
 
 # Horovod may already be shut down here (it shuts down everywhere once any rank exits): ask the launcher.
@@ -60,5 +66,5 @@ weights = np.concatenate([w.ravel().astype(np.float64) for w in built[-1].get_we
 digest = hashlib.sha256(b"".join(w.tobytes() for w in built[-1].get_weights())).hexdigest()
 print("HVD_TRAIN " + json.dumps({
     "rank": launcher.rank, "size": launcher.size, "launcher": launcher.launcher, "sha256": digest,
-    "weights": weights[:64].tolist(), "writes": writes, "summary": summary,
+    "weights": weights[:64].tolist(), "writes": writes, "summary": summary, "calls": calls,
 }, default=str), flush=True)

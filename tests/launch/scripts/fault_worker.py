@@ -13,6 +13,7 @@ import time
 import harness  # noqa: F401  (selects Keras 2 before TensorFlow is imported)
 
 from harness.cli import build_parser
+from harness.commands.train import options_from_args
 from harness.distribute import environment
 from harness.train import job
 from harness.train.loop import Trainer
@@ -35,7 +36,7 @@ def fit(self, train_iterator, **kwargs):
 
 Trainer.fit = fit
 args = build_parser().parse_args(["train", *sys.argv[1:]])
-options, data = job.options_from_args(args)
+options, data = options_from_args(args)
 summary = job.run(options, data_config=data)
 config, launcher = environment.read_tf_config(), environment.read_launcher()
 rank = config.tasks().index((config.task_type, config.task_index)) if config else launcher.rank if launcher else 0

@@ -2,16 +2,21 @@
 
 Usage: train_worker.py OUTPUT_BASE DATA... [-- key=value ...] (TrainOptions fields; ints/floats parsed).
 Each worker trains with `output = OUTPUT_BASE/worker<rank>`, so a test can prove that only the chief's folder is
-created. Prints one line `RESULT {json}` with rank, last loss, weights digest, steps.
+created. Prints one line `RESULT {json}` with rank, last loss, weights digest, steps and the calls to the data layer's
+once-per-run functions (tests/call_counts.py).
 """
 import json
 import os
+import pathlib
 import sys
 
 import harness  # noqa: F401
 
 from harness.distribute.strategy import make_strategy
 from harness.train import job
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # tests/: call_counts
+import call_counts  # noqa: E402
 
 
 def _value(text):
@@ -29,6 +34,7 @@ def main():
     kwargs = {"epochs": 2, "per_replica_batch_size": 32, "learning_rate": 1e-2}
     kwargs.update({k: _value(v) for k, v in (kv.split("=", 1) for kv in rest[split + 1:])})
     strategy, context = make_strategy("auto")  # before any other TensorFlow op
+    calls = call_counts.install()
     options = job.TrainOptions(data=tuple(rest[:split]), output=os.path.join(base, f"worker{context.rank}"),
                                **kwargs)
     summary = job.run(options, distribution=(strategy, context))
@@ -36,7 +42,7 @@ def main():
         "rank": context.rank, "loss": summary["history"][-1]["loss"] if summary["history"] else None,
         "weights_sha256": summary["weights_sha256"], "optimizer_iterations": summary["optimizer_iterations"],
         "initial_step": summary["initial_step"], "final_step": summary["final_step"],
-        "epochs_run": [h["epoch"] for h in summary["history"]]}), flush=True)
+        "epochs_run": [h["epoch"] for h in summary["history"]], "calls": calls}), flush=True)
 
 
 if __name__ == "__main__":

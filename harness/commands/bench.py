@@ -1,0 +1,35 @@
+"""`harness bench input` and `harness bench train`."""
+from __future__ import annotations
+
+import dataclasses
+
+
+def bench_input(args) -> int:
+    """`harness bench input --data PATH [--batch B] [--passes P] [--repeats R]`."""
+    from harness.bench.input import measure
+
+    result = measure(args.data, batch=args.batch, passes=args.passes, repeats=args.repeats, label=args.label)
+    print(f"{result['records']} records per pass ({result['mean_record_bytes'] / 1e3:.1f} kB each, "
+          f"{result['compression']}), batch {args.batch}, {args.repeats} timed passes")
+    print(f"  {'pipeline':<11} {'examples/s':>12} {'spread':>7} {'MB/s':>8} {'CPU us/ex':>10} {'cores':>6}")
+    for name in ("read limit", "harness", "per-record"):
+        r = result[name]
+        print(f"  {name:<11} {r['examples_per_s']:>12,.0f} {r['spread']:>6.1%} {r['mb_per_s']:>8.1f} "
+              f"{r['cpu_us_per_example']:>10.1f} {r['cores']:>6.2f}")
+    h = result["harness"]["examples_per_s"]
+    print(f"  harness / read limit = {h / result['read limit']['examples_per_s']:.2f}, "
+          f"harness / per-record = {h / result['per-record']['examples_per_s']:.2f}")
+    return 0
+
+
+def bench_train(args) -> int:
+    """`harness bench train [--data synthetic|PATH...] ...`: the report on the chief (`harness.bench.train`)."""
+    from harness.bench.train import BenchTrainOptions, run
+
+    fields = {f.name for f in dataclasses.fields(BenchTrainOptions)}
+    given = {k: v for k, v in vars(args).items() if k in fields}
+    for key in ("data", "like"):
+        if given.get(key) is not None:
+            given[key] = tuple(given[key])
+    run(BenchTrainOptions(**given))
+    return 0

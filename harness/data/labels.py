@@ -1,0 +1,78 @@
+"""The class-id rule, in one place: a classification label value is a class id when it is a finite integer >= 0,
+and below `num_classes` when the number of classes is known.
+
+Earth Engine stores class ids as floats (3.0; `../shared/GEE_FORMAT.md`), so the rule is checked on the float
+values before they are cast to int32. The input pipeline applies it to every batch (`harness.data.pipeline`), the
+job to the first records of every shard before training (`check_first_labels`), and the scan that names a failing
+record applies it again (`harness.data.scan.first_bad_label`): the same function each time.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from harness.errors import LabelValueError
+
+# The assertion a batch with a label that is not a class id fails with (see harness.data.pipeline.decode).
+LABEL_CHECK_MESSAGE = "harness: class labels must be integers in [0, num_classes)"
+
+
+def is_class_id(values, num_classes: Optional[int] = None) -> tf.Tensor:
+    """Elementwise: is each value a class id? Works in a `tf.function` and eagerly on numpy arrays.
+
+    Args:
+      values: label values of any shape, float or integer dtype (a numpy array or a tensor).
+      num_classes: when given, values must also be < num_classes.
+    Returns:
+      bool tensor of the shape of `values`.
+    """
+    values = tf.convert_to_tensor(values)
+    if values.dtype.is_floating:
+        ok = tf.math.is_finite(values) & tf.equal(values, tf.round(values)) & (values >= 0)
+    else:
+        ok = values >= 0
+    if num_classes:
+        ok &= values < tf.cast(num_classes, values.dtype)
+    return ok
+
+
+def not_a_class_id_error(where: str, label: str, value: float, num_classes: Optional[int]) -> LabelValueError:
+    """The error for a label `value` that breaks the rule, at `where` ("<path>: record <i>").
+
+    An integer at or above `num_classes` asks for --num-classes; any other value (negative, fractional, NaN or
+    infinite) says that class ids are integers >= 0."""
+    text = f"{where}: label {label!r} holds {value!r}"
+    if num_classes and bool(is_class_id(np.float64(value))):
+        return LabelValueError(f"{text}, outside the {num_classes} classes [0, {num_classes}) taken from a sample; "
+                               f"declare --num-classes {int(value) + 1} (or more)")
+    return LabelValueError(f"{text}: class ids are integers >= 0 (a nodata value or a continuous band? mask it "
+                           "before export, or give the right --label)")
+
+
+def check_first_labels(spec, shards: Sequence, records: int = 16) -> None:
+    """Check the labels of the first `records` records of the first non-empty shard and the first record of every
+    other shard, before training (a continuous band given as --label, a negative nodata value).
+
+    Records further in are checked by the pipeline's per-batch check, whose failure is traced by
+    `harness.data.scan.first_bad_label`.
+
+    Raises:
+      LabelValueError: naming the shard, record and value, for a classification spec.
+    """
+    from harness.data.records import first_examples
+
+    if spec.task != "classification":
+        return
+    checked = 0
+    for shard in shards:
+        examples = first_examples(shard, records if not checked else 1)
+        for i, ex in enumerate(examples):
+            values = np.asarray(ex.features.feature[spec.label].float_list.value, np.float64)
+            bad = np.flatnonzero(~is_class_id(values).numpy())
+            if bad.size:
+                value = float(values[bad[0]])
+                raise not_a_class_id_error(f"{shard.path}: record {i}", spec.label, value, None)
+        checked += len(examples)
+

@@ -1,0 +1,235 @@
+"""A run's inputs, prepared once: shards -> record counts -> feature spec -> epoch plan -> statistics -> datasets.
+
+`prepare` does, in order, every check that can fail before training (each names the file, record and feature):
+discover and count the training shards once (`ShardSet`), infer the spec and refine it with what the config
+declares, check it against the first record of every shard and the first labels, check the mixer of a whole
+export folder, plan the epoch (same steps on every worker), check the validation shards, and sample the band
+statistics and the classes. `Inputs.datasets` then builds every worker's input pipeline from the plan's own shard
+assignment. `harness train`, `harness bench train` and the coming `predict` all come through here: one path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Optional
+
+from harness.data import pipeline as pipeline_lib
+from harness.data import scan
+from harness.data import spec as spec_lib
+from harness.data.labels import check_first_labels
+from harness.data.source import ShardSet, open_shards
+from harness.distribute import plan as plan_lib
+from harness.distribute.sharding import FILE, ShardAssignment
+from harness.errors import BatchSizeError, ConfigError, MixerError
+from harness.train.options import TrainOptions, class_weights
+
+SAMPLE_BATCHES = 16  # batches sampled for band statistics and the class count
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What the job trains on, decided once per run.
+
+    Attributes:
+      train, validation: the training and validation `ShardSet`s (validation None when not given).
+      spec: the checked `DataSpec`.
+      plan, validation_plan: the epoch plans (`harness.distribute.plan.Plan`): each worker's shard assignment,
+        batch sizes and steps.
+      num_classes: classes of the label (declared, else the largest label + 1 in a shuffled sample).
+      mean, variance: per-band float32 `[bands]` statistics of a sample, for the model's Normalization layer.
+      class_weights: `[num_classes]` loss weights, or None.
+    """
+
+    train: ShardSet
+    validation: Optional[ShardSet]
+    spec: spec_lib.DataSpec
+    plan: plan_lib.Plan
+    validation_plan: Optional[plan_lib.Plan]
+    num_classes: int
+    mean: object
+    variance: object
+    class_weights: Optional[list]
+    options: TrainOptions
+
+    @property
+    def all_shards(self) -> list:
+        """Training then validation shards: where a failure found during training is searched for."""
+        return [*self.train.shards, *(self.validation.shards if self.validation else ())]
+
+    def pipeline_options(self, training: bool) -> pipeline_lib.PipelineOptions:
+        """The input pipeline's options for training (records kept per epoch, shuffle, augment) or evaluation."""
+        o, plan = self.options, self.plan
+        return pipeline_lib.PipelineOptions(
+            per_replica_batch_size=plan.per_replica_batch_size, training=training,
+            records_per_epoch=plan.steps_per_epoch * plan.per_worker_batch_size if training else None,
+            shuffle_buffer=o.shuffle_buffer, cache=o.cache, cache_dir=o.cache_dir, augment=o.augment and training,
+            seed=o.seed, validate=False)  # validated once by prepare
+
+    def dataset_fn(self, training: bool) -> Callable:
+        """`fn(tf.distribute.InputContext) -> tf.data.Dataset` of one worker, reading the files its plan assigns."""
+        data, plan = (self.train, self.plan) if training else (self.validation, self.validation_plan)
+        options = self.pipeline_options(training)
+
+        def fn(input_context):
+            if input_context.num_input_pipelines != plan.batch.workers:
+                raise ConfigError(f"{input_context.num_input_pipelines} input pipelines for a plan of "
+                                  f"{plan.batch.workers} workers")
+            ds = pipeline_lib.build_dataset(data, self.spec, options,
+                                            assignment=plan.assignments[input_context.input_pipeline_id])
+            if self.options.data_service:
+                from harness.data import service
+                job = f"harness-{'train' if training else 'eval'}-p{input_context.input_pipeline_id}"
+                ds = service.distribute(ds, self.options.data_service, job_name=job)
+            return ds
+        return fn
+
+    def datasets(self, backend) -> tuple:
+        """`(training, validation or None)` distributed datasets for `backend` (`TrainingBackend.distribute`)."""
+        train = backend.distribute(self.dataset_fn(True))
+        val = backend.distribute(self.dataset_fn(False)) if self.validation_plan else None
+        return train, val
+
+    def named_error(self, error: Exception) -> Exception:
+        """A TensorFlow error raised by the input during training, traced to its file, record and feature
+        (`harness.data.scan.named_error`)."""
+        return scan.named_error(error, self.spec, self.num_classes, self.all_shards)
+
+    def worker_facts(self, rank: int) -> dict:
+        """What the profile's advice needs to know of this worker's input."""
+        mine = self.plan.files[rank]
+        choice = pipeline_lib.choose_cache(self.options.cache, self.train.nbytes(mine),
+                                           cache_dir=self.options.cache_dir, name="profile")
+        return {"compression": self.train.shards[0].compression or "none", "files_per_worker": len(mine),
+                "cpu_count": os.cpu_count(), "cache": choice.kind, "data_service": bool(self.options.data_service)}
+
+
+def resolve_spec(data: dict, train: ShardSet) -> spec_lib.DataSpec:
+    """The spec inferred from the training shards, overridden by whatever the config or flags declare."""
+    inferred = spec_lib.infer_spec(list(train.shards), mixer=train.mixer, label=data.get("label"))
+    if not data:
+        return inferred
+    config = inferred.to_config()
+    if "bands" in data or "band_groups" in data:
+        config.pop("dtypes", None)
+        config.pop("band_groups", None)
+    config.update(data)
+    return spec_lib.DataSpec.from_config(config)
+
+
+def prepare(options: TrainOptions, context, *, spec: Optional[spec_lib.DataSpec] = None,
+            data_config: Optional[dict] = None,
+            on_plan: Callable[[plan_lib.Plan, ShardSet], None] = lambda plan, train: None,
+            say: Callable[..., None] = lambda *a, **k: None) -> Inputs:
+    """Discover, count and check the data once, plan the epoch and sample the statistics.
+
+    Args:
+      options: the run's `TrainOptions` (data, batch sizes, cache, ...).
+      context: this process's `WorkerContext` (workers, replicas per worker, rank).
+      spec: a `DataSpec`; else inferred from the training shards and refined by `data_config` (the `data:`
+        section of a config, see `DataSpec.from_config`).
+      on_plan: called with the epoch plan and the training `ShardSet` before anything else is read (Horovod
+        checks there that every rank planned the same steps; `--check-sharding` gathers the assignments).
+      say: prints a job-wide line (the chief's print).
+    Raises:
+      the data layer's errors (discovery, counts, spec, labels, mixer), BatchSizeError, ConfigError (no label,
+      training data also used for validation, fewer than 2 classes).
+    """
+    train = open_shards(options.data, mixer=options.mixer)
+    spec = spec or resolve_spec(data_config or {}, train)
+    if spec.label is None:
+        raise ConfigError(f"no label feature found in {train.shards[0].path}: give --label")
+    spec_lib.validate_spec(spec, list(train.shards))
+    check_first_labels(spec, train.shards)
+    _check_mixer(train, options)
+    plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
+                              replicas_per_worker=context.replicas_per_worker,
+                              global_batch_size=options.global_batch_size,
+                              per_replica_batch_size=options.per_replica_batch_size)
+    say(plan.format())
+    on_plan(plan, train)
+    return _finish(options, train, spec, plan, say)
+
+
+def _finish(options, train, spec, plan, say) -> Inputs:
+    validation, val_plan = _validation(options, train, spec, plan, say)
+    mean, variance, labels, num_classes = _sample(options, train, spec, plan, say)
+    return Inputs(train=train, validation=validation, spec=spec, plan=plan, validation_plan=val_plan,
+                  num_classes=num_classes, mean=mean, variance=variance,
+                  class_weights=class_weights(options.class_weights, num_classes, labels), options=options)
+
+
+def _validation(options, train: ShardSet, spec, plan, say):
+    if not options.validation_data:
+        return None, None
+    validation = open_shards(options.validation_data)
+
+    def real(path):
+        return path if "://" in path else os.path.realpath(path)
+    shared = sorted({real(s.path) for s in train.shards} & {real(s.path) for s in validation.shards})
+    if shared:
+        raise ConfigError(f"{len(shared)} file(s) are both training and validation data (e.g. {shared[0]}): "
+                          "validation would score records the model trained on")
+    spec_lib.validate_spec(spec, list(validation.shards))
+    try:
+        val_plan = plan_lib.make_plan(validation.counts, workers=plan.batch.workers,
+                                      replicas_per_worker=plan.batch.replicas_per_worker,
+                                      per_replica_batch_size=plan.per_replica_batch_size)
+    except BatchSizeError as e:
+        raise BatchSizeError(f"validation data: {e}") from None
+    say(f"validation: {val_plan.steps_per_epoch} steps, {sum(val_plan.dropped)} records dropped")
+    return validation, val_plan
+
+
+def _sample(options, train: ShardSet, spec, plan, say):
+    """Band statistics and the classes from a shuffled sample of the training records (records of every file,
+    not the first file's first batches)."""
+    import tensorflow as tf
+
+    from harness.train import models
+
+    every_file = ShardAssignment(files=tuple(p for p, n in train.counts if n > 0), policy=FILE, input_pipeline_id=0,
+                                 num_input_pipelines=1)
+    sample = pipeline_lib.build_dataset(
+        train, spec, pipeline_lib.PipelineOptions(per_replica_batch_size=plan.per_replica_batch_size, training=True,
+                                                  cache="none", seed=options.seed, validate=False),
+        assignment=every_file).take(SAMPLE_BATCHES)
+    declared = options.num_classes or spec.num_classes
+    try:
+        mean, variance = models.band_moments(sample, batches=SAMPLE_BATCHES)
+        labels = tf.concat([y for _, y in sample], axis=0).numpy()
+    except tf.errors.InvalidArgumentError as e:
+        raise scan.named_error(e, spec, declared or 0, list(train.shards)) from e
+    num_classes = declared or int(labels.max()) + 1
+    if not declared:
+        say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} label values; "
+            "declare --num-classes if a class is rarer than that)")
+        seen = sorted(int(v) for v in set(labels.ravel().tolist()))
+        if len(seen) > 1 and seen[-1] >= 10 and seen[-1] > 2 * seen[-2] + 1:
+            say(f"warning: label {spec.label!r}: the largest value {seen[-1]} is far above the others "
+                f"({', '.join(map(str, seen[:-1][:10]))}): a nodata value? It makes {num_classes} classes; mask it "
+                "before export or declare --num-classes")
+    if num_classes < 2:
+        raise ConfigError(f"label {spec.label!r}: only class 0 found in a sample of {labels.size} labels; "
+                          "classification needs at least 2 classes (--num-classes)")
+    return mean, variance, labels, num_classes
+
+
+def _check_mixer(train: ShardSet, options: TrainOptions) -> None:
+    """When the data is given as whole export folders, mixer.json's totalPatches must equal the counted records:
+    otherwise a shard was lost (or added), and predictions would not line up with the patch grid. A glob or list
+    may name a subset on purpose (a hold-out) and is not checked.
+
+    Raises:
+      MixerError: naming the mixer, totalPatches and the records counted, for a whole folder.
+    """
+    import tensorflow as tf
+
+    from harness.data.shards import check_mixer
+
+    if train.mixer is None or not all(tf.io.gfile.isdir(d) for d in options.data):
+        return
+    try:
+        check_mixer(train.mixer, [st.records for st in train.stats])
+    except MixerError as e:
+        raise MixerError(f"{e}; a shard of the export is missing or extra (to train on a subset on purpose, "
+                         "give the shards as a glob)") from None

@@ -1,0 +1,167 @@
+"""`TrainOptions`: everything `harness train` needs besides the data spec, checked on construction, and the YAML
+run config merged with the command line's flags (flags win).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from harness.distribute.backend import BACKENDS
+from harness.errors import ConfigError
+
+_INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
+               "shuffle_buffer", "seed"}
+_BOOL_FIELDS = {"augment", "profile", "check_sharding"}
+
+
+def _check_option_types(options: "TrainOptions") -> None:
+    """Raise ConfigError naming `train.<field>`, the value and the expected type (a YAML `epochs: "5"` is a
+    string; `true` is not a number)."""
+    for field in dataclasses.fields(options):
+        value = getattr(options, field.name)
+        if value is None or field.name in ("data", "validation_data"):
+            continue
+        if field.name in _INT_FIELDS:
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif field.name in _BOOL_FIELDS:
+            ok, want = isinstance(value, bool), "true or false"
+        elif field.name == "learning_rate":
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            ok, want = isinstance(value, str), "a string"
+        if not ok:
+            raise ConfigError(f"train.{field.name}: expected {want}, got {value!r} ({type(value).__name__})")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """Everything `harness train` needs besides the data spec. Field names match the command-line flags and the
+    `train:` section of the YAML config (flags win)."""
+
+    data: tuple[str, ...]
+    validation_data: tuple[str, ...] = ()
+    mixer: str | None = None
+    epochs: int = 5
+    global_batch_size: int | None = None
+    per_replica_batch_size: int | None = None
+    learning_rate: float = 1e-3
+    precision: str = "float32"
+    strategy: str = "auto"
+    cpu_replicas: int = 1
+    output: str = "runs/train"
+    num_classes: int | None = None
+    class_weights: str = "none"
+    cache: str = "auto"
+    cache_dir: str | None = None
+    shuffle_buffer: int | None = None   # records; None: about 256 MB of records (the pipeline's default)
+    augment: bool = False
+    seed: int = 0
+    profile: bool = False
+    profile_steps: str | None = None
+    profile_dir: str | None = None
+    data_service: str | None = None
+    backend: str = "tf"
+    check_sharding: bool = False
+
+    def __post_init__(self):
+        _check_option_types(self)
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.class_weights not in ("none", "balanced"):
+            _weights(self.class_weights)
+        if self.backend == "horovod" and (self.strategy != "auto" or self.cpu_replicas != 1):
+            raise ConfigError("--strategy and --cpu-replicas choose a tf.distribute strategy; --backend horovod runs "
+                              "one replica per process (start more processes: mpirun -np / horovodrun -np)")
+        if self.global_batch_size is None and self.per_replica_batch_size is None:
+            object.__setattr__(self, "per_replica_batch_size", 32)
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning rate must be > 0, got {self.learning_rate}")
+
+
+def _weights(text: str) -> list[float]:
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"class_weights: expected none, balanced or comma-separated numbers, got {text!r}") from None
+
+
+def class_weights(option: str, num_classes: int, labels) -> list[float] | None:
+    """Per-class loss weights, `[num_classes]`: `none` (None), `balanced` (n / (classes x count_c), as
+    scikit-learn's `compute_class_weight`) from a sample of `labels`, or comma-separated weights.
+
+    Raises:
+      ConfigError: if the number of weights given differs from `num_classes`.
+    """
+    import numpy as np
+    if option == "none":
+        return None
+    if option == "balanced":
+        counts = np.bincount(np.asarray(labels).ravel(), minlength=num_classes).astype(np.float64)
+        return (counts.sum() / (num_classes * np.maximum(counts, 1))).tolist()
+    weights = _weights(option)
+    if len(weights) != num_classes:
+        raise ConfigError(f"--class-weights has {len(weights)} values for {num_classes} classes")
+    return weights
+
+
+def load_config(path: str) -> dict:
+    """The YAML run config at `path`: a mapping with `data:` and `train:` sections.
+
+    Raises:
+      ConfigError: for invalid YAML (with its line and column), a top level that is not a mapping, an unknown
+        section, or a section that is not a mapping.
+    """
+    import yaml
+
+    with open(path) as f:
+        try:
+            config = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a mapping with sections 'data:' and 'train:', got "
+                          f"{type(config).__name__}")
+    unknown = set(config) - {"data", "train"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown sections {sorted(unknown)}; expected 'data' and 'train'")
+    for section in ("data", "train"):
+        if not isinstance(config.get(section) or {}, dict):
+            raise ConfigError(f"{path}: section '{section}:' must be a mapping of keys to values, got "
+                              f"{config[section]!r}")
+    return config
+
+
+def merge_options(config: dict, given: dict) -> tuple[TrainOptions, dict]:
+    """Merge a run config (`load_config`) with the options given on the command line (flags win).
+
+    Args:
+      config: `{"data": {...}, "train": {...}}` (either may be absent).
+      given: option name -> value for the flags given (`label` and `bands` go to the data section).
+    Returns:
+      `(TrainOptions, data section)`; the data section refines the inferred spec (`DataSpec.from_config` keys).
+    Raises:
+      ConfigError: for unknown keys (naming them and the valid ones), no training data, or a bad value.
+    """
+    train = dict(config.get("train") or {})
+    data = dict(config.get("data") or {})
+    given = dict(given)
+    for key in ("label", "bands"):
+        if key in given:
+            data[key] = given.pop(key)
+    train.update(given)
+    fields = {f.name for f in dataclasses.fields(TrainOptions)}
+    unknown = set(train) - fields
+    if unknown:
+        raise ConfigError(f"unknown train options {sorted(unknown)}; valid: {sorted(fields)}")
+    if "data" not in train:
+        raise ConfigError("no training data: give --data or `train: {data: ...}` in the config")
+    for key in ("data", "validation_data"):
+        if isinstance(train.get(key), str):
+            train[key] = [train[key]]
+        if key in train:
+            train[key] = tuple(train[key])
+    return TrainOptions(**train), data

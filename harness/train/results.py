@@ -1,0 +1,56 @@
+"""What a finished run reports: the weights digest, every rank's statistics, and `summary.json`."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from typing import Callable, Optional
+
+log = logging.getLogger(__name__)
+
+
+def weights_digest(model) -> str:
+    """SHA-256 (hex) over the model's weights in order: equal on every worker when the replicas are in sync."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for w in model.get_weights():
+        digest.update(w.tobytes())
+    return digest.hexdigest()
+
+
+def rank_stats(backend, plan, summary: dict, say: Callable[..., None]) -> Optional[list[dict]]:
+    """Every rank's files, records, dropped records, steps, throughput (examples/s) and weights digest, gathered
+    to rank 0 (`backend.gather_ranks`; None elsewhere and under tf.distribute); rank 0 prints them and says
+    whether the final weights are identical on all ranks."""
+    from harness.distribute.horovod import format_ranks
+
+    context, timing = backend.context, summary["timing"]
+    mine = {"rank": context.rank, "host": socket.gethostname(), "local_rank": context.local_rank,
+            "files": list(plan.files[context.rank]), "records": plan.records[context.rank],
+            "dropped": plan.dropped[context.rank], "steps": timing["steps"] + timing["warmup_steps"],
+            "examples_per_s": timing["examples_per_s"], "input_stall_share": timing["input_stall_share"],
+            "weights_sha256": summary["weights_sha256"]}
+    stats = backend.gather_ranks(mine)
+    if stats is not None:
+        say(format_ranks(stats))
+        digests = {s["weights_sha256"] for s in stats}
+        if len(digests) == 1:
+            say(f"final weights identical on all {len(stats)} ranks (sha256 {digests.pop()[:12]})")
+        else:
+            log.error("final weights differ between ranks: %s", [s["weights_sha256"][:12] for s in stats])
+    return stats
+
+
+def write_summary(summary: dict, output: str) -> None:
+    """Print the final line and write `output/summary.json` (the chief's job)."""
+    t, history = summary["timing"], summary["history"]
+    last = history[-1] if history else {}
+    print(f"summary: {t['examples_per_s']:.1f} examples/s, input stall {100 * t['input_stall_share']:.1f}% "
+          f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
+          + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else "")
+          + f"; model: {summary['model']}", flush=True)
+    os.makedirs(output, exist_ok=True)
+    with open(os.path.join(output, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=str)

@@ -1,0 +1,47 @@
+"""The class-id rule (harness/data/labels.py): one function, used by the pipeline, the scan and the job's check."""
+import numpy as np
+import pytest
+
+from harness.data import labels, pipeline, scan, synth
+from harness.data.shards import discover_shards
+from harness.data.spec import infer_spec
+from harness.errors import LabelValueError
+
+
+def test_rule_on_values():
+    values = np.array([0.0, 3.0, 2.5, -1.0, np.nan, np.inf, 7.0])
+    assert labels.is_class_id(values).numpy().tolist() == [True, True, False, False, False, False, True]
+    assert labels.is_class_id(values, 5).numpy().tolist() == [True, True, False, False, False, False, False]
+    assert labels.is_class_id(np.array([0, 4, 5, -2]), 5).numpy().tolist() == [True, True, False, False]
+
+
+@pytest.mark.parametrize("value, words", [(7.0, "declare --num-classes 8"), (2.5, "class ids are integers >= 0"),
+                                          (float("inf"), "class ids are integers >= 0")])
+def test_error_names_the_place_and_the_fix(value, words):
+    error = labels.not_a_class_id_error("f.tfrecord.gz: record 3", "landcover", value, 5)
+    assert isinstance(error, LabelValueError)
+    assert str(error).startswith(f"f.tfrecord.gz: record 3: label 'landcover' holds {value!r}") and words in str(error)
+
+
+def test_pipeline_scan_and_job_check_agree(tmp_path):
+    """An infinite label: the pipeline's batch check fails, the scan names the record, the job's first-record
+    check refuses it: the same rule on all three paths (inf passed the pipeline before, as inf == round(inf))."""
+    import tensorflow as tf
+
+    synth.write_table_export(str(tmp_path), prefix="t", shards=1, records=8, seed=0)
+    shards = discover_shards([str(tmp_path)])
+    spec = infer_spec(shards, label="class")
+    path = shards[0].path
+    records = list(tf.data.TFRecordDataset(path, compression_type="GZIP").as_numpy_iterator())
+    bad = tf.train.Example.FromString(records[0])
+    bad.features.feature["class"].float_list.value[:] = [float("inf")]
+    records[0] = bad.SerializeToString()
+    with tf.io.TFRecordWriter(path, "GZIP") as w:
+        for r in records:
+            w.write(r)
+    shards = discover_shards([str(tmp_path)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="class labels must be integers"):
+        list(pipeline.build_dataset(shards, spec, pipeline.PipelineOptions(per_replica_batch_size=4, training=False)))
+    assert scan.first_bad_label(spec, shards, None) == (path, 0, float("inf"))
+    with pytest.raises(LabelValueError, match=r"record 0: label 'class' holds inf"):
+        labels.check_first_labels(spec, shards)

@@ -1,0 +1,55 @@
+"""The package's imports run one way: cli → commands → bench → train / launch → data / profile → distribute →
+errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy import cannot
+hide an upward one."""
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "harness"
+# A package may import itself and any package of a lower layer, never one of its own layer or above.
+LAYERS = [{"errors"}, {"distribute"}, {"data", "profile"}, {"train", "launch"}, {"bench"}, {"commands"}, {"cli"}]
+LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _imports(path: pathlib.Path):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
+            parts = node.module.split(".")
+            if len(parts) > 1:
+                yield parts[1], node.lineno
+            else:  # from harness import X
+                yield from ((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "harness" and len(parts) > 1:
+                    yield parts[1], node.lineno
+
+
+def test_every_package_has_a_layer():
+    packages = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+                if not p.name.startswith("_") and (p.suffix == ".py" or p.is_dir())}
+    assert packages == set(LAYER), packages ^ set(LAYER)
+
+
+def test_no_upward_or_sideways_import():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "__init__.py":
+            continue
+        mine = rel.parts[0].removesuffix(".py")
+        for target, line in _imports(path):
+            if target != mine and target in LAYER and LAYER[target] >= LAYER[mine]:
+                wrong.append(f"harness/{rel}:{line} imports harness.{target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_cli_dispatches_to_functions_not_strings():
+    source = (PACKAGE / "cli.py").read_text()
+    assert "importlib" not in source and "_target" not in source
+    from harness.cli import build_parser
+    parser = build_parser()
+    for argv in (["inspect", "x"], ["train", "--data", "x"], ["plan", "x", "--global-batch-size", "8"],
+                 ["bench", "train"], ["launch", "local", "--workers", "2", "--", "true"]):
+        handler = parser.parse_args(argv).handler
+        assert callable(handler) and handler.__module__.startswith("harness.commands."), argv

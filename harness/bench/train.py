@@ -100,7 +100,7 @@ class BenchTrainOptions:
         return tuple(self.data) == (SYNTHETIC,)
 
 
-def _real_inputs(options: BenchTrainOptions, context):
+def _real_inputs(options: BenchTrainOptions, backend):
     """The training job's own input preparation (`harness.train.inputs.prepare`) for the real shards (or the
     shards `like` names): the same plan, spec, statistics and pipelines as `harness train`."""
     from harness.train.inputs import prepare
@@ -110,7 +110,7 @@ def _real_inputs(options: BenchTrainOptions, context):
                                  per_replica_batch_size=options.per_replica_batch_size, cache=options.cache,
                                  cache_dir=options.cache_dir, data_service=options.data_service, seed=options.seed,
                                  precision=options.precision, output=options.output)
-    return prepare(train_options, context, data_config={"label": options.label} if options.label else None)
+    return prepare(train_options, backend, data_config={"label": options.label} if options.label else None)
 
 
 def run(options: BenchTrainOptions) -> Optional[dict]:
@@ -121,6 +121,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     """
     import tf_keras as keras
 
+    from harness.distribute.backend import TrainingBackend
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession, default_window
     from harness.profile.trace import parse_step_window
@@ -128,10 +129,11 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     from harness.train.loop import LoopConfig, Trainer
 
     strategy, context = make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
+    backend = TrainingBackend(strategy, context)
     baseline = load_baseline(options.baseline) if options.baseline else None
     policy = precision.apply_policy(options.precision)
     synthetic = options.synthetic
-    real = _real_inputs(options, context) if not synthetic or options.like else None
+    real = _real_inputs(options, backend) if not synthetic or options.like else None
     shapes = (Shapes(real.spec.kind, tuple(real.spec.input_shape), real.num_classes) if real
               else Shapes("image", (options.patch_size, options.patch_size, options.bands), options.classes))
     global_batch = options.per_replica_batch_size * context.replicas_in_sync
@@ -150,7 +152,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
                       timer=session.timer, step_hooks=session.hooks)
     iterator = (synthetic_batches(strategy, shapes, options.per_replica_batch_size, options.seed) if synthetic
-                else iter(strategy.distribute_datasets_from_function(real.dataset_fn(True))))
+                else iter(backend.distribute(real.dataset_fn(True))))
     if context.is_chief:
         print(f"bench train: {'synthetic batches on the device' if synthetic else 'real data'}, {shapes.kind} "
               f"{list(shapes.input_shape)}, {shapes.num_classes} classes, {context.replicas_in_sync} replicas x "

@@ -557,3 +557,47 @@ def validate_spec(spec: DataSpec, shards: Sequence[Shard]) -> ValidationReport:
         raise SchemaDriftError(f"shards differ for feature {f!r}: {len(good[f])} shard(s) match the spec (e.g. "
                                f"{ok.path}) but {len(problems[f])} do not; first: {err}")
     return ValidationReport(tuple(checked), tuple(empty))
+
+
+def refine(inferred: DataSpec, declared: Mapping) -> DataSpec:
+    """The inferred spec refined by what the `data:` config or the flags declare: a declared key replaces the
+    inferred value, and what is not declared keeps what inference found.
+
+    - Storage dtypes stay as inferred for every feature kept (declaring `bands` alone on an int64 or bytes export
+      does not turn them into floats); a declared `dtype` (every band) or `dtypes` (per feature) wins.
+    - The stored patch side S = P + k is a fact of the records: declaring only `kernel_margin: k` gives P = S - k,
+      declaring only `patch_size: P` gives k = S - P.
+    - Declared `bands` or `band_groups` replace the inferred ones (and the inferred groups).
+
+    Raises:
+      SpecError: as `DataSpec.from_config`, or when a declared patch size or margin does not fit the stored side.
+    """
+    declared = dict(declared or {})
+    config = inferred.to_config()
+    known = {f: inferred.dtype_of(f) for f in inferred.features}
+    config.pop("dtype", None)
+    config.pop("dtypes", None)
+    if "bands" in declared or "band_groups" in declared:
+        for key in ("bands", "band_groups", "group_delivery"):
+            config.pop(key, None)
+    if inferred.kind == IMAGE and inferred.stored_size and declared.get("kind", IMAGE) == IMAGE:
+        stored = inferred.stored_size
+        k, p = declared.get("kernel_margin"), declared.get("patch_size")
+        if isinstance(k, int) and not isinstance(k, bool) and p is None:
+            if not 0 <= k < stored:
+                raise SpecError(f"data.kernel_margin: {k} does not fit the stored patch side {stored} (patch_size = "
+                                f"{stored} - kernel_margin must be >= 1)")
+            config["patch_size"] = stored - k
+        elif isinstance(p, int) and not isinstance(p, bool) and k is None:
+            if not 1 <= p <= stored:
+                raise SpecError(f"data.patch_size: {p} does not fit the stored patch side {stored} (kernel_margin = "
+                                f"{stored} - patch_size must be >= 0)")
+            config["kernel_margin"] = stored - p
+    config.update({key: value for key, value in declared.items() if key not in ("dtype", "dtypes")})
+    probe = DataSpec.from_config({**config, "dtypes": {}})  # the features the refined spec reads
+    dtypes = {f: known[f] for f in probe.features if f in known}
+    if "dtype" in declared:
+        dtype = _choice(declared, "dtype", DTYPES, FLOAT)
+        dtypes.update({b: dtype for b in probe.bands})
+    dtypes.update(_dtypes(declared.get("dtypes")))
+    return DataSpec.from_config({**config, "dtypes": dtypes})

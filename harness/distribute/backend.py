@@ -19,9 +19,11 @@ is the same.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
-from harness.distribute import mpi
+import numpy as np
+
+from harness.distribute import environment, mpi
 from harness.distribute.context import Backend, WorkerContext
 from harness.errors import ClusterConfigError, ConfigError
 
@@ -84,6 +86,20 @@ class TrainingBackend:
         no object collective)."""
         return None
 
+    def allgather(self, values: Sequence[float]) -> np.ndarray:
+        """Every worker's `values` (the same length on all), float64 `[workers, len(values)]` in rank order, on
+        every worker: one collective all-gather over the strategy (`tf.distribute.Strategy.gather`; integers
+        below 2**53 are exact). Every worker must call it at the same point."""
+        import tensorflow as tf
+
+        mine = np.asarray([self.context.rank, *values], np.float64)
+        if self.context.num_workers == 1:
+            return mine[None, 1:]
+        per_replica = self.strategy.run(lambda: tf.constant(mine)[None])
+        rows = self.strategy.gather(per_replica, axis=0).numpy()  # one row per replica, workers' replicas in turn
+        by_rank = {int(r[0]): r[1:] for r in rows}
+        return np.stack([by_rank[w] for w in range(self.context.num_workers)])
+
     def prepare_restore(self, model, optimizer) -> None:
         """Nothing: tf.distribute restores on every worker."""
 
@@ -135,6 +151,9 @@ class HorovodBackend(TrainingBackend):
     def gather_ranks(self, mine: dict) -> Optional[list]:
         return self.control_plane().gather(mine, root=0)
 
+    def allgather(self, values: Sequence[float]) -> np.ndarray:
+        return np.asarray(self.control_plane().allgather([float(v) for v in values]), np.float64)
+
     def prepare_restore(self, model, optimizer) -> None:
         """Build the optimizer's slots before the restore, so the broadcast covers them."""
         optimizer.build(model.trainable_variables)
@@ -156,10 +175,14 @@ def make_backend(name: str = "tf", *, strategy: str = "auto", cpu_replicas: Opti
       distribution: `(strategy, context)` built already (the Python API, tests); its context's backend decides.
     Raises:
       ConfigError: for an unknown name, or strategy options with Horovod.
-      ClusterConfigError: from `strategy.make_strategy` / `horovod.init`.
+      ClusterConfigError: from `strategy.make_strategy` / `horovod.init`; for the tf backend in one of several
+        processes a launcher started without TF_CONFIG (`refuse_independent_copies`); for a strategy that
+        disagrees with TF_CONFIG (`check_environment`).
     """
     if name not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "tf":
+        refuse_independent_copies()  # before the strategy, which would start alone
     if distribution is None:
         if name == "horovod":
             from harness.distribute import horovod
@@ -167,7 +190,94 @@ def make_backend(name: str = "tf", *, strategy: str = "auto", cpu_replicas: Opti
         else:
             from harness.distribute.strategy import make_strategy
             distribution = make_strategy(strategy, num_cpu_replicas=cpu_replicas)
+    check_environment(distribution[1])
     strat, context = distribution
     if name == "horovod" and context.backend is not Backend.HOROVOD:
         raise ClusterConfigError(f"backend horovod, but the distribution given is {context.backend.value}")
     return (HorovodBackend if context.backend is Backend.HOROVOD else TrainingBackend)(strat, context)
+
+
+def _launcher_processes(environ: Mapping[str, str]) -> tuple[Optional[str], int]:
+    """(launcher, processes it started together with this one): mpirun/MPIJob (OMPI, MV2, PMI), srun; 1 without.
+
+    Under Slurm the batch script itself carries SLURM_NTASKS of the whole allocation: only an `srun` step
+    (SLURM_STEP_NUM_TASKS) starts several processes."""
+    found = environment.read_launcher(environ)
+    if found is None or found.launcher in ("harness", "horovod"):
+        return None, 1
+    if found.launcher == "slurm":
+        return "srun", int(environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
+    return found.launcher, found.size
+
+
+def refuse_independent_copies(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse to run tf.distribute as one of several processes that a launcher started without TF_CONFIG: each
+    would build a one-worker strategy, call itself the chief and train (and write) its own copy.
+
+    Raises:
+      ClusterConfigError: naming the launcher, this process's rank and size, and both ways out.
+    """
+    import os
+    env = os.environ if environ is None else environ
+    launcher, processes = _launcher_processes(env)
+    config = environment.read_tf_config(env)
+    if processes > 1 and (config is None or len(config.tasks()) <= 1):
+        found = environment.read_launcher(env)
+        raise ClusterConfigError(
+            f"this process is rank {found.rank} of {processes} started by {launcher}, with the tf backend and no "
+            f"multi-worker TF_CONFIG: the {processes} processes would train {processes} independent copies, each "
+            "its own chief writing the same output. Use --backend horovod (one process per device under "
+            "mpirun/srun), or start the workers with TF_CONFIG (harness launch local / k8s --kind tfjob)")
+
+
+def check_environment(context: WorkerContext, environ: Optional[Mapping[str, str]] = None) -> None:
+    """A strategy handed in (the Python API) must agree with the cluster the environment describes: one built
+    before TF_CONFIG was set trains alone while TF_CONFIG names several workers.
+
+    Raises:
+      ClusterConfigError: naming the strategy's workers and TF_CONFIG's (or the launcher's) count.
+    """
+    if context.backend is Backend.HOROVOD:
+        return
+    config = environment.read_tf_config(environ)
+    expected = len(config.tasks()) if config is not None else 1
+    if context.num_workers != expected:
+        raise ClusterConfigError(
+            f"the strategy has {context.num_workers} worker(s) ({context.backend.value}) but TF_CONFIG names "
+            f"{expected}: build the strategy after TF_CONFIG is set (harness.distribute.strategy.make_strategy), "
+            "before any other TensorFlow op")
+
+
+def check_same_step(backend: TrainingBackend, step: int) -> None:
+    """Every worker resumes from the same global step, checked before the restore and the first step (a backup
+    only some workers see, a half-written one, an edited output folder), instead of a collective error deep in
+    TensorFlow.
+
+    Args:
+      step: the step this worker's backup holds (`Backup.latest_step`): 0 for none, -1 for an unreadable backup,
+        -2 for a Horovod rank that reads none (rank 0's is broadcast; those ranks are not compared).
+    Raises:
+      ClusterConfigError: naming every worker and the step it would resume from.
+    """
+    steps = [int(v) for v in backend.allgather([step])[:, 0]]
+    compared = [s for s in steps if s != -2]
+    if len(set(compared)) > 1 or -1 in compared:
+        each = ", ".join(f"worker {w} at step {s}" if s >= 0 else f"worker {w}: unreadable backup"
+                         for w, s in enumerate(steps) if s != -2)
+        raise ClusterConfigError(f"workers disagree on the step they resume from ({each}): every worker must see "
+                                 "the same backup (put --output on storage all workers share), or use a new --output")
+
+
+def check_same_weights(backend: TrainingBackend, digest: str) -> None:
+    """Every worker ends with the same weights (SHA-256 `digest`, compared by its first 48 bits).
+
+    Raises:
+      ClusterConfigError: naming the workers (ranks) whose weights differ from rank 0's: the saved model would
+        be one rank's guess.
+    """
+    mine = int(digest[:12], 16)  # 48 bits: exact in float64
+    digests = [int(v) for v in backend.allgather([mine])[:, 0]]
+    differ = [w for w, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise ClusterConfigError(f"final weights differ between ranks: rank(s) {differ} differ from rank 0 "
+                                 f"(sha256 prefixes {[f'{d:012x}' for d in digests]}); the replicas fell out of sync")

@@ -13,6 +13,9 @@ from harness.distribute import batch as batch_math
 from harness.distribute.sharding import ShardAssignment, assign_nonempty
 from harness.errors import BatchSizeError, ConfigError
 
+# Above this share of the records read per epoch, dropped records are warned about (plan and train).
+DROPPED_WARN_SHARE = 0.05
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -52,6 +55,26 @@ class Plan:
     def per_worker_batch_size(self) -> int:
         return self.batch.per_worker_batch_size
 
+    @property
+    def dropped_share(self) -> float:
+        """Records read and dropped per epoch / records read per epoch, over all workers."""
+        return sum(self.dropped) / max(sum(self.records), 1)
+
+    def waste_warning(self) -> Optional[str]:
+        """A warning when more than DROPPED_WARN_SHARE of the records read each epoch are dropped, with the split
+        and the fix; None otherwise. Uneven files (3 files over 2 workers) are the usual cause: every worker runs
+        the steps of the worker with the fewest records."""
+        if self.dropped_share <= DROPPED_WARN_SHARE:
+            return None
+        b = self.batch
+        text = (f"warning: {sum(self.dropped)} of {sum(self.records)} records ({self.dropped_share:.0%}) are read "
+                f"and dropped every epoch (records per worker: {'/'.join(map(str, self.records))}, files per worker: "
+                f"{'/'.join(str(len(f)) for f in self.files)})")
+        if max(self.records) - min(self.records) >= b.per_worker_batch_size:
+            return text + (f"; the workers' shares are uneven: rewrite the data into a multiple of {b.workers} "
+                           f"equal shards (harness reshard DATA --output DIR --workers {b.workers})")
+        return text + f"; a smaller batch than {b.global_batch_size} drops fewer"
+
     def to_dict(self) -> dict:
         """JSON-ready summary: job-wide numbers and one entry per worker."""
         return {
@@ -65,6 +88,7 @@ class Plan:
             "steps_per_epoch": self.steps_per_epoch,
             "records_per_epoch": sum(self.records),
             "dropped": sum(self.dropped),
+            "dropped_share": self.dropped_share,
             "per_worker": [{"rank": w, "files": list(self.files[w]), "records": self.records[w],
                             "dropped": self.dropped[w]} for w in range(self.batch.workers)],
         }
@@ -83,7 +107,8 @@ class Plan:
         ]
         lines += [f"{w:>4}  {len(self.files[w]):>5}  {self.records[w]:>8}  {self.dropped[w]:>8}"
                   for w in range(b.workers)]
-        return "\n".join(lines)
+        warning = self.waste_warning()
+        return "\n".join(lines + ([warning] if warning else []))
 
 
 def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_per_worker: int,

@@ -62,6 +62,24 @@ class Backup:
         _ = self.checkpoint.save_counter  # a restore creates it: create it everywhere, so every rank lists it
         return [t for t in tf.train.TrackableView(self.checkpoint).descendants() if isinstance(t, tf.Variable)]
 
+    def latest_step(self) -> int:
+        """The global step this worker's restore would continue from, read without restoring (no collective):
+        0 without a backup, -1 when the latest backup cannot be read (half-written, or its files edited). Horovod
+        ranks other than 0 read nothing (rank 0's state is broadcast to them): -2.
+
+        Compared over the workers before the restore (`harness.distribute.backend.check_same_step`), since a
+        restore under MultiWorkerMirroredStrategy is itself a collective that a worker without a backup skips."""
+        if self._idle:
+            return -2
+        latest = tf.train.latest_checkpoint(self.chief_dir)
+        if latest is None:
+            return 0
+        try:
+            return int(tf.train.load_checkpoint(latest).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+        except (tf.errors.OpError, ValueError) as e:
+            log.error("backup %s cannot be read: %s", latest, str(e).splitlines()[0])
+            return -1
+
     def restore(self) -> int:
         """Restore the chief's latest backup, if any. Returns the global step to continue from (0: fresh start)."""
         if self._idle:

@@ -10,6 +10,7 @@ assignment. `harness train`, `harness bench train` and the coming `predict` all 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Callable, Optional
 
@@ -104,19 +105,13 @@ class Inputs:
 
 
 def resolve_spec(data: dict, train: ShardSet) -> spec_lib.DataSpec:
-    """The spec inferred from the training shards, overridden by whatever the config or flags declare."""
+    """The spec inferred from the training shards, refined by whatever the config or flags declare
+    (`spec.refine`: declared keys win, the rest stays as inferred)."""
     inferred = spec_lib.infer_spec(list(train.shards), mixer=train.mixer, label=data.get("label"))
-    if not data:
-        return inferred
-    config = inferred.to_config()
-    if "bands" in data or "band_groups" in data:
-        config.pop("dtypes", None)
-        config.pop("band_groups", None)
-    config.update(data)
-    return spec_lib.DataSpec.from_config(config)
+    return spec_lib.refine(inferred, data) if data else inferred
 
 
-def prepare(options: TrainOptions, context, *, spec: Optional[spec_lib.DataSpec] = None,
+def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = None,
             data_config: Optional[dict] = None,
             on_plan: Callable[[plan_lib.Plan, ShardSet], None] = lambda plan, train: None,
             say: Callable[..., None] = lambda *a, **k: None) -> Inputs:
@@ -124,7 +119,8 @@ def prepare(options: TrainOptions, context, *, spec: Optional[spec_lib.DataSpec]
 
     Args:
       options: the run's `TrainOptions` (data, batch sizes, cache, ...).
-      context: this process's `WorkerContext` (workers, replicas per worker, rank).
+      backend: the `TrainingBackend`: this process's `WorkerContext` (workers, replicas per worker, rank) and
+        the all-gather through which every worker takes the same classes and band statistics.
       spec: a `DataSpec`; else inferred from the training shards and refined by `data_config` (the `data:`
         section of a config, see `DataSpec.from_config`).
       on_plan: called with the epoch plan and the training `ShardSet` before anything else is read (Horovod
@@ -138,21 +134,19 @@ def prepare(options: TrainOptions, context, *, spec: Optional[spec_lib.DataSpec]
     spec = spec or resolve_spec(data_config or {}, train)
     if spec.label is None:
         raise ConfigError(f"no label feature found in {train.shards[0].path}: give --label")
+    say(f"spec: {json.dumps(spec.to_config())}")
     spec_lib.validate_spec(spec, list(train.shards))
     check_first_labels(spec, train.shards)
     _check_mixer(train, options)
+    context = backend.context
     plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
                               replicas_per_worker=context.replicas_per_worker,
                               global_batch_size=options.global_batch_size,
                               per_replica_batch_size=options.per_replica_batch_size)
     say(plan.format())
     on_plan(plan, train)
-    return _finish(options, train, spec, plan, say)
-
-
-def _finish(options, train, spec, plan, say) -> Inputs:
     validation, val_plan = _validation(options, train, spec, plan, say)
-    mean, variance, labels, num_classes = _sample(options, train, spec, plan, say)
+    mean, variance, labels, num_classes = _sample(options, train, spec, plan, backend, say)
     return Inputs(train=train, validation=validation, spec=spec, plan=plan, validation_plan=val_plan,
                   num_classes=num_classes, mean=mean, variance=variance,
                   class_weights=class_weights(options.class_weights, num_classes, labels), options=options)
@@ -180,9 +174,13 @@ def _validation(options, train: ShardSet, spec, plan, say):
     return validation, val_plan
 
 
-def _sample(options, train: ShardSet, spec, plan, say):
+def _sample(options, train: ShardSet, spec, plan, backend, say):
     """Band statistics and the classes from a shuffled sample of the training records (records of every file,
-    not the first file's first batches)."""
+    not the first file's first batches), the same on every worker: the classes are the largest label over every
+    worker's sample + 1, the statistics the chief's (rank 0's). Each worker's own sample differs (the read order
+    of a training pipeline is not deterministic), and workers that built models of other shapes would fail in
+    their first collective."""
+    import numpy as np
     import tensorflow as tf
 
     from harness.train import models
@@ -199,7 +197,13 @@ def _sample(options, train: ShardSet, spec, plan, say):
         labels = tf.concat([y for _, y in sample], axis=0).numpy()
     except tf.errors.InvalidArgumentError as e:
         raise scan.named_error(e, spec, declared or 0, list(train.shards)) from e
-    num_classes = declared or int(labels.max()) + 1
+    largest = int(labels.max())
+    if backend.context.num_workers > 1:
+        rows = backend.allgather([largest, *np.ravel(mean), *np.ravel(variance)])
+        largest, n = int(rows[:, 0].max()), np.size(mean)
+        mean = rows[0, 1:1 + n].reshape(np.shape(mean)).astype(np.asarray(mean).dtype)
+        variance = rows[0, 1 + n:].reshape(np.shape(variance)).astype(np.asarray(variance).dtype)
+    num_classes = declared or largest + 1
     if not declared:
         say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} label values; "
             "declare --num-classes if a class is rarer than that)")

@@ -10,7 +10,7 @@ The job never branches on the backend: tf.distribute and Horovod differ only ins
 """
 from __future__ import annotations
 
-from harness.distribute.backend import TrainingBackend, make_backend
+from harness.distribute.backend import TrainingBackend, check_same_step, check_same_weights, make_backend
 from harness.errors import ConfigError
 from harness.train.options import TrainOptions
 
@@ -41,7 +41,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     context, say = backend.context, backend.say
     say(f"worker: {context}")
     policy = precision.apply_policy(options.precision)
-    inputs = inputs_lib.prepare(options, context, spec=spec, data_config=data_config, say=say,
+    inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say,
                                 on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
     plan, spec = inputs.plan, inputs.spec
     train_ds, val_ds = inputs.datasets(backend)
@@ -52,6 +52,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         backup = checkpoint.Backup(options.output, context, fingerprint=_fingerprint(plan, spec, policy),
                                    model=model, optimizer=optimizer)
         backend.prepare_restore(model, optimizer)
+        check_same_step(backend, backup.latest_step())  # before the restore, itself a collective
         initial_step = backup.restore()
     initial_step = backend.broadcast_backup(backup, initial_step)
 
@@ -79,11 +80,13 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                               initial_step=initial_step, on_epoch_end=on_epoch_end)
     except tf.errors.InvalidArgumentError as e:
         raise inputs.named_error(e) from e
+    digest = results.weights_digest(model)
+    check_same_weights(backend, digest)
     model_path = checkpoint.save_model(model, options.output, context)
     backup.close()
 
     summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
-               "weights_sha256": results.weights_digest(model),
+               "weights_sha256": digest,
                "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
                "optimizer_iterations": int(optimizer.iterations.numpy()),
                "history": history, "timing": trainer.timer.summary(), "model": model_path}

@@ -119,3 +119,45 @@ def test_guess_band_groups_needs_matching_stems():
         "t1": ("red_t1", "nir_t1"), "t2": ("red_t2", "nir_t2")}
     assert SP.guess_band_groups(["red_t1", "nir_t1", "red_t2"]) == {}
     assert SP.guess_band_groups(["B2", "B3"]) == {}
+
+
+# --- refine: what the config or flags declare refines the inferred spec (issue 11, item 8) --------------------------
+def test_declared_bands_keep_inferred_dtypes(shared_data):
+    """TFX taxi: `--label trip_start_hour --bands trip_miles fare trip_seconds` kept trip_seconds as float before
+    (FeatureDtypeError: expected float, found int64), although inference had found int64."""
+    split = shared_data / "tfx/tfx/components/testdata/csv_example_gen/Split-train"
+    found = S.discover_shards(str(split))
+    declared = {"label": "trip_start_hour", "bands": ["trip_miles", "fare", "trip_seconds"]}
+    spec = SP.refine(SP.infer_spec(found, label="trip_start_hour"), declared)
+    assert spec.bands == ("trip_miles", "fare", "trip_seconds") and spec.label == "trip_start_hour"
+    assert [spec.dtype_of(f) for f in spec.features] == ["float", "float", "int64", "int64"]
+    assert SP.validate_spec(spec, found).checked
+
+
+def test_declared_bands_on_a_bytes_export_stay_bytes(tmp_path):
+    from harness.data import synth
+    synth.write_image_export(str(tmp_path), shards=1, records=2, patch_size=8, dtype="bytes")
+    found = S.discover_shards(str(tmp_path))
+    spec = SP.refine(SP.infer_spec(found, mixer=S.find_mixer(found)), {"bands": ["B3", "B2"]})
+    assert spec.bands == ("B3", "B2") and spec.dtype_of("B3") == spec.dtype_of("B2") == "bytes"
+    assert SP.validate_spec(spec, found).checked
+    assert SP.refine(SP.infer_spec(found), {"bands": ["B2"], "dtype": "bytes"}).dtype_of("B2") == "bytes"
+    with pytest.raises(SpecError, match="data.dtype"):
+        SP.refine(SP.infer_spec(found), {"dtype": "double"})
+
+
+def test_declared_margin_without_mixer_keeps_the_stored_side(tmp_path):
+    """An export without its mixer: the stored side (72) is all inference sees, as patch_size 72, margin 0.
+    Declaring kernel_margin 8 alone gave patch_size 72 + 8 = 80 before; the stored side is a fact: P = 72 - 8."""
+    from harness.data import synth
+    synth.write_image_export(str(tmp_path), shards=1, records=2, patch_size=64, kernel_size=8)
+    for mixer in tmp_path.glob("*mixer.json"):
+        mixer.unlink()
+    found = S.discover_shards(str(tmp_path))
+    inferred = SP.infer_spec(found)
+    assert (inferred.patch_size, inferred.kernel_margin) == (72, 0)
+    spec = SP.refine(inferred, {"kernel_margin": 8, "crop_margin": True})
+    assert (spec.patch_size, spec.kernel_margin, spec.stored_size, spec.output_size) == (64, 8, 72, 64)
+    assert SP.refine(inferred, {"patch_size": 64}).kernel_margin == 8
+    with pytest.raises(SpecError, match="kernel_margin: 72 does not fit the stored patch side 72"):
+        SP.refine(inferred, {"kernel_margin": 72})

@@ -50,3 +50,71 @@ def test_refusals(mirrored):
         make_backend("mpi", distribution=mirrored)
     with pytest.raises(ClusterConfigError, match="backend horovod, but the distribution given is mirrored"):
         make_backend("horovod", distribution=mirrored)
+
+
+@pytest.mark.parametrize("environ, launcher", [
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "16"}, "openmpi"),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "pmi"),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4"}, "srun"),
+])
+def test_tf_backend_refuses_to_be_one_of_several_launched_copies(environ, launcher):
+    """mpirun/MPIJob/srun with the tf backend trained N independent copies, each its own chief (issue 11, 2)."""
+    from harness.distribute.backend import refuse_independent_copies
+
+    with pytest.raises(ClusterConfigError, match=f"started by {launcher}") as e:
+        refuse_independent_copies(environ)
+    assert "--backend horovod" in str(e.value) and "TF_CONFIG" in str(e.value)
+    tf_config = '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}'
+    refuse_independent_copies({**environ, "TF_CONFIG": tf_config})  # a real multi-worker cluster: allowed
+    # An sbatch script itself (no srun step) is one process, whatever the allocation's task count.
+    refuse_independent_copies({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"})
+
+
+def test_strategy_built_before_tf_config_is_refused(mirrored, monkeypatch):
+    """A strategy built before TF_CONFIG was set trains alone while TF_CONFIG names 2 workers (issue 11, 13)."""
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
+                                    '"task": {"type": "worker", "index": 0}}')
+    with pytest.raises(ClusterConfigError, match=r"the strategy has 1 worker\(s\) \(mirrored\) but TF_CONFIG "
+                                                 r"names 2"):
+        make_backend("tf", distribution=mirrored)
+
+
+class _Gathered(TrainingBackend):
+    """A backend whose all-gather returns the given rows (this worker's row replaced by its own values)."""
+
+    def __init__(self, context, rows):
+        super().__init__(None, context)
+        self.rows = rows
+
+    def allgather(self, values):
+        import numpy as np
+        rows = np.array(self.rows, np.float64)
+        rows[self.context.rank] = values
+        return rows
+
+
+def _context(rank, workers=2):
+    from harness.distribute.context import Backend, WorkerContext
+    return WorkerContext(rank, workers, 0, 1, "worker", rank, Backend.MULTI_WORKER)
+
+
+def test_workers_that_resume_from_other_steps_are_named():
+    from harness.distribute.backend import check_same_step
+    check_same_step(_Gathered(_context(0), [[16], [16]]), 16)
+    with pytest.raises(ClusterConfigError, match=r"\(worker 0 at step 16, worker 1 at step 0\)"):
+        check_same_step(_Gathered(_context(1), [[16], [16]]), 0)
+
+
+def test_ranks_whose_weights_differ_are_named():
+    from harness.distribute.backend import check_same_weights
+    a, b = "ab" * 32, "cd" * 32
+    check_same_weights(_Gathered(_context(1), [[int(a[:12], 16)], [0]]), a)
+    with pytest.raises(ClusterConfigError, match=r"rank\(s\) \[1\] differ from rank 0"):
+        check_same_weights(_Gathered(_context(1), [[int(a[:12], 16)], [0]]), b)
+
+
+def test_an_unreadable_backup_is_named_and_horovod_ranks_that_read_none_are_not_compared():
+    from harness.distribute.backend import check_same_step
+    with pytest.raises(ClusterConfigError, match=r"\(worker 0: unreadable backup, worker 1 at step 16\)"):
+        check_same_step(_Gathered(_context(1), [[-1], [16]]), 16)
+    check_same_step(_Gathered(_context(0), [[16], [-2]]), 16)  # Horovod: rank 1 gets rank 0's state by broadcast

@@ -72,3 +72,20 @@ def test_zero_record_files_are_skipped_as_the_input_pipeline_skips_them():
 def test_every_file_empty():
     with pytest.raises(BatchSizeError, match="every file holds zero records"):
         make_plan([("a", 0), ("b", 0)], workers=1, replicas_per_worker=1, per_replica_batch_size=1)
+
+
+def test_uneven_files_warn_with_the_split_and_the_fix():
+    """3 files of 40 records over 2 workers: rank 0 reads 80, rank 1 40, and every worker runs rank 1's steps:
+    40 of 120 records (33%) are read and dropped every epoch (issue 11, item 11)."""
+    plan = make_plan([("a", 40), ("b", 40), ("c", 40)], workers=2, replicas_per_worker=1, global_batch_size=8)
+    assert plan.records == (80, 40) and plan.dropped == (40, 0) and plan.dropped_share == pytest.approx(1 / 3)
+    warning = plan.waste_warning()
+    assert warning.startswith("warning: 40 of 120 records (33%) are read and dropped every epoch")
+    assert "records per worker: 80/40, files per worker: 2/1" in warning
+    assert "harness reshard DATA --output DIR --workers 2" in warning and warning in plan.format()
+    assert plan.to_dict()["dropped_share"] == pytest.approx(1 / 3)
+    even = make_plan([("a", 40), ("b", 40)], workers=2, replicas_per_worker=1, global_batch_size=8)
+    assert even.waste_warning() is None and "warning" not in even.format()
+    # A batch remainder above the share, with even files: the advice is the batch, not resharding.
+    small = make_plan([("a", 10), ("b", 10)], workers=2, replicas_per_worker=1, global_batch_size=8)
+    assert small.dropped == (2, 2) and small.waste_warning().endswith("a smaller batch than 8 drops fewer")

@@ -55,6 +55,48 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes(table_export,
     assert list((tmp_path / "worker0" / "logs" / "train").glob("events.out.tfevents.*"))
 
 
+def test_workers_that_resume_from_different_steps_fail_before_the_first_step(table_export, tmp_path):
+    """A backup only the chief sees (each worker has its own output folder here, as with storage that is not
+    shared): the chief would resume at step 16, worker 1 from scratch, and the steps would not line up. Both
+    fail before the first step, naming the workers and steps (issue 11, item 6)."""
+    import io
+
+    from harness.errors import WorkerFailedError
+
+    cmd = [sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=1"]
+    run_local(cmd, workers=2, timeout_s=300, out=io.StringIO())
+    assert (tmp_path / "worker0" / "backup").is_dir() and not (tmp_path / "worker1").exists()
+    out = io.StringIO()
+    with pytest.raises(WorkerFailedError):
+        run_local(cmd[:-1] + ["epochs=2"], workers=2, timeout_s=300, out=out)
+    text = out.getvalue()
+    assert "workers disagree on the step they resume from (worker 0 at step 16, worker 1 at step 0)" in text, \
+        text[-3000:]
+    assert "epoch 2/2" not in text  # no step was taken
+
+
+def test_ranks_whose_final_weights_differ_fail(table_export, tmp_path):
+    """The weight check at the end only logged an error and ended with exit 0 (issue 11, item 12): here worker
+    1 reports other weights (HARNESS_TEST_OTHER_DIGEST), and the run fails naming it, before the model is saved."""
+    import io
+
+    from harness.errors import WorkerFailedError
+
+    out = io.StringIO()
+    cmd = [sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=1"]
+    old = os.environ.get("HARNESS_TEST_OTHER_DIGEST")
+    os.environ["HARNESS_TEST_OTHER_DIGEST"] = "1"
+    try:
+        with pytest.raises(WorkerFailedError):
+            run_local(cmd, workers=2, timeout_s=300, out=out)
+    finally:
+        os.environ.pop("HARNESS_TEST_OTHER_DIGEST") if old is None else os.environ.update(
+            HARNESS_TEST_OTHER_DIGEST=old)
+    text = out.getvalue()
+    assert "final weights differ between ranks: rank(s) [1] differ from rank 0" in text, text[-3000:]
+    assert not (tmp_path / "worker0" / "model.keras").exists()
+
+
 def _latest_step(folder: pathlib.Path):
     """Global step of the latest complete backup (the `checkpoint` state file is written last), or None."""
     state = folder / "checkpoint"

@@ -35,6 +35,9 @@ def main():
     kwargs.update({k: _value(v) for k, v in (kv.split("=", 1) for kv in rest[split + 1:])})
     strategy, context = make_strategy("auto")  # before any other TensorFlow op
     calls = call_counts.install()
+    if os.environ.get("HARNESS_TEST_OTHER_DIGEST") and context.rank == 1:  # the weights-differ test
+        from harness.train import results
+        results.weights_digest = lambda model: "f" * 64
     options = job.TrainOptions(data=tuple(rest[:split]), output=os.path.join(base, f"worker{context.rank}"),
                                **kwargs)
     summary = job.run(options, distribution=(strategy, context))

@@ -118,3 +118,24 @@ def test_an_unreadable_backup_is_named_and_horovod_ranks_that_read_none_are_not_
     with pytest.raises(ClusterConfigError, match=r"\(worker 0: unreadable backup, worker 1 at step 16\)"):
         check_same_step(_Gathered(_context(1), [[-1], [16]]), 16)
     check_same_step(_Gathered(_context(0), [[16], [-2]]), 16)  # Horovod: rank 1 gets rank 0's state by broadcast
+
+
+def test_mpirun_with_the_tf_backend_is_refused_on_every_rank(tmp_path):
+    """Real `mpirun -np 2 harness train` without --backend horovod: each rank would train its own copy as chief.
+    Both ranks refuse at once, exit 2, naming the launcher and both ways out (issue 11, item 2)."""
+    import os
+    import subprocess
+    import sys
+
+    from harness.data import synth
+
+    synth.write_table_export(str(tmp_path / "d"), prefix="t", shards=2, records=64, seed=0)
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = ["mpirun", *root, "-np", "2", sys.executable, "-m", "harness.cli", "train", "--data", str(tmp_path / "d"),
+           "--output", str(tmp_path / "out")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    text = r.stdout + r.stderr
+    for rank in (0, 1):
+        assert f"this process is rank {rank} of 2 started by openmpi" in text, text[-3000:]
+    assert "--backend horovod" in text and "Traceback" not in text and not (tmp_path / "out").exists()

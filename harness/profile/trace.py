@@ -6,8 +6,9 @@ trace would overwrite an earlier one's. TensorBoard's profile plugin looks for `
 root and in TensorBoard runs, the folders holding an event file (its `generate_runs`), so each worker also writes an
 event file holding no summary into its folder: `tensorboard --logdir LOGDIR` then lists `worker-<rank>/<run>` for
 every worker. Whether TensorBoard, the plugin and its converter import here is checked when the window is made
-(`viewer_problems`), so a broken install is said at the start and in the report's table. Steps inside the window are marked with `tf.profiler.experimental.Trace("train",
-step_num=...)`, which is what the profiler's step-time and input-pipeline analysis keys on.
+(`viewer_problems`), so a broken install is said at the start and in the report's table. Steps inside the window
+are marked with `tf.profiler.experimental.Trace("train", step_num=...)`, which is what the profiler's step-time and
+input-pipeline analysis keys on.
 
 The input-bound figure is read with tensorboard-plugin-profile's converter (`xspace_to_tool_data`, tool
 `input_pipeline_analyzer`), the code behind TensorBoard's Profile tab, so it is the profiler's number, not ours.

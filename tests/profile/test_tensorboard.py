@@ -94,7 +94,8 @@ def test_viewer_and_converter_failures_are_printed_in_the_table(tmp_path, delaye
     _, report = delayed_run(0.020, 0.005, tmp_path, trace_steps=(8, 10))
     out = capsys.readouterr().out
     (viewer,) = report["traces"]["viewer"]
-    assert viewer.startswith("TensorBoard's profile plugin (it imports etils.epath) does not import: ModuleNotFoundError")
+    assert viewer.startswith("TensorBoard's profile plugin (it imports etils.epath) does not import: "
+                             "ModuleNotFoundError")
     assert "etils" in viewer and viewer.endswith("(pip install 'harness[profile]')")
     assert f"TENSORBOARD BROKEN: {viewer}" in out
     assert any(r.getMessage() == f"worker 0: TensorBoard will not show the trace: {viewer}" for r in caplog.records)

@@ -1,5 +1,4 @@
-"""Shared fixtures: the real exports in ../shared/data and small synthetic exports."""
-import os
+"""Shared fixtures: the real exports (../shared/data, or fetched: tests/shared_data.py) and small synthetic exports."""
 import pathlib
 import sys
 
@@ -7,14 +6,18 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # shared test helpers (procs.py) for the importlib import mode
-SHARED_DATA = pathlib.Path(os.environ.get("HARNESS_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
-    if not SHARED_DATA.is_dir():
-        pytest.fail(f"real exports not found at {SHARED_DATA} (set HARNESS_SHARED_DATA)")
-    return SHARED_DATA
+    """The folder of real exports: ../shared/data (HARNESS_SHARED_DATA), or the cache its files are fetched into
+    from their public sources; the test is skipped, with what was tried, when neither can be had."""
+    import shared_data as sd
+
+    try:
+        return sd.shared_data_root()
+    except sd.SharedDataUnavailable as e:
+        pytest.skip(str(e))
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,9 @@ fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
-$PIP install -q --upgrade pip setuptools wheel
+# setuptools < 81: 81 dropped the pkg_resources that TensorBoard 2.18 imports (setup.cfg's `profile` extra pins the
+# same bound; repeated here so that this upgrade, run on every install, never undoes it). Horovod's build uses it.
+$PIP install -q --upgrade pip wheel "setuptools<81"
 # `mpi` (mpi4py) always goes with Horovod, which is always installed (below).
 $PIP install -q -e "$HERE[${EXTRAS:+$EXTRAS,}mpi]"
 # Keras 2 for TF 2.18 (see setup.cfg): --no-deps, or it pulls the full `tensorflow` wheel.

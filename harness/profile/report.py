@@ -157,7 +157,10 @@ def build_report(parts: Sequence[dict], *, kind: str, config: dict, replicas_in_
         traces = [p["trace"] for p in parts if p.get("trace")]
         report["traces"] = {"logdir": trace_logdir, "tensorboard": tensorboard_command(trace_logdir),
                             "files": {t["rank"]: t["xplane"] for t in traces},
-                            "missing": missing_traces(traces, len(parts))}
+                            "missing": missing_traces(traces, len(parts)),
+                            "viewer": sorted({line for t in traces for line in t.get("viewer") or ()}),
+                            "analysis": [f"worker {p['rank']}: {p['profiler']['error']}" for p in parts
+                                         if (p.get("profiler") or {}).get("error")]}
     return report
 
 
@@ -213,6 +216,10 @@ def format_table(report: dict) -> str:
     if traces:
         for line in traces["missing"]:
             lines.append(f"MISSING TRACE: {line}")
+        for line in traces.get("viewer", []):
+            lines.append(f"TENSORBOARD BROKEN: {line}")
+        for line in traces.get("analysis", []):
+            lines.append(f"PROFILER ANALYSIS FAILED: {line}")
         lines.append(f"traces: {traces['tensorboard']}")
     return "\n".join(lines)
 

@@ -2,9 +2,13 @@
 
 Each worker traces into its own folder, `LOGDIR/worker-<rank>/plugins/profile/<run>/<host>.xplane.pb`: workers on
 one host share the host name and the second-resolution run folder, so with one folder for all, a later worker's
-trace would overwrite an earlier one's. TensorBoard shows each `worker-<rank>` as a run
-(`tensorboard --logdir LOGDIR`). Steps inside the window are marked with `tf.profiler.experimental.Trace("train",
-step_num=...)`, which is what the profiler's step-time and input-pipeline analysis keys on.
+trace would overwrite an earlier one's. TensorBoard's profile plugin looks for `plugins/profile/` only in the logdir
+root and in TensorBoard runs, the folders holding an event file (its `generate_runs`), so each worker also writes an
+event file holding no summary into its folder: `tensorboard --logdir LOGDIR` then lists `worker-<rank>/<run>` for
+every worker. Whether TensorBoard, the plugin and its converter import here is checked when the window is made
+(`viewer_problems`), so a broken install is said at the start and in the report's table. Steps inside the window
+are marked with `tf.profiler.experimental.Trace("train", step_num=...)`, which is what the profiler's step-time and
+input-pipeline analysis keys on.
 
 The input-bound figure is read with tensorboard-plugin-profile's converter (`xspace_to_tool_data`, tool
 `input_pipeline_analyzer`), the code behind TensorBoard's Profile tab, so it is the profiler's number, not ours.
@@ -12,10 +16,14 @@ The input-bound figure is read with tensorboard-plugin-profile's converter (`xsp
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import os
 import re
+import shlex
+import warnings
+from importlib import metadata
 from typing import Optional
 
 import tensorflow as tf
@@ -52,6 +60,7 @@ class TraceResult:
     bytes: int
     steps: tuple[int, int]
     error: str = ""
+    viewer: tuple[str, ...] = ()  # why TensorBoard would not show it (`viewer_problems`); empty when it would
 
     @property
     def ok(self) -> bool:
@@ -74,11 +83,15 @@ class ProfileWindow:
         self._done = False
         self._step_trace = None
         self._error = ""
+        self.viewer = tuple(viewer_problems())
+        for problem in self.viewer:
+            log.warning("worker %d: TensorBoard will not show the trace: %s", rank, problem)
 
     def before_step(self, step: int) -> None:
         if not self._done and not self._active and self.first <= step <= self.last:
             try:
                 tf.io.gfile.makedirs(self.logdir)
+                mark_tensorboard_run(self.logdir)
                 tf.profiler.experimental.start(self.logdir)
                 self._active = True
             except (tf.errors.AlreadyExistsError, tf.errors.UnavailableError) as e:
@@ -110,7 +123,47 @@ class ProfileWindow:
             self._stop()
         if not self._done and not self._error:
             self._error = f"the run ended before step {self.first}: nothing traced"
-        return find_trace(self.logdir, rank=self.rank, steps=(self.first, self.last), error=self._error)
+        return dataclasses.replace(find_trace(self.logdir, rank=self.rank, steps=(self.first, self.last),
+                                              error=self._error), viewer=self.viewer)
+
+
+def mark_tensorboard_run(logdir: str) -> None:
+    """Write an event file holding no summary into `logdir`, so that TensorBoard counts it as a run and its profile
+    plugin finds the traces under it. A failure is logged, never raised: the trace itself does not need it."""
+    try:
+        writer = tf.summary.create_file_writer(logdir)
+        writer.flush()
+        writer.close()
+    except (tf.errors.OpError, OSError) as e:
+        log.warning("no TensorBoard event file in %s (TensorBoard will not list this trace): %s", logdir, e)
+
+
+# (module, what it is): what `tensorboard --logdir` needs to show a trace
+VIEWER_MODULES = (
+    ("tensorboard.default", "TensorBoard (it imports pkg_resources: setuptools<81)"),
+    ("tensorboard_plugin_profile.profile_plugin", "TensorBoard's profile plugin (it imports etils.epath)"),
+    ("tensorboard_plugin_profile.convert.raw_to_tool_data", "the profile plugin's converter"),
+)
+
+
+def viewer_problems() -> list[str]:
+    """Why `tensorboard --logdir LOGDIR` would not show the traces, one line each: a module of VIEWER_MODULES that
+    fails to import, or no `profile` plugin registered with TensorBoard (entry point group `tensorboard_plugins`);
+    empty when all is in place. The remedy is the `profile` extra (pip install 'harness[profile]')."""
+    problems = []
+    for module, what in VIEWER_MODULES:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # pkg_resources' deprecation warning
+                importlib.import_module(module)
+        except Exception as e:  # ImportError, or what a half-installed package raises on import
+            problems.append(f"{what} does not import: {type(e).__name__}: {e} (pip install 'harness[profile]')")
+    entry_points = metadata.entry_points()
+    plugins = (entry_points.select(group="tensorboard_plugins") if hasattr(entry_points, "select")
+               else entry_points.get("tensorboard_plugins", []))  # Python 3.9
+    if not any(ep.name == "profile" for ep in plugins):
+        problems.append("no TensorBoard plugin named 'profile' is installed (pip install 'harness[profile]')")
+    return problems
 
 
 def find_trace(logdir: str, *, rank: int, steps: tuple[int, int], error: str = "") -> TraceResult:
@@ -187,5 +240,6 @@ def _float(value) -> Optional[float]:
 
 
 def tensorboard_command(logdir: str) -> str:
-    return f"tensorboard --logdir {os.path.abspath(logdir) if '://' not in logdir else logdir}"
+    """The command that shows the traces, ready to paste into a shell (the path quoted where it needs it)."""
+    return f"tensorboard --logdir {shlex.quote(os.path.abspath(logdir) if '://' not in logdir else logdir)}"
 

@@ -1,4 +1,8 @@
-"""Loss scaling is applied exactly once, under one replica and under 2 MirroredStrategy replicas."""
+"""Loss scaling is applied exactly once, under one replica and under 2 MirroredStrategy replicas; mixed_bfloat16 on
+a CPU without bfloat16 instructions warns, naming the flags looked for."""
+import logging
+import pathlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -69,3 +73,54 @@ def test_resolve_precision_requested_and_invalid():
     assert policy in ("float32", "mixed_bfloat16") and why
     with pytest.raises(ConfigError, match="--precision must be one of"):
         precision.resolve_precision("fp8")
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """No GPU or TPU visible (as on this machine), and the float32 policy restored afterwards."""
+    monkeypatch.setattr(precision.tf.config, "list_physical_devices", lambda kind=None: [])
+    monkeypatch.setattr(precision.tf.config, "list_logical_devices", lambda kind=None: [])
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def _cpuinfo_without_bf16(tmp_path):
+    """This machine's /proc/cpuinfo with the bfloat16 flags struck out: a CPU without bfloat16 instructions."""
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+    for flag in precision.BF16_CPU_FLAGS:
+        text = text.replace(f" {flag}", "")
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo (not Linux)")
+def test_bf16_on_cpu_without_bf16_flags_warns_naming_them(cpu_only, monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(precision, "CPUINFO", str(_cpuinfo_without_bf16(tmp_path)))
+    assert "sse2" in precision.cpu_flags() and not precision._cpu_has_bf16()
+    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+        assert precision.apply_policy("mixed_bfloat16") == "mixed_bfloat16"
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "neither avx512_bf16 nor amx_bf16" in record.getMessage()
+    assert "7x" in record.getMessage() and "--precision float32" in record.getMessage()
+    assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    assert precision.resolve_precision("auto") == ("float32", "no GPU and no bfloat16 CPU instructions")
+
+
+@pytest.mark.parametrize("flags", [{"avx2", "avx512_bf16"}, {"avx2", "amx_bf16"}])
+def test_bf16_on_cpu_with_bf16_flags_does_not_warn(cpu_only, monkeypatch, caplog, flags):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
+    with caplog.at_level(logging.WARNING, logger=precision.__name__):
+        assert precision.apply_policy("mixed_bfloat16") == "mixed_bfloat16"
+        assert precision.apply_policy("float32") == "float32"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert precision.resolve_precision("auto") == ("mixed_bfloat16", "CPU with avx512_bf16/amx_bf16")
+
+
+def test_no_bf16_warning_for_other_policies(cpu_only, monkeypatch):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert precision.bf16_cpu_warning("float32") == ""
+    assert precision.bf16_cpu_warning("mixed_float16") == ""
+    assert "could not be read" not in precision.bf16_cpu_warning("mixed_bfloat16")
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset())
+    assert "/proc/cpuinfo could not be read" in precision.bf16_cpu_warning("mixed_bfloat16")

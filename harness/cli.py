@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "N ranks under mpirun (-bind-to none -map-by slot, exported environment), e.g. for --backend horovod")
     _rank_launch_args(p)
     p.add_argument("--mpirun-args", help="further mpirun arguments, one quoted string")
+    p.add_argument("--export", action="append", metavar="NAME",
+                   help="also export this variable to every rank (repeatable); see README, Horovod and MPI")
     p = _command(lsub, "horovod", "harness.launch.mpi:main_horovod", "N ranks under horovodrun (Gloo or MPI)")
     _rank_launch_args(p)
     p.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun's rendezvous")

@@ -245,11 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--volume-claim", default="harness-shared",
                    help="ReadWriteMany PersistentVolumeClaim for data and output ('' for none)")
     p.add_argument("--mount-path", default="/mnt/harness", help="where the claim is mounted in every pod")
-    p.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8")
-    p.add_argument("--memory", help="memory request and limit per pod, e.g. 32Gi")
+    p.add_argument("--volume-claim-size", help="also write the claim, e.g. 500Gi (ReadWriteMany)")
+    p.add_argument("--storage-class", help="storage class of that claim (one offering ReadWriteMany)")
+    p.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8 (default: a request of 3 per GPU)")
+    p.add_argument("--memory", help="memory request and limit per pod, e.g. 32Gi (default: a request of 12Gi/GPU)")
     p.add_argument("--restart-policy", default="OnFailure",
-                   help="OnFailure | Never (indexed-job); also ExitCode | Always (tfjob, mpijob)")
-    p.add_argument("--backoff-limit", type=int, default=3, help="retries of the whole job")
+                   help="OnFailure | Never (indexed-job, mpijob); also ExitCode | Always (tfjob)")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="faults the job survives, each restarting the pods (sizes --backoff-limit)")
+    p.add_argument("--backoff-limit", type=int, default=None,
+                   help="the job's backoffLimit (default: workers x max-restarts + 1)")
     p.add_argument("--mpi-launcher", choices=["mpirun", "horovodrun"], default="mpirun", help="mpijob only")
     p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")

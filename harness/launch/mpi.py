@@ -7,13 +7,14 @@ The flags are Horovod's own (horovod/runner/mpi_run.py, docs/mpi.rst):
     breaks when processes fork (tf.data, NCCL) and which NCCL / Gloo replace for the tensors;
   - `-mca btl_tcp_if_exclude lo,docker0` and `NCCL_SOCKET_IFNAME=^lo,docker0` (unless set here): MPI's TCP
     transport and NCCL's sockets avoid the loopback and Docker bridge interfaces, which have the same address on
-    every host (Horovod docs/mpi.rst, "Troubleshooting": hangs across hosts otherwise);
-  - `--tag-output`: every output line prefixed with its job and rank (`[1,3]<stdout>:`);
+    every host (Horovod docs/mpi.rst, "Hangs due to non-routed network interfaces");
+  - `--tag-output` (Open MPI's): every output line prefixed with its job and rank (`[1,3]<stdout>:`);
   - `-x NAME` for each variable every rank needs: local ranks inherit the environment, remote ones get only what
     is exported: the named list `EXPORTED`, the settings of the harness, Horovod and NCCL (`HARNESS_*`,
     `HOROVOD_*`, `NCCL_*`), and what the user names (`--export NAME`); never a variable that describes one
     process (TF_CONFIG, a launcher's rank), never other `TF_*` (Terraform's `TF_VAR_*` share the prefix and hold
-    secrets), never `CUDA_VISIBLE_DEVICES` (each host has its own; horovodrun does not forward it either);
+    secrets), never `CUDA_VISIBLE_DEVICES` (each host has its own; horovodrun does not forward it either:
+    horovod/runner/common/util/env.py, IGNORE_REGEXES);
   - `--allow-run-as-root` when run as root (containers), where mpirun otherwise refuses to start.
 `horovodrun` exports the environment itself and chooses the controller: `--gloo` (no MPI needed) or `--mpi`.
 `launch/` holds the same lines for SLURM (`srun`) and plain `mpirun`.

@@ -36,6 +36,9 @@ for name in $(compgen -e | grep -E '^(HARNESS_|HOROVOD_|NCCL_)' | grep -vE "$per
 done
 for name in ${EXPORT:-}; do
   if [ -z "${!name+set}" ]; then echo "EXPORT: $name is not set in this environment" >&2; exit 2; fi
+  if [ "$name" = TF_CONFIG ] || [[ "$name" =~ $per_process ]]; then
+    echo "EXPORT: $name describes one process" >&2; exit 2
+  fi
   if [[ "$exported" != *" $name "* ]]; then args+=(-x "$name"); exported+="$name "; fi
 done
 if [ -z "${NCCL_SOCKET_IFNAME+set}" ]; then args+=(-x "NCCL_SOCKET_IFNAME=^lo,docker0"); fi

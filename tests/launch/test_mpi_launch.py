@@ -131,6 +131,18 @@ def test_mpirun_script_shows_the_same_line(extra):
     assert ("NCCL_SOCKET_IFNAME" if extra else "NCCL_SOCKET_IFNAME=^lo,docker0") in _exported(line)
 
 
+@pytest.mark.parametrize("export, message", [("NOT_SET_HERE", "is not set"), ("TF_CONFIG", "describes one process"),
+                                             ("HOROVOD_RANK", "describes one process")])
+def test_mpirun_script_refuses_what_launch_mpi_refuses(export, message):
+    env = dict(os.environ, DRY_RUN="1", EXPORT=export, TF_CONFIG="{}", HOROVOD_RANK="1")
+    env.pop("NOT_SET_HERE", None)
+    r = subprocess.run(["bash", ROOT / "launch" / "mpirun_horovod.sh"], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and f"EXPORT: {export} {message}" in r.stderr, r.stderr
+    with pytest.raises(ConfigError, match=f"--export {export}: {export} {message}"):
+        launch_mpi.mpirun_command(TRAIN, np=2, environ=env, export=[export])
+
+
 def test_slurm_script_runs_srun_with_the_same_placement():
     env = {k: v for k, v in os.environ.items()
            if k not in ("NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_exclude", "SLURM_CPUS_PER_TASK")}

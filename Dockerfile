@@ -67,7 +67,10 @@ RUN sed -i "s/[ #]\(.*StrictHostKeyChecking \).*/ \1no/g" /etc/ssh/ssh_config \
 # The venv's editable install points at /opt/harness: both keep their paths from the build stage.
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/harness /opt/harness
-ENV PATH=/opt/venv/bin:${PATH} VIRTUAL_ENV=/opt/venv TF_USE_LEGACY_KERAS=1 PYTHONUNBUFFERED=1
+# Open MPI's shared-memory transport copies between ranks with CMA (process_vm_readv), which Docker's default
+# seccomp profile forbids: ranks print "Read -1, expected ..., errno = 1" (Horovod docs/docker.rst). Plain copies.
+ENV PATH=/opt/venv/bin:${PATH} VIRTUAL_ENV=/opt/venv TF_USE_LEGACY_KERAS=1 PYTHONUNBUFFERED=1 \
+    OMPI_MCA_btl_vader_single_copy_mechanism=none
 
 USER ${HARNESS_USER}
 WORKDIR /home/${HARNESS_USER}

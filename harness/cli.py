@@ -249,11 +249,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--volume-claim", default="harness-shared",
                    help="ReadWriteMany PersistentVolumeClaim for data and output ('' for none)")
     p.add_argument("--mount-path", default="/mnt/harness", help="where the claim is mounted in every pod")
-    p.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8")
-    p.add_argument("--memory", help="memory request and limit per pod, e.g. 32Gi")
+    p.add_argument("--volume-claim-size", help="also write the claim, e.g. 500Gi (ReadWriteMany)")
+    p.add_argument("--storage-class", help="storage class of that claim (one offering ReadWriteMany)")
+    p.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8 (default: a request of 3 per GPU)")
+    p.add_argument("--memory", help="memory request and limit per pod, e.g. 32Gi (default: a request of 12Gi/GPU)")
     p.add_argument("--restart-policy", default="OnFailure",
-                   help="OnFailure | Never (indexed-job); also ExitCode | Always (tfjob, mpijob)")
-    p.add_argument("--backoff-limit", type=int, default=3, help="retries of the whole job")
+                   help="OnFailure | Never (indexed-job, mpijob); also ExitCode | Always (tfjob)")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="faults the job survives, each restarting the pods (sizes --backoff-limit)")
+    p.add_argument("--backoff-limit", type=int, default=None,
+                   help="the job's backoffLimit (default: workers x max-restarts + 1)")
     p.add_argument("--mpi-launcher", choices=["mpirun", "horovodrun"], default="mpirun", help="mpijob only")
     p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
@@ -262,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "N ranks under mpirun (-bind-to none -map-by slot, exported environment), e.g. for --backend horovod")
     _rank_launch_args(p)
     p.add_argument("--mpirun-args", help="further mpirun arguments, one quoted string")
+    p.add_argument("--export", action="append", metavar="NAME",
+                   help="also export this variable to every rank (repeatable); see README, Horovod and MPI")
     p = _command(lsub, "horovod", launch_cmd.horovod, "N ranks under horovodrun (Gloo or MPI)")
     _rank_launch_args(p)
     p.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun's rendezvous")

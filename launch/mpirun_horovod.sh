@@ -4,11 +4,16 @@
 #
 #   NP=8 HOSTS=node1:4,node2:4 launch/mpirun_horovod.sh --data gs://bucket/export --output gs://bucket/run
 #   DRY_RUN=1 NP=2 launch/mpirun_horovod.sh --data ...      # print the command line only
+#   EXPORT="WANDB_API_KEY MY_SETTING" NP=8 ... launch/mpirun_horovod.sh ...   # further variables for every rank
 #
 # -bind-to none -map-by slot: ranks fill each host's slots in turn and are not pinned to one core (a pinned rank
 # starves TensorFlow's thread pools). -mca pml ob1 -mca btl ^openib: no InfiniBand verbs transport, which breaks
-# when processes fork; NCCL or Gloo carry the tensors. -x NAME: what remote ranks need from this environment.
-# Without HOSTS, mpirun uses this host, or the batch system's allocation.
+# when processes fork; NCCL or Gloo carry the tensors. -mca btl_tcp_if_exclude lo,docker0 and
+# NCCL_SOCKET_IFNAME=^lo,docker0: MPI and NCCL never pick the loopback or Docker bridge, which are not routed
+# between hosts (Horovod docs/mpi.rst). --tag-output: each line prefixed with its rank. -x NAME: what remote ranks
+# need from this environment, by name (never all TF_*: Terraform's TF_VAR_* secrets share the prefix; never
+# CUDA_VISIBLE_DEVICES, which is this host's). Without HOSTS, mpirun uses this host, or the batch system's
+# allocation.
 set -euo pipefail
 
 NP=${NP:-2}
@@ -18,16 +23,25 @@ args=(mpirun)
 if [ "$(id -u)" = 0 ]; then args+=(--allow-run-as-root); fi
 args+=(-np "$NP")
 if [ -n "${HOSTS:-}" ]; then args+=(-H "$HOSTS"); fi
-args+=(-bind-to none -map-by slot -mca pml ob1 -mca btl ^openib)
-for name in TF_USE_LEGACY_KERAS PATH LD_LIBRARY_PATH PYTHONPATH VIRTUAL_ENV CUDA_VISIBLE_DEVICES \
-            GOOGLE_APPLICATION_CREDENTIALS; do
-  if [ -n "${!name+set}" ]; then args+=(-x "$name"); fi
+args+=(-bind-to none -map-by slot -mca pml ob1 -mca btl ^openib -mca btl_tcp_if_exclude lo,docker0 --tag-output)
+exported=" "
+for name in TF_USE_LEGACY_KERAS TF_CPP_MIN_LOG_LEVEL TF_FORCE_GPU_ALLOW_GROWTH PYTHONUNBUFFERED PATH \
+            LD_LIBRARY_PATH PYTHONPATH VIRTUAL_ENV GOOGLE_APPLICATION_CREDENTIALS; do
+  if [ -n "${!name+set}" ]; then args+=(-x "$name"); exported+="$name "; fi
 done
-# HARNESS_*, HOROVOD_*, NCCL_*, TF_* settings, but never one process's identity (TF_CONFIG, a launcher's rank).
-per_process='^(TF_CONFIG|TF_USE_LEGACY_KERAS|(HARNESS|HOROVOD)_(RANK|SIZE|NUM_WORKERS|LOCAL_RANK|LOCAL_SIZE))$'
-for name in $(compgen -e | grep -E '^(HARNESS_|HOROVOD_|NCCL_|TF_)' | grep -vE "$per_process" | LC_ALL=C sort); do
-  args+=(-x "$name")
+# HARNESS_*, HOROVOD_*, NCCL_* settings, but never one process's identity (a launcher's rank).
+per_process='^(HARNESS_(RANK|NUM_WORKERS|LOCAL_RANK|LOCAL_SIZE)|HOROVOD_(RANK|SIZE|LOCAL_RANK|LOCAL_SIZE))$'
+for name in $(compgen -e | grep -E '^(HARNESS_|HOROVOD_|NCCL_)' | grep -vE "$per_process" | LC_ALL=C sort); do
+  args+=(-x "$name"); exported+="$name "
 done
+for name in ${EXPORT:-}; do
+  if [ -z "${!name+set}" ]; then echo "EXPORT: $name is not set in this environment" >&2; exit 2; fi
+  if [ "$name" = TF_CONFIG ] || [[ "$name" =~ $per_process ]]; then
+    echo "EXPORT: $name describes one process" >&2; exit 2
+  fi
+  if [[ "$exported" != *" $name "* ]]; then args+=(-x "$name"); exported+="$name "; fi
+done
+if [ -z "${NCCL_SOCKET_IFNAME+set}" ]; then args+=(-x "NCCL_SOCKET_IFNAME=^lo,docker0"); fi
 args+=(harness train --backend horovod "$@")
 
 if [ -n "${DRY_RUN:-}" ]; then

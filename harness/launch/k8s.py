@@ -6,24 +6,33 @@ Three kinds, one per kind of cluster (generating YAML is in scope; applying it i
   named `tensorflow` with a port named `tfjob-port` (2222), from which the operator writes each pod's TF_CONFIG
   (`{"cluster": {"worker": ["<job>-worker-0.<ns>.svc:2222", ...]}, "task": {...}, "environment": "cloud"}`).
   MultiWorkerMirroredStrategy reads it; worker 0 is the chief.
-- `mpijob`: a Kubeflow mpi-operator `MPIJob` (kubeflow.org/v2beta1), for `--backend horovod`. A launcher pod runs
-  `mpirun` (or `horovodrun`) over N worker pods of `slotsPerWorker = G` ranks each; the workers only run `sshd`
-  as the image's non-root user (the operator mounts the SSH keys at `sshAuthMountPath` and writes the hostfile).
+- `mpijob`: a Kubeflow mpi-operator `MPIJob` (kubeflow.org/v2beta1), for `--backend horovod` (`harness train`
+  without it is refused: each rank would train its own copy). A launcher pod runs `mpirun` (or `horovodrun`) over
+  N worker pods of `slotsPerWorker = G` ranks each; the workers only run `sshd` as the image's non-root user (the
+  operator mounts the SSH keys at `sshAuthMountPath` and writes the hostfile). The ranks start in ssh sessions
+  with the environment the launcher exports (`mpirun -x`), so the user's `container.env` goes on the launcher.
 - `indexed-job`: a plain `batch/v1` Job with `completionMode: Indexed` and a headless Service, for clusters
   without operators. Pod i has hostname `<job>-<i>` under the service's subdomain, and the harness builds
   TF_CONFIG itself from `JOB_COMPLETION_INDEX` and the `HARNESS_K8S_*` variables set here
   (`harness.distribute.environment.indexed_job_tf_config`).
 
-Every training pod gets its GPUs as `nvidia.com/gpu` limits, the shared volume (a ReadWriteMany
-PersistentVolumeClaim for data and output, mounted at the same path everywhere: the chief writes the backup that
-every worker restores), a memory-backed `/dev/shm` (NCCL and tf.data need more than the runtime's 64 MB), and the
-image's non-root user. The user's own settings (node selectors, tolerations, service account, secrets, extra
-env...) go in an `--overrides` YAML with three sections, merged last: `manifest` into each top-level object,
-`pod` into every pod spec, `container` into every container that runs `harness` (dicts merge, lists append,
-other values replace).
+Every training pod gets its GPUs as `nvidia.com/gpu` limits, CPU and memory requests (`--cpu`/`--memory`, else
+`CPU_PER_GPU` and `MEMORY_GIB_PER_GPU` per GPU: a pod without requests is BestEffort, the first evicted), the
+shared volume (a ReadWriteMany PersistentVolumeClaim for data and output, mounted at the same path everywhere: the
+chief writes the backup that every worker restores; `--volume-claim-size` also writes the claim), a memory-backed
+`/dev/shm` (NCCL and tf.data need more than the runtime's 64 MB), and the image's non-root user.
+
+Faults: a failed pod restarts (`restartPolicy: OnFailure`) and resumes from the backup; the job fails once its
+`backoffLimit` is reached, which defaults to what `--max-restarts` faults cost (`default_backoff_limit`).
+
+The user's own settings (node selectors, tolerations, service account, secrets, extra env...) go in an
+`--overrides` YAML with three sections, merged last: `manifest` into each top-level object, `pod` into every pod
+spec, `container` into every container that runs `harness` (dicts merge, lists append, other values replace;
+MPIJob: `container.env` goes to the launcher, which exports it to the ranks).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import shlex
@@ -33,6 +42,7 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from harness.errors import ConfigError
+from harness.launch import mpi
 
 KINDS = ("tfjob", "mpijob", "indexed-job")
 PORT = 2222
@@ -41,16 +51,29 @@ TF_PORT_NAME = "tfjob-port"
 USER, UID = "harness", 1000      # the Dockerfile's non-root user
 HOME = f"/home/{USER}"
 GPU_RESOURCE = "nvidia.com/gpu"
-# restartPolicy values each kind accepts (replica specs of the operators; pods of a batch/v1 Job).
+# restartPolicy values each kind accepts: the training-operator's replica specs; mpi-operator's validation
+# (pkg/apis/kubeflow/validation/validation.go, validRestartPolicies: Never and OnFailure; any other value and the
+# MPIJob is never started); pods of a batch/v1 Job.
 RESTART_POLICIES = {"tfjob": ("OnFailure", "ExitCode", "Never", "Always"),
-                    "mpijob": ("OnFailure", "ExitCode", "Never", "Always"),
+                    "mpijob": ("OnFailure", "Never"),
                     "indexed-job": ("OnFailure", "Never")}
+MAX_RESTARTS = 3   # faults a job survives by default (--max-restarts)
+# Requests per GPU when --cpu/--memory are not given, within what common GPU nodes offer per GPU (GKE a2/a3,
+# AWS p4d/p5: 12 or more vCPUs and 85 GiB or more per GPU; g4dn/g5.xlarge: 4 vCPUs, 16 GiB); pods without GPUs
+# get those of one GPU. Requests only (Burstable QoS): the pod may use more when the node has it.
+CPU_PER_GPU, MEMORY_GIB_PER_GPU = 3, 12
+LAUNCHER_REQUESTS = {"cpu": "1", "memory": "2Gi"}   # mpirun (or horovodrun) and its ssh sessions
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 # Set in every training container; under MPI also exported by `mpirun -x` (ssh sessions start with a bare env).
 BASE_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 # tf.distribute pods wait this long for their peers (harness.distribute.strategy.wait_for_workers): on a cluster,
 # scheduling and image pulls take minutes, more than the 120 s default meant for one machine.
 WAIT_ENV = {"HARNESS_WORKER_WAIT_S": "900"}
-MPI_EXPORTED = ("TF_USE_LEGACY_KERAS", "PYTHONUNBUFFERED", "PATH", "LD_LIBRARY_PATH", "NCCL_DEBUG")
+# The MPIJob launcher's own variables, exported to the ranks with the others of its container (NCCL off the
+# interfaces that are not routed between pods; Horovod docs/mpi.rst).
+LAUNCHER_ENV = {"NCCL_SOCKET_IFNAME": mpi.NCCL_SOCKET_IFNAME}
+# Set in the image itself: PATH by the Dockerfile, LD_LIBRARY_PATH by its nvidia/cuda base image.
+IMAGE_EXPORTED = ("PATH", "LD_LIBRARY_PATH")
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 OVERRIDE_SECTIONS = ("manifest", "pod", "container")
 
@@ -69,9 +92,13 @@ class K8sOptions:
       namespace: metadata.namespace, or None for kubectl's current one.
       port: the workers' gRPC port (tfjob, indexed-job).
       volume_claim: PersistentVolumeClaim mounted at `mount_path` in every pod; None for no shared volume.
-      cpu, memory: requests and limits per training pod, e.g. "8" and "32Gi"; None to leave unset.
+      volume_claim_size: when given (e.g. "500Gi"), also write the claim (ReadWriteMany, `storage_class`).
+      cpu, memory: requests and limits per training pod, e.g. "8" and "32Gi"; None for a request of
+        `CPU_PER_GPU` CPUs and `MEMORY_GIB_PER_GPU` GiB per GPU (no limit).
       restart_policy: per pod (indexed-job) or per replica type (operators); see `RESTART_POLICIES`.
-      backoff_limit: retries of the whole job before it is marked failed.
+      max_restarts: faults (a pod or rank failing) the job survives, each followed by a restart of the pods and
+        a resume from the backup; sizes the default `backoff_limit`.
+      backoff_limit: the job's `backoffLimit`; None for `default_backoff_limit`.
       mpi_launcher: `mpirun` or `horovodrun` (mpijob).
       overrides: the user's own settings, see the module doc.
     """
@@ -86,10 +113,13 @@ class K8sOptions:
     port: int = PORT
     volume_claim: Optional[str] = "harness-shared"
     mount_path: str = "/mnt/harness"
+    volume_claim_size: Optional[str] = None
+    storage_class: Optional[str] = None
     cpu: Optional[str] = None
     memory: Optional[str] = None
     restart_policy: str = "OnFailure"
-    backoff_limit: int = 3
+    max_restarts: int = MAX_RESTARTS
+    backoff_limit: Optional[int] = None
     mpi_launcher: str = "mpirun"
     overrides: Optional[Mapping[str, Any]] = None
 
@@ -114,6 +144,56 @@ class K8sOptions:
         unknown = set(self.overrides or {}) - set(OVERRIDE_SECTIONS)
         if unknown:
             raise ConfigError(f"overrides: unknown sections {sorted(unknown)}; expected {list(OVERRIDE_SECTIONS)}")
+        if self.max_restarts < 0 or (self.backoff_limit is not None and self.backoff_limit < 0):
+            raise ConfigError(f"--max-restarts and --backoff-limit must be >= 0, got {self.max_restarts} and "
+                              f"{self.backoff_limit}")
+        for flag, value in (("--cpu", self.cpu), ("--memory", self.memory),
+                            ("--volume-claim-size", self.volume_claim_size)):
+            if value is not None and not _QUANTITY.match(value):
+                raise ConfigError(f"{flag} {value!r} is not a Kubernetes quantity (e.g. 8, 500m, 32Gi)")
+        if self.volume_claim_size and not self.volume_claim:
+            raise ConfigError("--volume-claim-size needs a --volume-claim to name the claim")
+        if self.kind == "mpijob":
+            mpi.require_horovod_backend(self.command)
+            _user_env_names(self)   # the launcher exports each by name: it must have one
+
+
+def default_backoff_limit(o: K8sOptions) -> int:
+    """The `backoffLimit` that lets a job survive `o.max_restarts` faults, from what one fault costs.
+
+    - TFJob: the training-operator sums the container restarts of all its Running pods and fails the job when the
+      sum reaches the limit (pkg/core/job.go, `PastBackoffLimit`: `result >= BackoffLimit`). When one worker
+      crashes, its peers fail their next collective and restart too: a fault costs up to `workers` restarts.
+    - Indexed Job: the same rule for OnFailure pods (Kubernetes pkg/controller/job, `pastBackoffLimitOnFailure`);
+      for Never, each failed pod counts once and the job fails past the limit (`failed > backoffLimit`).
+    - MPIJob: the limit goes to the launcher's batch/v1 Job (mpi-operator pkg/controller/mpi_job_controller.go,
+      `newLauncherJob`); the workers restart without limit. A fault fails mpirun once, and the restarted
+      launcher can fail again on each worker pod whose sshd is not back yet: up to `workers` restarts again.
+    Hence `workers x max_restarts`, plus one because reaching the limit already fails the job.
+    """
+    return o.workers * o.max_restarts + 1
+
+
+def _backoff_limit(o: K8sOptions) -> int:
+    return default_backoff_limit(o) if o.backoff_limit is None else o.backoff_limit
+
+
+def _user_env_names(o: K8sOptions) -> list[str]:
+    """Names of the `container.env` entries of `o.overrides` (each a mapping with a `name`).
+
+    Raises:
+      ConfigError: an entry without a name, or (mpijob) `container.envFrom`, whose names mpirun cannot export.
+    """
+    container = (o.overrides or {}).get("container") or {}
+    if o.kind == "mpijob" and "envFrom" in container:
+        raise ConfigError("overrides: container.envFrom does not reach the ranks of an MPIJob (mpirun exports "
+                          "variables by name); list each variable under container.env")
+    names = []
+    for entry in container.get("env") or []:
+        if not isinstance(entry, Mapping) or not entry.get("name"):
+            raise ConfigError(f"overrides: container.env entry {entry!r} has no name")
+        names.append(entry["name"])
+    return names
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -126,7 +206,18 @@ class _NoAliasDumper(yaml.SafeDumper):
 def manifests(options: K8sOptions) -> list[dict]:
     """The objects to apply, in order (the Service before the Job that needs its DNS names)."""
     build = {"tfjob": tfjob, "mpijob": mpijob, "indexed-job": indexed_job}[options.kind]
-    return build(options)
+    claim = [volume_claim(options)] if options.volume_claim_size else []
+    return claim + build(options)
+
+
+def volume_claim(o: K8sOptions) -> dict:
+    """The ReadWriteMany PersistentVolumeClaim of `--volume-claim-size` (data, output and the backup that every
+    restarted pod resumes from; it needs a storage class that offers ReadWriteMany: NFS, Filestore, EFS...)."""
+    spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": o.volume_claim_size}}}
+    if o.storage_class:
+        spec["storageClassName"] = o.storage_class
+    meta = dict(_metadata(o), name=o.volume_claim)
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
 # --- the three kinds -------------------------------------------------------------------------------------------
@@ -136,7 +227,7 @@ def tfjob(o: K8sOptions) -> list[dict]:
     manifest = {
         "apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(o),
         "spec": {
-            "runPolicy": {"backoffLimit": o.backoff_limit, "cleanPodPolicy": "Running"},
+            "runPolicy": {"backoffLimit": _backoff_limit(o), "cleanPodPolicy": "Running"},
             "tfReplicaSpecs": {"Worker": {"replicas": o.workers, "restartPolicy": o.restart_policy,
                                           "template": _template(o, [container])}},
         },
@@ -146,7 +237,7 @@ def tfjob(o: K8sOptions) -> list[dict]:
 
 def mpijob(o: K8sOptions) -> list[dict]:
     slots = max(o.gpus_per_worker, 1)
-    launcher = _container(o, "launcher", launcher_command(o), gpus=0, training=False)
+    launcher = _container(o, "launcher", launcher_command(o), gpus=0, env=LAUNCHER_ENV, training=False)
     worker = _container(o, "worker", ["/usr/sbin/sshd", "-De", "-f", f"{HOME}/.sshd_config"],
                         gpus=o.gpus_per_worker)
     manifest = {
@@ -156,11 +247,13 @@ def mpijob(o: K8sOptions) -> list[dict]:
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": f"{HOME}/.ssh",
             "launcherCreationPolicy": "WaitForWorkersReady",  # no ssh to workers whose sshd is not up yet
-            "runPolicy": {"backoffLimit": o.backoff_limit, "cleanPodPolicy": "Running"},
+            "runPolicy": {"backoffLimit": _backoff_limit(o), "cleanPodPolicy": "Running"},
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": o.restart_policy,
                              "template": _template(o, [launcher])},
-                "Worker": {"replicas": o.workers, "template": _template(o, [worker])},
+                # Without a restartPolicy a worker is Never restarted: one failed pod fails the job.
+                "Worker": {"replicas": o.workers, "restartPolicy": o.restart_policy,
+                           "template": _template(o, [worker])},
             },
         },
     }
@@ -171,14 +264,23 @@ def launcher_command(o: K8sOptions) -> list[str]:
     """The MPIJob launcher's command: every rank of every worker pod runs `o.command`.
 
     The operator points Open MPI at its hostfile (`OMPI_MCA_orte_default_hostfile`); horovodrun is given the same
-    file, whose lines (`host slots=N`) it reads as they are.
+    file, whose lines (`host slots=N`) it reads as they are, and exports the launcher's environment itself.
+    mpirun gets `harness launch mpi`'s flags and exports by name each variable of the launcher container
+    (`launcher_env_names`): only variables that are set, so mpirun has none to warn about.
     """
     ranks = str(o.workers * max(o.gpus_per_worker, 1))
     if o.mpi_launcher == "horovodrun":
         return ["horovodrun", "-np", ranks, "--hostfile", "/etc/mpi/hostfile", *o.command]
-    exported = [a for name in MPI_EXPORTED for a in ("-x", name)]
-    return ["mpirun", "-np", ranks, "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl",
-            "^openib", *exported, *o.command]
+    exported = [a for name in launcher_env_names(o) for a in ("-x", name)]
+    return ["mpirun", "-np", ranks, *mpi.NO_BINDING, *mpi.OPEN_MPI, *mpi.TCP_INTERFACES, mpi.TAG_OUTPUT, *exported,
+            *o.command]
+
+
+def launcher_env_names(o: K8sOptions) -> list[str]:
+    """The variables the MPIJob launcher exports to the ranks: its container's env (ours, then the user's
+    `container.env`) and `IMAGE_EXPORTED`."""
+    names = [*BASE_ENV, *LAUNCHER_ENV, *_user_env_names(o), *IMAGE_EXPORTED]
+    return list(dict.fromkeys(names))
 
 
 def indexed_job(o: K8sOptions) -> list[dict]:
@@ -198,7 +300,7 @@ def indexed_job(o: K8sOptions) -> list[dict]:
     job = {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(o),
         "spec": {"completionMode": "Indexed", "completions": o.workers, "parallelism": o.workers,
-                 "backoffLimit": o.backoff_limit, "template": template},
+                 "backoffLimit": _backoff_limit(o), "template": template},
     }
     return [_override(o, service, pods=False), _override(o, job)]
 
@@ -222,15 +324,24 @@ def _container(o: K8sOptions, name: str, command: list[str], *, gpus: int, env: 
                  "workingDir": HOME}
     if ports:
         container["ports"] = ports
-    if training:
-        amounts = {k: v for k, v in (("cpu", o.cpu), ("memory", o.memory)) if v}
-        limits = dict(amounts, **({GPU_RESOURCE: str(gpus)} if gpus else {}))
-        if limits:
-            container["resources"] = {"limits": limits, **({"requests": amounts} if amounts else {})}
+    if not training:
+        container["resources"] = {"requests": dict(LAUNCHER_REQUESTS)}
+    else:
+        container["resources"] = _resources(o, gpus)
         container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
         if o.volume_claim:
             container["volumeMounts"].append({"name": "shared", "mountPath": o.mount_path})
     return container
+
+
+def _resources(o: K8sOptions, gpus: int) -> dict:
+    """Requests and limits of a training container: `--cpu`/`--memory` as both (the default only as requests,
+    see `CPU_PER_GPU`), the GPUs as limits (Kubernetes sets an extended resource's request equal to its limit)."""
+    given = {k: v for k, v in (("cpu", o.cpu), ("memory", o.memory)) if v}
+    per = max(gpus, 1)
+    requests = {"cpu": str(CPU_PER_GPU * per), "memory": f"{MEMORY_GIB_PER_GPU * per}Gi", **given}
+    limits = dict(given, **({GPU_RESOURCE: str(gpus)} if gpus else {}))
+    return {"requests": requests, **({"limits": limits} if limits else {})}
 
 
 def _template(o: K8sOptions, containers: list[dict]) -> dict:
@@ -238,19 +349,25 @@ def _template(o: K8sOptions, containers: list[dict]) -> dict:
     if o.volume_claim:
         volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": o.volume_claim}})
     spec = {"containers": containers, "volumes": volumes,
-            "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True}}
+            # OnRootMismatch: the volume is re-owned only when its root is not ours already, not file by file
+            # (the whole dataset) at every pod start and restart.
+            "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+                                "fsGroupChangePolicy": "OnRootMismatch", "runAsNonRoot": True}}
     return {"metadata": {"labels": _labels(o)}, "spec": spec}
 
 
 def _override(o: K8sOptions, manifest: dict, *, pods: bool = True) -> dict:
     """Merge the user's `manifest`, `pod` and `container` sections into `manifest` (see the module doc)."""
     over = o.overrides or {}
+    container = dict(over.get("container") or {})
+    # MPIJob: the ranks see the launcher's environment (mpirun -x), not the worker container's, which runs sshd;
+    # everything else (mounts, resources...) is for the worker pods, where the ranks run.
+    env = {"env": container.pop("env")} if o.kind == "mpijob" and "env" in container else {}
     if pods:
         for template in _pod_templates(manifest):
             merge(template["spec"], over.get("pod") or {})
             for c in template["spec"]["containers"]:
-                if c["name"] != "launcher":   # the MPI launcher only starts the ranks
-                    merge(c, over.get("container") or {})
+                merge(c, copy.deepcopy(env if c["name"] == "launcher" else container))
     return merge(manifest, over.get("manifest") or {})
 
 
@@ -284,6 +401,12 @@ def to_yaml(objects: Sequence[dict], options: K8sOptions) -> str:
               "# Your own settings (nodeSelector, tolerations, serviceAccountName, imagePullSecrets, env, ...):\n"
               "# put them in an overrides file (sections manifest / pod / container) and pass --overrides FILE,\n"
               "# so that regenerating keeps them. Apply with: kubectl apply -f THIS_FILE\n")
+    if options.backoff_limit is None:
+        header += (f"# Survives {options.max_restarts} faults (--max-restarts): each restarts the pods, which "
+                   "resume from the backup on the volume.\n")
+    if options.volume_claim_size:
+        header += (f"# Holds the claim {options.volume_claim}: `kubectl delete -f THIS_FILE` deletes it with "
+                   "your data and backups; delete the job by name.\n")
     return header + yaml.dump_all(objects, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False)
 
 
@@ -307,8 +430,10 @@ def main(args) -> int:
     options = K8sOptions(kind=args.kind, command=tuple(command), workers=args.workers, image=args.image,
                          gpus_per_worker=args.gpus_per_worker, name=args.name, namespace=args.namespace,
                          port=args.port, volume_claim=args.volume_claim or None, mount_path=args.mount_path,
+                         volume_claim_size=args.volume_claim_size, storage_class=args.storage_class,
                          cpu=args.cpu, memory=args.memory, restart_policy=args.restart_policy,
-                         backoff_limit=args.backoff_limit, mpi_launcher=args.mpi_launcher,
+                         max_restarts=args.max_restarts, backoff_limit=args.backoff_limit,
+                         mpi_launcher=args.mpi_launcher,
                          overrides=load_overrides(args.overrides))
     text = to_yaml(manifests(options), options)
     if args.output in (None, "-"):

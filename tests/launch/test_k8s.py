@@ -24,8 +24,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SHARED_K8S = pathlib.Path(os.environ.get("HARNESS_SHARED_K8S", ROOT.parent / "shared" / "k8s"))
 CRDS = {("kubeflow.org/v1", "TFJob"): "kubeflow.org_tfjobs.yaml",
         ("kubeflow.org/v2beta1", "MPIJob"): "kubeflow.org_mpijobs.yaml"}
-CORE_MODELS = {("v1", "Service"): "V1Service", ("batch/v1", "Job"): "V1Job"}
+CORE_MODELS = {("v1", "Service"): "V1Service", ("batch/v1", "Job"): "V1Job",
+               ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim"}
 CMD = ("harness", "train", "--data", "/mnt/harness/data", "--output", "/mnt/harness/runs/a")
+HVD_CMD = CMD + ("--backend", "horovod")
 
 
 # --- validation helpers ------------------------------------------------------------------------------------------
@@ -82,7 +84,8 @@ def validate(manifest: dict) -> None:
 def _make(kind, **kw):
     kw.setdefault("workers", 2)
     kw.setdefault("image", "registry.example/harness:0.1.0")
-    return k8s.manifests(k8s.K8sOptions(kind=kind, command=CMD, **kw))
+    kw.setdefault("command", HVD_CMD if kind == "mpijob" else CMD)
+    return k8s.manifests(k8s.K8sOptions(kind=kind, **kw))
 
 
 def _containers(template):
@@ -90,7 +93,7 @@ def _containers(template):
 
 
 def _env(container):
-    return {e["name"]: e["value"] for e in container["env"]}
+    return {e["name"]: e.get("value") for e in container["env"]}
 
 
 # --- TFJob -------------------------------------------------------------------------------------------------------
@@ -125,10 +128,155 @@ def test_mpijob_matches_crd(launcher):
     assert launcher_pod["replicas"] == 1 and workers["replicas"] == 2
     cmd = _containers(launcher_pod["template"])["launcher"]["command"]
     assert cmd[0] == launcher and cmd[cmd.index("-np") + 1] == "16"   # 2 pods x 8 slots
-    assert cmd[-len(CMD):] == list(CMD)
-    assert "resources" not in _containers(launcher_pod["template"])["launcher"]   # no GPU for the launcher
+    assert cmd[-len(HVD_CMD):] == list(HVD_CMD)
+    resources = _containers(launcher_pod["template"])["launcher"]["resources"]
+    assert resources == {"requests": {"cpu": "1", "memory": "2Gi"}}   # no GPU for the launcher, but not BestEffort
     w = _containers(workers["template"])["worker"]
     assert w["command"][0] == "/usr/sbin/sshd" and w["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert w["resources"]["requests"] == {"cpu": "24", "memory": "96Gi"}   # 3 CPUs and 12 GiB per GPU
+
+
+# --- faults: restarts, backoffLimit ---------------------------------------------------------------------------------
+def operator_gives_up(backoff_limit: int, restarts: int) -> bool:
+    """The training-operator's rule (pkg/core/job.go, PastBackoffLimit), also Kubernetes' for OnFailure pods."""
+    return restarts > 0 if backoff_limit == 0 else restarts >= backoff_limit
+
+
+@pytest.mark.parametrize("kind", k8s.KINDS)
+@pytest.mark.parametrize("workers, max_restarts", [(4, 3), (1, 0), (8, 5)])
+def test_backoff_limit_lets_the_job_survive_max_restarts_faults(kind, workers, max_restarts):
+    """Each fault restarts every worker (its peers fail their next collective): `workers` restarts per fault."""
+    job = _make(kind, workers=workers, max_restarts=max_restarts)[-1]
+    limit = job["spec"]["runPolicy"]["backoffLimit"] if "runPolicy" in job["spec"] else job["spec"]["backoffLimit"]
+    assert limit == workers * max_restarts + 1
+    assert not operator_gives_up(limit, workers * max_restarts)
+    assert operator_gives_up(limit, workers * (max_restarts + 1))
+    explicit = _make(kind, workers=workers, backoff_limit=7)[-1]
+    assert 7 in (explicit["spec"].get("backoffLimit"), explicit["spec"].get("runPolicy", {}).get("backoffLimit"))
+
+
+def test_default_job_survives_a_fault_of_four_workers():
+    (job,) = _make("tfjob", workers=4)
+    assert not operator_gives_up(job["spec"]["runPolicy"]["backoffLimit"], 4)   # was 3: failed at the first fault
+
+
+def test_mpijob_workers_restart_on_failure():
+    (job,) = _make("mpijob")
+    validate(job)
+    replicas = job["spec"]["mpiReplicaSpecs"]
+    assert replicas["Worker"]["restartPolicy"] == "OnFailure" and replicas["Launcher"]["restartPolicy"] == "OnFailure"
+    (never,) = _make("mpijob", restart_policy="Never")
+    assert never["spec"]["mpiReplicaSpecs"]["Worker"]["restartPolicy"] == "Never"
+
+
+@pytest.mark.parametrize("policy", ["ExitCode", "Always"])
+def test_mpijob_refuses_restart_policies_the_operator_rejects(policy):
+    with pytest.raises(ConfigError, match=f"--restart-policy '{policy}' is not valid for mpijob: one of "
+                                          "OnFailure, Never"):
+        _make("mpijob", restart_policy=policy)
+
+
+def test_mpijob_refuses_harness_train_without_the_horovod_backend():
+    with pytest.raises(ConfigError, match="harness train without --backend under MPI.*add --backend horovod"):
+        _make("mpijob", command=CMD)
+    with pytest.raises(ConfigError, match="with --backend tf"):
+        _make("mpijob", command=CMD + ("--backend", "tf"))
+
+
+# --- resources, storage ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", k8s.KINDS)
+def test_training_pods_request_cpu_and_memory_by_default(kind):
+    """No requests = BestEffort QoS, the first pods evicted; one evicted MPIJob worker fails the job."""
+    for gpus, cpu, memory in ((0, "3", "12Gi"), (2, "6", "24Gi")):
+        templates = k8s._pod_templates(_make(kind, gpus_per_worker=gpus)[-1])
+        for t in templates:
+            for c in t["spec"]["containers"]:
+                requests = c["resources"]["requests"]
+                if c["name"] == "launcher":
+                    assert requests == k8s.LAUNCHER_REQUESTS
+                    continue
+                assert requests == {"cpu": cpu, "memory": memory}
+                assert c["resources"].get("limits", {}) == ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+    given = k8s._pod_templates(_make(kind, gpus_per_worker=2, cpu="10", memory="40Gi")[-1])[-1]
+    c = given["spec"]["containers"][0]
+    assert c["resources"]["requests"] == {"cpu": "10", "memory": "40Gi"}
+    assert c["resources"]["limits"] == {"cpu": "10", "memory": "40Gi", "nvidia.com/gpu": "2"}
+
+
+@pytest.mark.parametrize("kind", k8s.KINDS)
+def test_volume_is_not_reowned_at_every_pod_start(kind):
+    for t in k8s._pod_templates(_make(kind)[-1]):
+        context = t["spec"]["securityContext"]
+        assert context["fsGroup"] == 1000 and context["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
+@pytest.mark.parametrize("kind", k8s.KINDS)
+def test_volume_claim_size_writes_the_claim_first(kind):
+    objects = _make(kind, volume_claim="geo-data", volume_claim_size="500Gi", storage_class="filestore",
+                    namespace="geo")
+    claim = objects[0]
+    validate(claim)
+    assert (claim["kind"], claim["metadata"]["name"], claim["metadata"]["namespace"]) == (
+        "PersistentVolumeClaim", "geo-data", "geo")
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "500Gi"}},
+                             "storageClassName": "filestore"}
+    for t in k8s._pod_templates(objects[-1]):
+        assert {"name": "shared", "persistentVolumeClaim": {"claimName": "geo-data"}} in t["spec"]["volumes"]
+    assert [o["kind"] for o in _make(kind)][0] != "PersistentVolumeClaim"   # not unless asked
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(volume_claim_size="500 GB"), "--volume-claim-size '500 GB' is not a Kubernetes quantity"),
+    (dict(volume_claim=None, volume_claim_size="1Ti"), "needs a --volume-claim"),
+    (dict(memory="32GB"), "--memory '32GB' is not a Kubernetes quantity"),
+    (dict(max_restarts=-1), "--max-restarts and --backoff-limit must be >= 0"),
+])
+def test_bad_resource_options_are_config_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        _make("tfjob", **kw)
+
+
+# --- the MPIJob launcher's environment and line -----------------------------------------------------------------------
+def test_mpijob_launcher_exports_only_variables_it_has():
+    """`-x NAME` of an unset variable makes mpirun warn at every run (NCCL_DEBUG was exported while unset)."""
+    (job,) = _make("mpijob", overrides={"container": {"env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}})
+    launcher = _containers(job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])["launcher"]
+    cmd = launcher["command"]
+    exported = [cmd[i + 1] for i, t in enumerate(cmd) if t == "-x"]
+    assert set(exported) <= set(_env(launcher)) | set(k8s.IMAGE_EXPORTED)
+    assert "NCCL_DEBUG" in exported
+    (plain,) = _make("mpijob")
+    plain_cmd = _containers(plain["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])["launcher"]["command"]
+    assert "NCCL_DEBUG" not in plain_cmd
+    # Horovod docs/mpi.rst: MPI and NCCL off the loopback and Docker bridge; one prefix per rank's lines.
+    assert " -mca btl_tcp_if_exclude lo,docker0 --tag-output " in " ".join(plain_cmd)
+    assert _env(launcher)["NCCL_SOCKET_IFNAME"] == "^lo,docker0" and "NCCL_SOCKET_IFNAME" in exported
+
+
+@pytest.mark.parametrize("launcher_kind", ["mpirun", "horovodrun"])
+def test_mpijob_user_env_reaches_the_ranks_through_the_launcher(launcher_kind):
+    """The workers run sshd; the ranks get the launcher's environment (mpirun -x; horovodrun exports it all)."""
+    env = [{"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": "/var/secrets/key.json"},
+           {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}}]
+    mounts = [{"name": "key", "mountPath": "/var/secrets"}]
+    (job,) = _make("mpijob", mpi_launcher=launcher_kind, overrides={"container": {"env": env,
+                                                                                 "volumeMounts": mounts}})
+    validate(job)
+    replicas = job["spec"]["mpiReplicaSpecs"]
+    launcher = _containers(replicas["Launcher"]["template"])["launcher"]
+    worker = _containers(replicas["Worker"]["template"])["worker"]
+    assert [e for e in launcher["env"] if e["name"] in ("GOOGLE_APPLICATION_CREDENTIALS", "WANDB_API_KEY")] == env
+    assert not {"GOOGLE_APPLICATION_CREDENTIALS", "WANDB_API_KEY"} & {e["name"] for e in worker["env"]}
+    assert mounts[0] in worker["volumeMounts"] and "volumeMounts" not in launcher   # files are read by the ranks
+    cmd = launcher["command"]
+    if launcher_kind == "mpirun":
+        exported = [cmd[i + 1] for i, t in enumerate(cmd) if t == "-x"]
+        assert {"GOOGLE_APPLICATION_CREDENTIALS", "WANDB_API_KEY"} <= set(exported)
+
+
+def test_mpijob_refuses_env_from():
+    with pytest.raises(ConfigError, match="container.envFrom does not reach the ranks of an MPIJob"):
+        _make("mpijob", overrides={"container": {"envFrom": [{"secretRef": {"name": "s"}}]}})
 
 
 # --- Indexed Job + headless Service ------------------------------------------------------------------------------
@@ -204,15 +352,17 @@ def test_overrides_land_in_every_object_and_stay_valid(kind):
         for c in t["spec"]["containers"]:
             env = _env(c)
             assert env["TF_USE_LEGACY_KERAS"] == "1"                          # appended, not replaced
-            assert ("GOOGLE_APPLICATION_CREDENTIALS" in env) == (c["name"] != "launcher")
+            # MPIJob: the ranks see the launcher's environment, not the sshd container's.
+            assert ("GOOGLE_APPLICATION_CREDENTIALS" in env) == (kind != "mpijob" or c["name"] == "launcher")
 
 
 @pytest.mark.parametrize("kw, match", [
     (dict(kind="indexed-job", restart_policy="ExitCode"), "not valid for indexed-job"),
+    (dict(kind="mpijob", command=HVD_CMD, overrides={"container": {"env": [{"value": "x"}]}}), "has no name"),
     (dict(kind="tfjob", name="Bad_Name"), "DNS label"),
     (dict(kind="tfjob", name="x" * 60), "at most 63"),
     (dict(kind="tfjob", command=()), "no command"),
-    (dict(kind="mpijob", overrides={"pods": {}}), "unknown sections"),
+    (dict(kind="mpijob", command=HVD_CMD, overrides={"pods": {}}), "unknown sections"),
     (dict(kind="k8s"), "one of tfjob"),
 ])
 def test_bad_options_are_config_errors(kw, match):
@@ -243,14 +393,16 @@ def test_cli_writes_a_yaml_stream(tmp_path):
     out = tmp_path / "job.yaml"
     r = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "k8s", "--kind", "indexed-job",
                         "--workers", "2", "--gpus-per-worker", "1", "--image", "h:1", "--overrides", str(overrides),
-                        "-o", str(out), "--", *CMD], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                        "--max-restarts", "2", "--volume-claim-size", "100Gi", "-o", str(out), "--", *CMD], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert text.startswith("# Generated by: harness launch k8s --kind indexed-job")
     objects = list(yaml.safe_load_all(text))
-    assert [o["kind"] for o in objects] == ["Service", "Job"]
+    assert [o["kind"] for o in objects] == ["PersistentVolumeClaim", "Service", "Job"]
     for obj in objects:
         validate(obj)
+    assert objects[-1]["spec"]["backoffLimit"] == 2 * 2 + 1
+    assert "# Survives 2 faults" in text and "deletes it with your data" in text
     r = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "k8s", "--kind", "tfjob", "--workers", "2",
                         "--image", "h:1", "--name", "UPPER", "--", *CMD], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)

@@ -101,9 +101,43 @@ def test_image_matches_what_the_manifests_assume():
     assert f"/home/{a['HARNESS_USER']}" == k8s.HOME
     runs = " ".join(rest for w, rest in final if w == "RUN")
     # The MPIJob's workers run `sshd -f HOME/.sshd_config`; the operator mounts the keys at HOME/.ssh.
-    (job,) = k8s.manifests(k8s.K8sOptions(kind="mpijob", command=("harness", "train"), workers=2, image="h"))
+    (job,) = k8s.manifests(k8s.K8sOptions(kind="mpijob", command=("harness", "train", "--backend", "horovod"),
+                                          workers=2, image="h"))
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert worker["command"][-1] == f"{k8s.HOME}/.sshd_config"
     assert '> "/home/${HARNESS_USER}/.sshd_config"' in runs
     assert "HostKey /home/%s/.ssh/id_rsa" in runs and job["spec"]["sshAuthMountPath"] == f"{k8s.HOME}/.ssh"
     assert int(a["SSH_PORT"]) == 2222
+
+
+def env(stage) -> dict:
+    """The stage's ENV settings (`ENV A=1 B=2` form)."""
+    return dict(pair.split("=", 1) for word, rest in stage if word == "ENV" for pair in rest.split())
+
+
+def test_open_mpi_shared_memory_works_under_dockers_seccomp():
+    """Open MPI's single-copy (CMA, process_vm_readv) is denied by Docker's default seccomp profile: every rank
+    prints `Read -1, expected ..., errno = 1` (Horovod docs/docker.rst). The image turns it off."""
+    _, final = stages()
+    assert env(final)["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+
+
+def readme_commands(section: str) -> list[str]:
+    """The shell commands of a README section's code blocks, continuation lines joined."""
+    text = (ROOT / "README.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```\n(.*?)```", body, flags=re.S)
+    joined = "\n".join(blocks).replace("\\\n", " ")
+    return [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_readme_docker_runs_write_output_the_image_user_can_write():
+    """`docker run -v "$PWD/runs:/runs"` creates a missing ./runs as root, which the image's user (uid 1000)
+    cannot write: the README creates it first and runs as the caller (`--user`)."""
+    commands = readme_commands("Docker and Kubernetes")
+    runs = [i for i, c in enumerate(commands) if c.startswith("docker run") and ":/runs" in c]
+    assert len(runs) >= 3
+    first_mkdir = min(i for i, c in enumerate(commands) if re.match(r"mkdir -p .*\bruns\b", c))
+    for i in runs:
+        assert first_mkdir < i, commands[i]
+        assert '--user "$(id -u):$(id -g)"' in commands[i], commands[i]

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from harness import cli
+from harness.errors import ConfigError
 from harness.launch import mpi as launch_mpi
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -18,16 +19,24 @@ HARNESS = [sys.executable, "-m", "harness.cli"]
 TRAIN = ["harness", "train", "--backend", "horovod", "--data", "gs://b/export", "--output", "runs/x"]
 
 
+def _exported(line):
+    return [line[i + 1] for i, t in enumerate(line) if t == "-x"]
+
+
 def test_mpirun_command_has_horovods_flags_and_exports():
     env = {"PATH": "/bin", "NCCL_DEBUG": "INFO", "HARNESS_SHARED_DATA": "/d", "TF_CONFIG": "{}",
-           "HOROVOD_RANK": "3", "OMPI_COMM_WORLD_RANK": "1", "HOME": "/root"}
+           "HOROVOD_RANK": "3", "OMPI_COMM_WORLD_RANK": "1", "HOME": "/root", "TF_CPP_MIN_LOG_LEVEL": "2"}
     line = launch_mpi.mpirun_command(TRAIN, np=4, hosts="a:2,b:2", environ=env, as_root=False)
     assert line[:5] == ["mpirun", "-np", "4", "-H", "a:2,b:2"]
     joined = " ".join(line)
-    assert "-bind-to none -map-by slot -mca pml ob1 -mca btl ^openib" in joined
-    exported = [line[i + 1] for i, t in enumerate(line) if t == "-x"]
-    assert exported == ["TF_USE_LEGACY_KERAS", "PATH", "HARNESS_SHARED_DATA", "NCCL_DEBUG"]  # not TF_CONFIG, ranks
+    assert ("-bind-to none -map-by slot -mca pml ob1 -mca btl ^openib -mca btl_tcp_if_exclude lo,docker0 "
+            "--tag-output -x") in joined   # Horovod docs/mpi.rst: no loopback / Docker bridge; a rank per line
+    assert _exported(line) == ["TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "PATH", "HARNESS_SHARED_DATA",
+                               "NCCL_DEBUG", "NCCL_SOCKET_IFNAME=^lo,docker0"]  # not TF_CONFIG, ranks
     assert line[-len(TRAIN):] == TRAIN
+    # The user's own interface choice is exported as it is, not replaced.
+    own = launch_mpi.mpirun_command(TRAIN, np=2, environ={"NCCL_SOCKET_IFNAME": "eth1"}, as_root=False)
+    assert _exported(own) == ["TF_USE_LEGACY_KERAS", "NCCL_SOCKET_IFNAME"]
     rooted = launch_mpi.mpirun_command(TRAIN, np=2, environ={}, as_root=True)
     assert rooted[:4] == ["mpirun", "--allow-run-as-root", "-np", "2"] and "-H" not in rooted
 
@@ -50,6 +59,53 @@ def test_bad_hosts_are_named(hosts, message):
         launch_mpi.mpirun_command([], np=2)
 
 
+def test_secrets_and_host_devices_are_not_exported(capsys, monkeypatch):
+    """Terraform's TF_VAR_* share TensorFlow's prefix; CUDA_VISIBLE_DEVICES describes this host only (horovodrun
+    does not forward it either). Only named variables travel, plus `--export NAME`."""
+    monkeypatch.setenv("TF_VAR_db_password", "hunter2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("FOO", "bar")
+    monkeypatch.delenv("NOT_SET_HERE", raising=False)
+    assert cli.main(["launch", "mpi", "--np", "2", "--dry-run", "--", *TRAIN]) == 0
+    printed = capsys.readouterr().out
+    assert "TF_VAR_db_password" not in printed and "CUDA_VISIBLE_DEVICES" not in printed
+    assert "-x FOO" not in printed
+    assert cli.main(["launch", "mpi", "--np", "2", "--export", "FOO", "--export", "PATH", "--dry-run", "--",
+                     *TRAIN]) == 0
+    line = shlex.split(capsys.readouterr().out)
+    assert "FOO" in _exported(line) and _exported(line).count("PATH") == 1
+    with pytest.raises(ConfigError, match="--export NOT_SET_HERE: NOT_SET_HERE is not set"):
+        launch_mpi.mpirun_command(TRAIN, np=2, export=["NOT_SET_HERE"])
+    with pytest.raises(ConfigError, match="--export TF_CONFIG: TF_CONFIG describes one process"):
+        launch_mpi.mpirun_command(TRAIN, np=2, environ={"TF_CONFIG": "{}"}, export=["TF_CONFIG"])
+
+
+@pytest.mark.parametrize("command, match", [
+    (["harness", "train", "--data", "d"], "harness train without --backend under MPI would train one "
+                                          "independent copy per rank.*add --backend horovod after `harness train`"),
+    (["harness", "train", "--backend", "tf"], "with --backend tf"),
+    ([sys.executable, "-m", "harness.cli", "train", "--backend=tf"], "with --backend tf"),
+    (["/opt/venv/bin/harness", "bench", "train", "--data", "synthetic"], "benchmark several workers with"),
+])
+def test_harness_train_under_mpi_needs_the_horovod_backend(command, match):
+    for build in (lambda: launch_mpi.mpirun_command(command, np=2),
+                  lambda: launch_mpi.horovodrun_command(command, np=2)):
+        with pytest.raises(ConfigError, match=match):
+            build()
+
+
+def test_horovod_backend_and_other_commands_are_accepted():
+    for command in (TRAIN, [sys.executable, "-m", "harness.cli", "train", "--backend=horovod"],
+                    [sys.executable, "train.py"], ["harness", "inspect", "d"], ["python", "/mnt/harness", "train"]):
+        assert launch_mpi.horovod_backend_error(command) is None, command
+
+
+def test_dry_run_without_the_backend_fails_naming_the_fix():
+    r = subprocess.run([*HARNESS, "launch", "mpi", "--np", "2", "--dry-run", "--", "harness", "train", "--data",
+                        "d"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "ConfigError" in r.stderr and "add --backend horovod" in r.stderr, r.stderr
+
+
 def test_dry_run_prints_the_lines(capsys):
     assert cli.main(["launch", "mpi", "--np", "2", "-H", "localhost:2", "--dry-run", "--", *TRAIN]) == 0
     printed = capsys.readouterr().out.strip()
@@ -59,24 +115,54 @@ def test_dry_run_prints_the_lines(capsys):
     assert line[0].endswith("horovodrun") and line[1:] == ["-np", "2", "-H", "localhost:2", "--mpi", *TRAIN]
 
 
-def test_mpirun_script_shows_the_same_line():
+@pytest.mark.parametrize("extra", [{}, {"NCCL_SOCKET_IFNAME": "eth0", "EXPORT": "FOO PATH", "FOO": "1"}])
+def test_mpirun_script_shows_the_same_line(extra):
     env = dict(os.environ, DRY_RUN="1", NP="4", HOSTS="a:2,b:2", NCCL_DEBUG="INFO", TF_CONFIG="{}",
-               HOROVOD_RANK="1")
+               HOROVOD_RANK="1", TF_VAR_db_password="hunter2", CUDA_VISIBLE_DEVICES="0")
+    env.pop("NCCL_SOCKET_IFNAME", None)
+    env.update(extra)
     out = subprocess.run(["bash", ROOT / "launch" / "mpirun_horovod.sh", "--data", "gs://b/export", "--output",
                           "runs/x"], env=env, capture_output=True, text=True, timeout=30, check=True).stdout
-    assert shlex.split(out) == launch_mpi.mpirun_command(TRAIN, np=4, hosts="a:2,b:2", environ=env)
+    line = shlex.split(out)
+    assert line == launch_mpi.mpirun_command(TRAIN, np=4, hosts="a:2,b:2", environ=env,
+                                             export=env.get("EXPORT", "").split())
+    assert "TF_VAR_db_password" not in out and "CUDA_VISIBLE_DEVICES" not in out
+    assert "--tag-output" in line and "btl_tcp_if_exclude" in line
+    assert ("NCCL_SOCKET_IFNAME" if extra else "NCCL_SOCKET_IFNAME=^lo,docker0") in _exported(line)
+
+
+@pytest.mark.parametrize("export, message", [("NOT_SET_HERE", "is not set"), ("TF_CONFIG", "describes one process"),
+                                             ("HOROVOD_RANK", "describes one process")])
+def test_mpirun_script_refuses_what_launch_mpi_refuses(export, message):
+    env = dict(os.environ, DRY_RUN="1", EXPORT=export, TF_CONFIG="{}", HOROVOD_RANK="1")
+    env.pop("NOT_SET_HERE", None)
+    r = subprocess.run(["bash", ROOT / "launch" / "mpirun_horovod.sh"], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and f"EXPORT: {export} {message}" in r.stderr, r.stderr
+    with pytest.raises(ConfigError, match=f"--export {export}: {export} {message}"):
+        launch_mpi.mpirun_command(TRAIN, np=2, environ=env, export=[export])
 
 
 def test_slurm_script_runs_srun_with_the_same_placement():
-    env = dict(os.environ, DRY_RUN="1")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_exclude", "SLURM_CPUS_PER_TASK")}
+    env["DRY_RUN"] = "1"
     out = subprocess.run(["bash", ROOT / "launch" / "slurm_horovod.sbatch", "--data", "gs://b/export", "--output",
                           "runs/x"], env=env, capture_output=True, text=True, timeout=30, check=True).stdout
     line = shlex.split(out)
-    assert line[:5] == ["srun", "--mpi=pmix", "--cpu-bind=none", "--distribution=block", "--kill-on-bad-exit=1"]
-    assert line[5:] == TRAIN
+    # Slurm 22.05+: srun no longer inherits sbatch's --cpus-per-task; NCCL and Open MPI off lo and docker0.
     directives = [ln for ln in (ROOT / "launch" / "slurm_horovod.sbatch").read_text().splitlines()
                   if ln.startswith("#SBATCH")]
+    (cpus,) = [d.split("=")[1] for d in directives if d.startswith("#SBATCH --cpus-per-task=")]
+    assert line[:2] == ["NCCL_SOCKET_IFNAME=^lo,docker0", "OMPI_MCA_btl_tcp_if_exclude=lo,docker0"]
+    assert line[2:9] == ["srun", "--mpi=pmix", "--cpu-bind=none", "--distribution=block", "--kill-on-bad-exit=1",
+                         "--label", f"--cpus-per-task={cpus}"]
+    assert line[9:] == TRAIN
     assert "#SBATCH --ntasks-per-node=4" in directives and "#SBATCH --gpus-per-node=4" in directives
+    inside = dict(env, SLURM_CPUS_PER_TASK="6", NCCL_SOCKET_IFNAME="ib0")   # as sbatch sets it in the job
+    out = subprocess.run(["bash", ROOT / "launch" / "slurm_horovod.sbatch"], env=inside, capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    assert "--cpus-per-task=6" in shlex.split(out) and shlex.split(out)[0] == "NCCL_SOCKET_IFNAME=ib0"
 
 
 def launch(*args, timeout=120) -> subprocess.CompletedProcess:

@@ -1,22 +1,72 @@
-"""`harness launch local|k8s|mpi|horovod`."""
+"""`harness launch local|k8s|mpi|horovod`: start a command as several workers, or write the manifests that do."""
 from __future__ import annotations
+
+import shlex
+import sys
+
+
+def _command(args) -> list[str]:
+    """The command after `--`."""
+    command = list(args.argv)
+    return command[1:] if command and command[0] == "--" else command
 
 
 def local(args) -> int:
-    from harness.launch import local as local_lib
-    return local_lib.main(args)
+    """`harness launch local --workers N [--gpus-per-worker G] [--timeout S] -- CMD...`."""
+    from harness.launch.local import run_local
+
+    run_local(_command(args), workers=args.workers, gpus_per_worker=args.gpus_per_worker, timeout_s=args.timeout)
+    return 0
 
 
 def k8s(args) -> int:
+    """`harness launch k8s --kind KIND --workers N [--gpus-per-worker G] --image IMAGE [...] -- CMD...`."""
     from harness.launch import k8s as k8s_lib
-    return k8s_lib.main(args)
+
+    options = k8s_lib.K8sOptions(
+        kind=args.kind, command=tuple(_command(args)), workers=args.workers, image=args.image,
+        gpus_per_worker=args.gpus_per_worker, name=args.name, namespace=args.namespace, port=args.port,
+        volume_claim=args.volume_claim or None, mount_path=args.mount_path,
+        volume_claim_size=args.volume_claim_size, storage_class=args.storage_class, cpu=args.cpu,
+        memory=args.memory, restart_policy=args.restart_policy, max_restarts=args.max_restarts,
+        backoff_limit=args.backoff_limit, mpi_launcher=args.mpi_launcher,
+        overrides=k8s_lib.load_overrides(args.overrides))
+    text = k8s_lib.to_yaml(k8s_lib.manifests(options), options)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}: kubectl apply -f {args.output}", file=sys.stderr)
+    return 0
 
 
 def mpi(args) -> int:
+    """`harness launch mpi --np N [-H host:slots,...] [--export NAME]... [--mpirun-args ARGS] [--dry-run] -- CMD`."""
     from harness.launch import mpi as mpi_lib
-    return mpi_lib.main_mpi(args)
+
+    line = mpi_lib.mpirun_command(_command(args), np=args.np, hosts=args.hosts,
+                                  extra=shlex.split(args.mpirun_args or ""), export=args.export or ())
+    return _launch(line, args)
 
 
 def horovod(args) -> int:
+    """`harness launch horovod --np N [-H host:slots,...] [--controller gloo|mpi] [--dry-run] -- CMD...`."""
     from harness.launch import mpi as mpi_lib
-    return mpi_lib.main_horovod(args)
+
+    line = mpi_lib.horovodrun_command(_command(args), np=args.np, hosts=args.hosts, controller=args.controller,
+                                      extra=shlex.split(args.horovodrun_args or ""),
+                                      horovodrun=mpi_lib.beside_python("horovodrun"))
+    return _launch(line, args)
+
+
+def _launch(line: list[str], args) -> int:
+    """Print the line (`--dry-run`), or run it and wait (bounded by `--timeout` seconds when given)."""
+    from harness.launch.mpi import run
+
+    if args.dry_run:
+        print(shlex.join(line))
+        return 0
+    print(f"launching: {shlex.join(line)}", file=sys.stderr, flush=True)
+    run(line, timeout_s=args.timeout)
+    return 0

@@ -36,7 +36,6 @@ import copy
 import dataclasses
 import re
 import shlex
-import sys
 from typing import Any, Mapping, Optional, Sequence
 
 import yaml
@@ -420,26 +419,3 @@ def load_overrides(path: Optional[str]) -> Optional[dict]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with sections {list(OVERRIDE_SECTIONS)}")
     return data
-
-
-def main(args) -> int:
-    """`harness launch k8s --kind KIND --workers N [--gpus-per-worker G] --image IMAGE [...] -- CMD...`."""
-    command = list(args.argv)
-    if command and command[0] == "--":
-        command = command[1:]
-    options = K8sOptions(kind=args.kind, command=tuple(command), workers=args.workers, image=args.image,
-                         gpus_per_worker=args.gpus_per_worker, name=args.name, namespace=args.namespace,
-                         port=args.port, volume_claim=args.volume_claim or None, mount_path=args.mount_path,
-                         volume_claim_size=args.volume_claim_size, storage_class=args.storage_class,
-                         cpu=args.cpu, memory=args.memory, restart_policy=args.restart_policy,
-                         max_restarts=args.max_restarts, backoff_limit=args.backoff_limit,
-                         mpi_launcher=args.mpi_launcher,
-                         overrides=load_overrides(args.overrides))
-    text = to_yaml(manifests(options), options)
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-    else:
-        with open(args.output, "w") as f:
-            f.write(text)
-        print(f"wrote {args.output}: kubectl apply -f {args.output}", file=sys.stderr)
-    return 0

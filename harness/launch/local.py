@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Mapping, Sequence
 
-from harness.errors import WorkerFailedError
+from harness.errors import ConfigError, WorkerFailedError
 
 GRACE_S = 10.0  # seconds a worker gets between SIGTERM and SIGKILL
 
@@ -97,12 +97,12 @@ def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0,
     Raises:
       WorkerFailedError: when a worker exits non-zero (the others are stopped; the message names the first
         failure and its exit code), or when `timeout_s` seconds pass first (all are stopped).
-      ValueError: if `command` is empty or `workers < 1`.
+      ConfigError: if `command` is empty or `workers < 1`.
     """
     if not command:
-        raise ValueError("no command to launch (put it after --)")
+        raise ConfigError("no command to launch (put it after --)")
     if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
     out = out or sys.stdout
     procs, threads = [], []
     for i, env in enumerate(worker_environments(workers, gpus_per_worker=gpus_per_worker)):
@@ -129,12 +129,3 @@ def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0,
             t.join(timeout=5)
     if failure:
         raise WorkerFailedError(f"{failure}; stopped the other workers")
-
-
-def main(args) -> int:
-    """`harness launch local --workers N [--gpus-per-worker G] [--timeout S] -- CMD...`."""
-    command = list(args.argv)
-    if command and command[0] == "--":
-        command = command[1:]
-    run_local(command, workers=args.workers, gpus_per_worker=args.gpus_per_worker, timeout_s=args.timeout)
-    return 0

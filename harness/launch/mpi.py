@@ -22,7 +22,6 @@ The flags are Horovod's own (horovod/runner/mpi_run.py, docs/mpi.rst):
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -55,20 +54,20 @@ def check_hosts(np: int, hosts: Optional[str]) -> Optional[str]:
     """Validate `-H host:slots,...` for `np` ranks; returns it (None when not given).
 
     Raises:
-      ValueError: if `np < 1`, a host has no or a bad slot count, or the slots are fewer than `np`.
+      ConfigError: if `np < 1`, a host has no or a bad slot count, or the slots are fewer than `np`.
     """
     if np < 1:
-        raise ValueError(f"--np must be >= 1, got {np}")
+        raise ConfigError(f"--np must be >= 1, got {np}")
     if not hosts:
         return None
     slots = 0
     for entry in hosts.split(","):
         host, _, n = entry.partition(":")
         if not host or not n.isdigit() or int(n) < 1:
-            raise ValueError(f"-H expects host:slots,... (e.g. node1:4,node2:4), got {entry!r}")
+            raise ConfigError(f"-H expects host:slots,... (e.g. node1:4,node2:4), got {entry!r}")
         slots += int(n)
     if slots < np:
-        raise ValueError(f"-H {hosts} offers {slots} slots for --np {np}")
+        raise ConfigError(f"-H {hosts} offers {slots} slots for --np {np}")
     return hosts
 
 
@@ -145,11 +144,11 @@ def mpirun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = No
       as_root: add `--allow-run-as-root` (default: when this process runs as root).
       export: further variable names to export (`--export NAME`).
     Raises:
-      ValueError: no command, or bad `np` / `hosts` (`check_hosts`).
+      ConfigError: no command, or bad `np` / `hosts` (`check_hosts`).
       ConfigError: `harness train` without `--backend horovod`, or a bad `export` name (`exported_names`).
     """
     if not command:
-        raise ValueError("no command to launch (put it after --)")
+        raise ConfigError("no command to launch (put it after --)")
     require_horovod_backend(command)
     root = os.geteuid() == 0 if as_root is None else as_root
     line = [mpirun] + (["--allow-run-as-root"] if root else [])
@@ -169,9 +168,9 @@ def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] 
     """The `horovodrun` line: `np` ranks on `hosts` (default `localhost:np`), Gloo or MPI controller
     (horovodrun binds nothing and exports the environment itself)."""
     if not command:
-        raise ValueError("no command to launch (put it after --)")
+        raise ConfigError("no command to launch (put it after --)")
     if controller not in CONTROLLERS:
-        raise ValueError(f"controller must be one of {CONTROLLERS}, got {controller!r}")
+        raise ConfigError(f"controller must be one of {CONTROLLERS}, got {controller!r}")
     require_horovod_backend(command)
     hosts = check_hosts(np, hosts) or f"localhost:{np}"
     return [horovodrun, "-np", str(np), "-H", hosts, f"--{controller}", *extra, *command]
@@ -219,36 +218,7 @@ def _stop(proc: subprocess.Popen) -> None:
         p.kill()
 
 
-def _command(args) -> list[str]:
-    command = list(args.argv)
-    return command[1:] if command and command[0] == "--" else command
-
-
-def _launch(line: list[str], args) -> int:
-    if args.dry_run:
-        print(shlex.join(line))
-        return 0
-    print(f"launching: {shlex.join(line)}", file=sys.stderr, flush=True)
-    run(line, timeout_s=args.timeout)
-    return 0
-
-
-def main_mpi(args) -> int:
-    """`harness launch mpi --np N [-H host:slots,...] [--export NAME]... [--mpirun-args ARGS] [--dry-run] -- CMD`."""
-    line = mpirun_command(_command(args), np=args.np, hosts=args.hosts, extra=shlex.split(args.mpirun_args or ""),
-                          export=args.export or ())
-    return _launch(line, args)
-
-
-def main_horovod(args) -> int:
-    """`harness launch horovod --np N [-H host:slots,...] [--controller gloo|mpi] [--dry-run] -- CMD...`."""
-    line = horovodrun_command(_command(args), np=args.np, hosts=args.hosts, controller=args.controller,
-                              extra=shlex.split(args.horovodrun_args or ""),
-                              horovodrun=_beside_python("horovodrun"))
-    return _launch(line, args)
-
-
-def _beside_python(name: str) -> str:
+def beside_python(name: str) -> str:
     """The virtual environment's script when it is there (it need not be on PATH), else the bare name."""
     path = os.path.join(os.path.dirname(sys.executable), name)
     return path if os.path.exists(path) else name

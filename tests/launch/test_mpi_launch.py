@@ -46,16 +46,16 @@ def test_horovodrun_command_and_controller():
         "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *TRAIN]
     line = launch_mpi.horovodrun_command(TRAIN, np=8, hosts="a:4,b:4", controller="mpi", horovodrun="horovodrun")
     assert line[1:6] == ["-np", "8", "-H", "a:4,b:4", "--mpi"]
-    with pytest.raises(ValueError, match="controller must be one of"):
+    with pytest.raises(ConfigError, match="controller must be one of"):
         launch_mpi.horovodrun_command(TRAIN, np=2, controller="nccl")
 
 
 @pytest.mark.parametrize("hosts, message", [("a:2,b", "host:slots"), ("a:0", "host:slots"),
                                             ("a:1,b:1", "offers 2 slots for --np 4")])
 def test_bad_hosts_are_named(hosts, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         launch_mpi.check_hosts(4, hosts)
-    with pytest.raises(ValueError, match="no command"):
+    with pytest.raises(ConfigError, match="no command"):
         launch_mpi.mpirun_command([], np=2)
 
 

@@ -15,5 +15,5 @@ def plan(args) -> int:
     shards = open_shards(args.data)
     result = make_plan(shards.counts, workers=args.workers, replicas_per_worker=args.replicas_per_worker,
                        global_batch_size=args.global_batch_size, per_replica_batch_size=args.per_replica_batch_size)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format(args.data))
     return 0

@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import dataclasses
+import posixpath
+import shlex
 from typing import Optional, Sequence
 
 from harness.distribute import batch as batch_math
@@ -60,10 +62,14 @@ class Plan:
         """Records read and dropped per epoch / records read per epoch, over all workers."""
         return sum(self.dropped) / max(sum(self.records), 1)
 
-    def waste_warning(self) -> Optional[str]:
+    def waste_warning(self, sources: Sequence[str] = ()) -> Optional[str]:
         """A warning when more than DROPPED_WARN_SHARE of the records read each epoch are dropped, with the split
         and the fix; None otherwise. Uneven files (3 files over 2 workers) are the usual cause: every worker runs
-        the steps of the worker with the fewest records."""
+        the steps of the worker with the fewest records.
+
+        Args:
+          sources: the data as given (folders, globs or paths): the fix is then the `harness reshard` command
+            line to run, writing beside the first of them (`<source>-resharded`)."""
         if self.dropped_share <= DROPPED_WARN_SHARE:
             return None
         b = self.batch
@@ -71,8 +77,10 @@ class Plan:
                 f"and dropped every epoch (records per worker: {'/'.join(map(str, self.records))}, files per worker: "
                 f"{'/'.join(str(len(f)) for f in self.files)})")
         if max(self.records) - min(self.records) >= b.per_worker_batch_size:
+            command = ["harness", "reshard", *(sources or ["DATA"]), "--output",
+                       _resharded(sources[0]) if sources else "DIR", "--workers", str(b.workers)]
             return text + (f"; the workers' shares are uneven: rewrite the data into a multiple of {b.workers} "
-                           f"equal shards (harness reshard DATA --output DIR --workers {b.workers})")
+                           f"equal shards: {shlex.join(command)}")
         return text + f"; a smaller batch than {b.global_batch_size} drops fewer"
 
     def to_dict(self) -> dict:
@@ -93,8 +101,8 @@ class Plan:
                             "dropped": self.dropped[w]} for w in range(self.batch.workers)],
         }
 
-    def format(self) -> str:
-        """Plain-text table for people."""
+    def format(self, sources: Sequence[str] = ()) -> str:
+        """Plain-text table for people; `sources` as for `waste_warning`."""
         b = self.batch
         lines = [
             f"{b.workers} worker{'s' if b.workers > 1 else ''} x {b.replicas_per_worker} replicas per worker = "
@@ -107,8 +115,16 @@ class Plan:
         ]
         lines += [f"{w:>4}  {len(self.files[w]):>5}  {self.records[w]:>8}  {self.dropped[w]:>8}"
                   for w in range(b.workers)]
-        warning = self.waste_warning()
+        warning = self.waste_warning(sources)
         return "\n".join(lines + ([warning] if warning else []))
+
+
+def _resharded(source: str) -> str:
+    """Where `harness reshard` should write: beside the source folder (or the folder of a glob or file)."""
+    path = source.rstrip("/")
+    if any(c in path for c in "*?[") or path.endswith((".gz", ".tfrecord")) or ".tfrecord" in posixpath.basename(path):
+        path = posixpath.dirname(path) or "."
+    return f"{path}-resharded"
 
 
 def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_per_worker: int,

@@ -143,7 +143,7 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
                               replicas_per_worker=context.replicas_per_worker,
                               global_batch_size=options.global_batch_size,
                               per_replica_batch_size=options.per_replica_batch_size)
-    say(plan.format())
+    say(plan.format(options.data))
     on_plan(plan, train)
     validation, val_plan = _validation(options, train, spec, plan, say)
     mean, variance, labels, num_classes = _sample(options, train, spec, plan, backend, say)

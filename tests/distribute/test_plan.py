@@ -83,6 +83,8 @@ def test_uneven_files_warn_with_the_split_and_the_fix():
     assert warning.startswith("warning: 40 of 120 records (33%) are read and dropped every epoch")
     assert "records per worker: 80/40, files per worker: 2/1" in warning
     assert "harness reshard DATA --output DIR --workers 2" in warning and warning in plan.format()
+    assert plan.waste_warning(["/d/ex port/*.gz"]).endswith(
+        "harness reshard '/d/ex port/*.gz' --output '/d/ex port-resharded' --workers 2")
     assert plan.to_dict()["dropped_share"] == pytest.approx(1 / 3)
     even = make_plan([("a", 40), ("b", 40)], workers=2, replicas_per_worker=1, global_batch_size=8)
     assert even.waste_warning() is None and "warning" not in even.format()

@@ -43,3 +43,27 @@ def test_plan_zero_steps_is_a_clear_error(export, tmp_path):
     proc = _plan(export, tmp_path, "--workers", "2", "--global-batch-size", "1000")
     assert proc.returncode == 2
     assert "BatchSizeError" in proc.stderr and "per-worker batch 500" in proc.stderr
+
+
+def test_uneven_files_warning_prints_a_reshard_line_that_fixes_it(tmp_path):
+    """3 files of 40 records over 2 workers: the plan warns (33% dropped) and prints the `harness reshard` line;
+    that line, run exactly as printed in the installed environment, gives a plan without the warning."""
+    import shlex
+
+    from harness.data import synth
+
+    data = tmp_path / "uneven"
+    synth.write_table_export(str(data), prefix="t", shards=3, records=120, seed=0)
+    first = _plan(data, tmp_path, "--workers", "2", "--global-batch-size", "8")
+    assert first.returncode == 0, first.stderr
+    warning = next(line for line in first.stdout.splitlines() if line.startswith("warning:"))
+    assert "40 of 120 records (33%) are read and dropped every epoch" in warning
+    line = warning.split("equal shards: ", 1)[1]
+    assert line == shlex.join(["harness", "reshard", str(data), "--output", f"{data}-resharded", "--workers", "2"])
+    env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}",
+               HARNESS_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(line, shell=True, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    fixed = _plan(pathlib.Path(f"{data}-resharded"), tmp_path, "--workers", "2", "--global-batch-size", "8")
+    assert fixed.returncode == 0 and "warning" not in fixed.stdout, fixed.stdout + fixed.stderr
+    assert "   0      1        60         0" in fixed.stdout  # 60 records each: 15 steps of 4 per worker

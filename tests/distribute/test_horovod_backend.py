@@ -43,8 +43,14 @@ tagged, results = procs.tagged, procs.results
 
 
 def train(launcher: list, data, output, *flags, ranks=2, timeout=180) -> dict:
-    out = run(launcher + [sys.executable, SCRIPTS / "hvd_train.py", "--backend", "horovod", "--data", data,
-                          "--output", output, *flags], timeout=timeout)
+    """Run hvd_train.py under `launcher`; each rank's result line is read from its own file (a long line on the
+    launcher's shared stdout can be cut by another rank's output)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        cmd = launcher + ["-x", "HARNESS_TEST_RESULTS"] if launcher[0] == "mpirun" else launcher
+        procs.run(cmd + [sys.executable, SCRIPTS / "hvd_train.py", "--backend", "horovod", "--data", data,
+                         "--output", output, *flags], env=dict(ENV, HARNESS_TEST_RESULTS=folder), timeout=timeout)
+        out = "".join(p.read_text() for p in sorted(pathlib.Path(folder).glob("rank*.txt")))
     return results(out, "HVD_TRAIN", ranks)
 
 

@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
-from harness.data import index
+from harness.data import filecache, index
 from harness.data.labels import LABEL_CHECK_MESSAGE, is_class_id
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard
@@ -302,7 +302,8 @@ class PipelineOptions:
         cache_dir, else none), "memory", "file" (needs cache_dir) or "none". The cache is filled before any
         randomness: with parsed read batches for small records (sized as decoded float32), serialized records
         for large ones.
-      cache_dir: folder of the file cache.
+      cache_dir: folder of the file cache. Its name (cache_name) changes with the files, spec and pipeline version;
+        one process at a time fills it, and what a killed run left is cleared (harness.data.filecache).
       augment: random flips and 90-degree rotations of image and mask together (training images only).
       seed: seeds file order, shuffle and augmentation; None for a random seed.
       validate: check the spec against the first record of every shard first (spec.validate_spec; one record
@@ -346,6 +347,7 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
       BatchSizeError: if records_per_epoch exceeds this pipeline's records or is below one batch, or an
         evaluation pass would yield no batch.
       ConfigError: from assign_nonempty (bad pipeline id or count, no files) or for a bad cache mode.
+      CacheInUseError: if another live process is filling the same file cache (filecache.claim).
       and the errors of spec.validate_spec (declared features vs records) and index.record_stats (bad or
         truncated shards), raised before any batch is produced.
     """
@@ -400,6 +402,7 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         ds = ds.cache()
     elif choice.kind == "file":
         tf.io.gfile.makedirs(o.cache_dir)
+        filecache.claim(choice.path)  # one live filler; a dead one's lockfile and partial files are cleared
         ds = ds.cache(choice.path)
 
     batched = read_batched  # elements are read batches (parsed), not records

@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Mapping, Optional, Union
 
@@ -176,7 +177,8 @@ def _multi_worker(config: Optional[environment.TFConfig], gpus: int, communicati
             except subprocess.TimeoutExpired:
                 guard.kill()
         # TensorFlow's preemption notifier took SIGTERM (it only records it): give it back, so SIGTERM stops us.
-        signal.signal(signal.SIGTERM, sigterm if sigterm is not None else signal.SIG_DFL)
+        if threading.current_thread() is threading.main_thread():  # signal.signal works there only
+            signal.signal(signal.SIGTERM, sigterm if sigterm is not None else signal.SIG_DFL)
     return strategy, context
 
 

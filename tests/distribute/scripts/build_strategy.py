@@ -3,7 +3,8 @@
 Usage: python build_strategy.py KIND [--num-cpu-replicas N] [--allreduce] [--init-tf-first] [--hold S]
 
 --allreduce sums 1.0 over all replicas (proves the workers are connected); --init-tf-first runs a TensorFlow op
-before make_strategy (the too-late case); --hold sleeps S seconds after printing (a worker in training). TF_CONFIG, if any, comes from the environment.
+before make_strategy (the too-late case); --hold sleeps S seconds after printing (a worker in training).
+TF_CONFIG, if any, comes from the environment.
 """
 import argparse
 import json

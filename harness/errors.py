@@ -47,6 +47,11 @@ class MixerError(HarnessError):
     """mixer.json is missing where required, malformed, or disagrees with the shards (totalPatches vs records)."""
 
 
+class CacheInUseError(HarnessError):
+    """A file cache (--cache file) is being filled by another live process; the message names the cache and the
+    owner's pid and host."""
+
+
 # --- data: feature spec -----------------------------------------------------------------------------------------
 class SpecError(HarnessError):
     """A feature spec or config is malformed (unknown dtype, label not declared, patch shape impossible)."""

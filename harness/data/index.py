@@ -4,8 +4,8 @@ Earth Engine and the tools around it do not record how many Examples a shard hol
 (../shared/data/gee-aces-points/SOURCE.md: 8531 declared, 8316 present), so the harness counts. Counting reads
 the whole shard once inside TensorFlow (batched, no per-record Python); the result is cached under
 `$HARNESS_CACHE_DIR` (default `~/.cache/harness/`) in `record_index.json`, keyed by path, size in bytes and
-modification time, so a later run, or another worker sharing the home folder, does not read the data again.
-A rewritten shard changes size or mtime and is counted again.
+modification time (`file_identity`), so a later run, or another worker sharing the home folder, does not read the
+data again. A rewritten shard changes size or mtime and is counted again.
 """
 from __future__ import annotations
 
@@ -44,9 +44,19 @@ def cache_dir() -> str:
     return os.environ.get("HARNESS_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "harness")
 
 
+def file_identity(path: str) -> str:
+    """`path|size in bytes|modification time in nanoseconds`: what tells a file from a rewritten one here (the
+    record index, the pipeline's file cache). Local files are stat'ed by the OS (`os.stat`: nanoseconds);
+    `tf.io.gfile.stat` rounds local mtimes to whole seconds, so it is used only for other file systems (`gs://`)."""
+    if "://" not in path:
+        st = os.stat(path)
+        return f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    st = tf.io.gfile.stat(path)
+    return f"{path}|{st.length}|{st.mtime_nsec}"
+
+
 def _key(shard: Shard) -> str:
-    st = tf.io.gfile.stat(shard.path)
-    return f"{shard.path}|{st.length}|{st.mtime_nsec}"
+    return file_identity(shard.path)
 
 
 def _load(path: str) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import random
@@ -26,7 +27,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
-from harness.data import index
+from harness.data import filecache, index
 from harness.data.labels import LABEL_CHECK_MESSAGE, is_class_id
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard
@@ -52,6 +53,9 @@ READERS_PER_CORE = 1
 # READ_BATCH_MAX records, and are parsed one read batch at a time (see read_batch_size).
 READ_BATCH_BYTES = 256 * 1024
 READ_BATCH_MAX = 4096
+# Bump whenever a change to this module changes what a file cache holds (the elements' structure, dtypes or
+# values): the version is part of every file cache's name, so an older pipeline's caches are not read.
+PIPELINE_VERSION = 1
 
 
 # --- parsing -----------------------------------------------------------------------------------------------------
@@ -218,6 +222,24 @@ def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
                                      "was given: not cached")
 
 
+def cache_name(spec: DataSpec, assignment: ShardAssignment, compressions: Sequence[str], *,
+               read_batch: Optional[int], training: bool) -> str:
+    """The name of this input pipeline's file cache: a digest of everything the cached elements depend on, so that
+    a cache is never read for other data.
+
+    Digested: PIPELINE_VERSION; the spec (`to_config`: bands, dtypes, label, crop, resize, ...); the parse order
+    (`read_batch`: records per parsed read batch, None when serialized records are cached); the sharding policy;
+    and each assigned file's identity (`index.file_identity`: path, size in bytes, modification time in ns) and
+    compression. Files re-exported under the same names, or another spec, give another name: a new cache.
+    """
+    parts = [f"pipeline v{PIPELINE_VERSION}", json.dumps(spec.to_config(), sort_keys=True),
+             f"read_batch={read_batch}", f"policy={assignment.policy}",
+             *(f"{index.file_identity(p)}|{c}" for p, c in zip(assignment.files, compressions))]
+    digest = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
+    return (f"harness-{digest}-{'train' if training else 'eval'}-p{assignment.input_pipeline_id}of"
+            f"{assignment.num_input_pipelines}")
+
+
 # --- the pipeline ------------------------------------------------------------------------------------------------
 def parse_per_record(mean_record_bytes: float) -> bool:
     """True when records are large enough to parse one by one (in parallel) rather than in batches."""
@@ -280,7 +302,8 @@ class PipelineOptions:
         cache_dir, else none), "memory", "file" (needs cache_dir) or "none". The cache is filled before any
         randomness: with parsed read batches for small records (sized as decoded float32), serialized records
         for large ones.
-      cache_dir: folder of the file cache.
+      cache_dir: folder of the file cache. Its name (cache_name) changes with the files, spec and pipeline version;
+        one process at a time fills it, and what a killed run left is cleared (harness.data.filecache).
       augment: random flips and 90-degree rotations of image and mask together (training images only).
       seed: seeds file order, shuffle and augmentation; None for a random seed.
       validate: check the spec against the first record of every shard first (spec.validate_spec; one record
@@ -324,6 +347,7 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
       BatchSizeError: if records_per_epoch exceeds this pipeline's records or is below one batch, or an
         evaluation pass would yield no batch.
       ConfigError: from assign_nonempty (bad pipeline id or count, no files) or for a bad cache mode.
+      CacheInUseError: if another live process is filling the same file cache (filecache.claim).
       and the errors of spec.validate_spec (declared features vs records) and index.record_stats (bad or
         truncated shards), raised before any batch is produced.
     """
@@ -358,25 +382,27 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
     # Small records, file sharding: the readers yield read batches, parsed as they come, so every later stage
     # (cache, shuffle, batch) moves parsed tensors. Record sharding needs single records before `shard`.
     read_batched = not per_record and assignment.policy != RECORD
-    ds = read_files(assignment.files, [by_path[p][0].compression for p in assignment.files],
-                     deterministic=deterministic, shuffle_files=training and assignment.policy != RECORD,
-                     seed=seed, read_batch=read_batch_size(mean_bytes) if read_batched else None)
+    compressions = [by_path[p][0].compression for p in assignment.files]
+    read_batch = read_batch_size(mean_bytes) if read_batched else None
+    ds = read_files(assignment.files, compressions, deterministic=deterministic,
+                    shuffle_files=training and assignment.policy != RECORD, seed=seed, read_batch=read_batch)
     if assignment.policy == RECORD:
         ds = ds.shard(num_input_pipelines, input_pipeline_id)
     if read_batched:
         ds = ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         my_bytes = my_records * decoded_record_bytes(spec)  # the cache holds parsed tensors
 
-    digest = hashlib.sha1("|".join(assignment.files).encode()).hexdigest()[:12]
-    choice = choose_cache(o.cache, my_bytes, cache_dir=o.cache_dir,
-                          name=f"harness-{digest}-{'train' if training else 'eval'}-p{input_pipeline_id}of"
-                               f"{num_input_pipelines}")
+    may_use_files = o.cache_dir and o.cache in ("file", "auto")  # the name stats every file: only when needed
+    name = cache_name(spec, assignment, compressions, read_batch=read_batch, training=training) if may_use_files \
+        else "unused"
+    choice = choose_cache(o.cache, my_bytes, cache_dir=o.cache_dir, name=name)
     log.info("input pipeline %d/%d: %d files, %d records, cache: %s (%s)", input_pipeline_id,
              num_input_pipelines, len(assignment.files), my_records, choice.kind, choice.reason)
     if choice.kind == "memory":
         ds = ds.cache()
     elif choice.kind == "file":
         tf.io.gfile.makedirs(o.cache_dir)
+        filecache.claim(choice.path)  # one live filler; a dead one's lockfile and partial files are cleared
         ds = ds.cache(choice.path)
 
     batched = read_batched  # elements are read batches (parsed), not records

@@ -17,12 +17,26 @@ can only be configured before TensorFlow initializes its runtime.
 A worker that never arrives: MultiWorkerMirroredStrategy's constructor waits for every peer with no time limit
 (TF 2.18: the coordination service logs "Waiting for 1/2 tasks to connect" forever, whatever its
 `cluster_register_timeout_in_ms`, and its SIGTERM handler keeps the process alive). So `wait_for_workers` runs
-first, with a bound (`HARNESS_WORKER_WAIT_S`, default 120 s), and names the missing worker.
+first, with a bound (`HARNESS_WORKER_WAIT_S`, default 120 s), and names the missing worker; before it, a worker
+whose own port is taken fails at once (`ClusterConfigError` naming the port and its TF_CONFIG entry).
+
+A peer's address that accepts connections is not proof that the peer is up (another process may hold its port),
+and the constructor holds the GIL while it blocks: no Python thread or signal handler of this process runs until
+it returns. So the constructor runs under a watchdog process (`_constructor_watchdog`) that, after another
+`HARNESS_WORKER_WAIT_S`, prints a `WorkerFailedError` naming the worker waited for and SIGKILLs this worker; it
+also ends this worker when its process group gets SIGTERM or SIGINT (how `harness launch local`, a terminal or a
+batch system stops it). Once the strategy is built, the SIGTERM handler TensorFlow installed is replaced by the one
+this process had before (by default SIGTERM ends the process), so a stopped worker stops.
 """
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
 from typing import Mapping, Optional, Union
 
@@ -53,14 +67,16 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
       communication: all-reduce for `multi_worker`: `"auto"`, `"ring"` or `"nccl"`; default RING without GPUs,
         NCCL with.
       environ: variables to read instead of `os.environ` (tests).
-      worker_wait_s: `multi_worker` only: seconds to wait for every peer (`wait_for_workers`); default
-        `HARNESS_WORKER_WAIT_S`, else 120.
+      worker_wait_s: `multi_worker` only: seconds to wait for every peer to accept connections
+        (`wait_for_workers`), then again at most for the strategy constructor to connect them (its watchdog);
+        default `HARNESS_WORKER_WAIT_S`, else 120.
 
     Returns:
       `(strategy, context)`, with `strategy.num_replicas_in_sync == context.replicas_in_sync`.
 
     Raises:
-      ClusterConfigError: if TF_CONFIG or launcher variables are malformed; if the CPU cannot be split because
+      ClusterConfigError: if TF_CONFIG or launcher variables are malformed; if this worker's own port (its
+        TF_CONFIG entry) is taken by another process; if the CPU cannot be split because
         TensorFlow already initialized its devices; if MultiWorkerMirroredStrategy is built after TensorFlow
         initialized its runtime; if the replicas in sync are not workers x local devices.
       WorkerFailedError: if a peer of a multi-worker cluster is not reachable within `worker_wait_s`.
@@ -145,12 +161,66 @@ def _multi_worker(config: Optional[environment.TFConfig], gpus: int, communicati
             raise ClusterConfigError(_TOO_LATE.format("TensorFlow's runtime is already initialized"))
         if len(config.tasks()) > 1:
             wait_for_workers(config, timeout_s=worker_wait_s)
+    guard = _constructor_watchdog(config, worker_wait_s) if config is not None and len(config.tasks()) > 1 \
+        else None
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
                                                             communication_options=options)
     except RuntimeError as e:
         raise ClusterConfigError(_TOO_LATE.format(e)) from e
+    finally:
+        if guard is not None:
+            guard.stdin.close()  # EOF: the watchdog exits
+            try:
+                guard.wait(5)
+            except subprocess.TimeoutExpired:
+                guard.kill()
+        # TensorFlow's preemption notifier took SIGTERM (it only records it): give it back, so SIGTERM stops us.
+        if threading.current_thread() is threading.main_thread():  # signal.signal works there only
+            signal.signal(signal.SIGTERM, sigterm if sigterm is not None else signal.SIG_DFL)
     return strategy, context
+
+
+# The watchdog process (argv: worker pid, seconds, message). EOF on stdin: the constructor returned (or the worker
+# died): exit. No EOF within the bound: print the message and SIGKILL the worker (SIGTERM is swallowed by
+# TensorFlow's handler and Python's cannot run while the constructor holds the GIL). SIGTERM or SIGINT to the
+# process group: SIGKILL the worker at once.
+_WATCHDOG = """
+import os, select, signal, sys
+pid, bound, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+def stop(*_):
+    os.kill(pid, signal.SIGKILL)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+ready, _, _ = select.select([sys.stdin], [], [], bound)
+if not ready:
+    sys.stderr.write(message + "\\n")
+    sys.stderr.flush()
+    stop()
+"""
+
+
+def _constructor_watchdog(config: environment.TFConfig, bound_s: float) -> subprocess.Popen:
+    """Start the watchdog of the strategy constructor (see the module docstring): after `bound_s` seconds it
+    prints a WorkerFailedError naming the task this one waits for, and SIGKILLs this worker."""
+    tasks = config.tasks()
+    me = (config.task_type, config.task_index)
+    leader = tasks[0]  # MultiWorkerMirrored's coordination service runs in the first task (chief, else worker 0)
+    if me == leader:
+        others = ", ".join(f"{t} {i} at {config.cluster[t][i]}" for t, i in tasks if (t, i) != me)
+        waiting = (f"{me[0]} {me[1]} (the cluster's leader) waited {bound_s:g} s in MultiWorkerMirroredStrategy "
+                   f"for the other workers to register ({others}): one of them failed while starting")
+    else:
+        address = config.cluster[leader[0]][leader[1]]
+        waiting = (f"{me[0]} {me[1]} could not join the cluster within {bound_s:g} s: MultiWorkerMirroredStrategy "
+                   f"is still waiting for {leader[0]} {leader[1]} at {address} (the cluster's leader); something "
+                   f"accepted connections at that address, but it is not that worker's server: another process "
+                   f"holds its port, or the worker failed while starting")
+    message = f"harness: {WorkerFailedError.__name__}: {waiting}; {environment.WORKER_WAIT} sets the wait"
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(bound_s), message],
+                            stdin=subprocess.PIPE)
 
 
 _TOO_LATE = ("MultiWorkerMirroredStrategy failed: {}. TF_CONFIG must be set and the strategy built before any "
@@ -173,11 +243,12 @@ def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: 
     its gRPC server. The listener is closed before the strategy binds the port.
 
     Raises:
+      ClusterConfigError: if this task's own port is taken (naming the port and its TF_CONFIG entry).
       WorkerFailedError: naming the first task (e.g. "worker 1 at host:port") not reachable after `timeout_s`.
     """
     me = (config.task_type, config.task_index)
     peers = {f"{t} {i}": config.cluster[t][i] for t, i in config.tasks() if (t, i) != me}
-    listener = _listen(int(config.cluster[me[0]][me[1]].rpartition(":")[2]))
+    listener = _listen(config)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -193,21 +264,29 @@ def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: 
                     + f": it did not start, or the address is wrong; {environment.WORKER_WAIT} sets the wait")
             time.sleep(poll_s)
     finally:
-        if listener is not None:
-            listener.close()
+        listener.close()
 
 
-def _listen(port: int) -> Optional[socket.socket]:
-    """A listening socket on `port` (all interfaces, as the gRPC server binds), or None if the port is taken."""
+def _listen(config: environment.TFConfig) -> socket.socket:
+    """A listening socket on this task's port (all interfaces, as the gRPC server binds).
+
+    Raises:
+      ClusterConfigError: if the port is taken: the strategy's server could not start (TensorFlow would fail
+        seconds later with "Could not start gRPC server", and the peers would take the other process for us).
+    """
+    address = config.cluster[config.task_type][config.task_index]
+    port = int(address.rpartition(":")[2])
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free for the server
     try:
         sock.bind(("", port))
         sock.listen(64)
     except OSError as e:
-        log.warning("cannot listen on port %d while waiting for the other workers (%s)", port, e)
         sock.close()
-        return None
+        raise ClusterConfigError(
+            f"port {port} of this worker (TF_CONFIG cluster.{config.task_type}[{config.task_index}] = "
+            f"{address!r}) is taken ({e.strerror}): another process listens on it; stop it or give this worker "
+            "a free port") from None
     return sock
 
 

@@ -146,6 +146,52 @@ def test_cache_choice_and_file_cache(table, tmp_path, caplog):
     assert "cache: file" in caplog.text
 
 
+def _cache_indexes(folder) -> list:
+    """The finished tf.data file caches in folder (one `<name>.index` each)."""
+    return sorted(p.name for p in folder.glob("harness-*.index"))
+
+
+def test_file_cache_of_a_reexport_reads_the_new_records(tmp_path):
+    """Issue 11.1: the same file names re-exported with other records, the same cache_dir: the second read gets
+    the new records (uncompressed, same record count: same sizes; rewritten within a second: only the
+    nanosecond mtime tells the files apart)."""
+    from harness.data import synth
+    export, cache = tmp_path / "export", tmp_path / "cache"
+
+    def read(seed):
+        synth.write_table_export(str(export), prefix="points", shards=2, records=64, compressed=False, seed=seed)
+        found = S.discover_shards(str(export))
+        spec = SP.infer_spec(found)
+        cached = _all(_build(found, spec, 8, training=False, cache="file", cache_dir=str(cache)))
+        fresh = _all(_build(found, spec, 8, training=False, cache="none"))
+        return cached, fresh
+
+    first, _ = read(seed=1)
+    second, fresh = read(seed=2)
+    assert len(second) == len(fresh) == 8
+    for (x, y), (fx, fy) in zip(second, fresh):
+        np.testing.assert_array_equal(x, fx)
+        np.testing.assert_array_equal(y, fy)
+    assert not np.array_equal(first[0][0], second[0][0])
+    assert len(_cache_indexes(cache)) == 2
+
+
+def test_file_cache_name_follows_the_spec_and_the_pipeline_version(table, tmp_path, monkeypatch):
+    found, spec = table
+    cache = tmp_path / "cache"
+
+    def build(spec):
+        _all(_build(found, spec, 8, training=False, cache="file", cache_dir=str(cache)))
+        return _cache_indexes(cache)
+
+    one = build(spec)
+    assert build(spec) == one and len(one) == 1  # same inputs: the cache is reused
+    two = build(spec.replace(bands=spec.bands[:2]))
+    assert len(two) == 2
+    monkeypatch.setattr(P, "PIPELINE_VERSION", P.PIPELINE_VERSION + 1)
+    assert len(build(spec)) == 3
+
+
 def test_eval_smaller_than_batch(table):
     found, spec = table
     with pytest.raises(BatchSizeError):

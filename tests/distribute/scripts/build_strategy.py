@@ -1,9 +1,10 @@
 """Build a strategy with make_strategy in a fresh process and print one JSON line about it.
 
-Usage: python build_strategy.py KIND [--num-cpu-replicas N] [--allreduce] [--init-tf-first]
+Usage: python build_strategy.py KIND [--num-cpu-replicas N] [--allreduce] [--init-tf-first] [--hold S]
 
 --allreduce sums 1.0 over all replicas (proves the workers are connected); --init-tf-first runs a TensorFlow op
-before make_strategy (the too-late case). TF_CONFIG, if any, comes from the environment.
+before make_strategy (the too-late case); --hold sleeps S seconds after printing (a worker in training).
+TF_CONFIG, if any, comes from the environment.
 """
 import argparse
 import json
@@ -20,6 +21,7 @@ p.add_argument("kind")
 p.add_argument("--num-cpu-replicas", type=int)
 p.add_argument("--allreduce", action="store_true")
 p.add_argument("--init-tf-first", action="store_true")
+p.add_argument("--hold", type=float, default=0.0)
 args = p.parse_args()
 if args.init_tf_first:
     tf.constant(1.0) + 1.0
@@ -38,3 +40,6 @@ if args.allreduce:
     per_replica = strategy.run(lambda: tf.constant(1.0))
     out["allreduce"] = float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
 print(json.dumps(out), flush=True)
+if args.hold:
+    import time
+    time.sleep(args.hold)

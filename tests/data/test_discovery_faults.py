@@ -1,7 +1,6 @@
 """Shard discovery and reading faults: several exports in one folder, conflicting TFDS shard sets, the same file
 named twice, an uncompressed file starting with the gzip magic, corrupt records."""
 import logging
-import os
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """The trace window (one .xplane.pb per worker, the profiler's own input figure), missing traces named, the plot,
 the verdict thresholds and the advice."""
-import os
 
 import pytest
 

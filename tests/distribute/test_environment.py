@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from harness.distribute.environment import read_launcher, read_tf_config, read_worker_wait_s
+from harness.distribute.environment import (indexed_job_tf_config, read_launcher, read_tf_config,
+                                            read_worker_wait_s)
 from harness.errors import ClusterConfigError
 
 WORKERS = ["host-a:2222", "host-a:2223", "host-b:2222"]  # as in test_context.py
@@ -83,3 +84,18 @@ def test_bad_wait_setting_is_a_cluster_config_error(value):
     with pytest.raises(ClusterConfigError, match="HARNESS_WORKER_WAIT_S"):
         read_worker_wait_s({"HARNESS_WORKER_WAIT_S": value})
     assert read_worker_wait_s({}) == 120
+
+
+def test_indexed_job_addresses_port_and_override():
+    env = {"JOB_COMPLETION_INDEX": "1", "HARNESS_K8S_SERVICE": "svc", "HARNESS_K8S_JOB": "job",
+           "HARNESS_NUM_WORKERS": "2", "HARNESS_PORT": "3000"}
+    config = indexed_job_tf_config(env)
+    assert config.cluster == {"worker": ("job-0.svc:3000", "job-1.svc:3000")}
+    assert (config.task_type, config.task_index) == ("worker", 1)
+    listed = indexed_job_tf_config({**env, "HARNESS_WORKER_ADDRESSES": "10.0.0.1:5000, 10.0.0.2:5001"})
+    assert listed.cluster == {"worker": ("10.0.0.1:5000", "10.0.0.2:5001")} and listed.task_index == 1
+    assert indexed_job_tf_config({"JOB_COMPLETION_INDEX": "0"}) is None
+
+
+def test_worker_wait_setting_is_read_in_seconds():
+    assert read_worker_wait_s({"HARNESS_WORKER_WAIT_S": " 2.5 "}) == 2.5

@@ -4,29 +4,12 @@ import shutil
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
+from example_records import example as _example, write as _write
 from harness.data import index, records, shards as S, spec as SP
 from harness.errors import (CompressionMismatchError, EmptyFeatureError, FeatureDtypeError, FeatureLengthError,
                             MissingFeatureError, MissingShardError, NotExampleError, NotTFRecordError,
                             SchemaDriftError, TruncatedShardError)
-
-
-def _example(**features):
-    def feat(v):
-        if isinstance(v, bytes):
-            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
-        if v and isinstance(v[0], int):
-            return tf.train.Feature(int64_list=tf.train.Int64List(value=v))
-        return tf.train.Feature(float_list=tf.train.FloatList(value=v))
-    return tf.train.Example(features=tf.train.Features(feature={k: feat(v) for k, v in features.items()}))
-
-
-def _write(path, examples, gz=False):
-    with tf.io.TFRecordWriter(str(path), "GZIP" if gz else "") as w:
-        for ex in examples:
-            w.write(ex if isinstance(ex, bytes) else ex.SerializeToString())
-    return str(path)
 
 
 def _patch_spec(**kw):
@@ -159,25 +142,3 @@ def test_shards_whose_schemas_differ(shared_data, tmp_path):
     with pytest.raises(SchemaDriftError, match=r"mix-00001-of-00002\.gz: record 0: band '\w+': expected dtype "
                                                r"int64, found float"):
         SP.validate_spec(spec, found)
-
-
-def test_missing_feature_after_the_first_record_is_traced_to_file_and_record(tmp_path):
-    from harness.data import scan
-    good = [_example(a=[float(i)], b=[1.0], cls=[0.0]) for i in range(3000)]
-    bad = list(good)
-    bad[2500] = _example(a=[1.0], cls=[0.0])  # `b` lost in the third read batch of the scan
-    _write(tmp_path / "x-00000.tfrecord.gz", good, gz=True)
-    _write(tmp_path / "x-00001.tfrecord.gz", bad, gz=True)
-    shards = S.discover_shards(str(tmp_path))
-    spec = SP.DataSpec(kind="table", bands=("a", "b"), label="cls")
-    SP.validate_spec(spec, shards)  # the first records match: only a full scan finds record 2500
-    err = scan.first_bad_record(spec, shards)
-    assert isinstance(err, MissingFeatureError)
-    assert str(err).startswith(f"{shards[1].path}: record 2500: band 'b' declared but absent")
-    bad[2500] = _example(a=[1.0], b=[1.0, 2.0], cls=[0.0])
-    _write(tmp_path / "x-00001.tfrecord.gz", bad, gz=True)
-    err = scan.first_bad_record(spec, S.discover_shards(str(tmp_path)))
-    assert isinstance(err, FeatureLengthError) and "record 2500: band 'b': expected 1 value (table), found 2" \
-        in str(err)
-    _write(tmp_path / "x-00001.tfrecord.gz", good, gz=True)
-    assert scan.first_bad_record(spec, S.discover_shards(str(tmp_path))) is None

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from harness.distribute import environment
-from harness.errors import ClusterConfigError, ConfigError
+from harness.errors import ConfigError
 from harness.launch import k8s
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -330,28 +330,6 @@ def test_indexed_job_pod_environment_gives_dns_cluster():
     config = environment.read_tf_config(env)
     assert config.cluster == {"worker": ("unet-0.unet:2222", "unet-1.unet:2222", "unet-2.unet:2222")}
     assert (config.task_type, config.task_index) == ("worker", 2)
-
-
-def test_explicit_tf_config_wins_over_indexed_job():
-    env = {"JOB_COMPLETION_INDEX": "1", "HARNESS_K8S_SERVICE": "s", "HARNESS_K8S_JOB": "j",
-           "HARNESS_NUM_WORKERS": "2",
-           "TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}'}
-    assert environment.read_tf_config(env).cluster == {"worker": ("a:1",)}
-    # Without the service variable, a pod of someone else's Indexed Job is not a harness cluster.
-    assert environment.read_tf_config({"JOB_COMPLETION_INDEX": "0"}) is None
-
-
-@pytest.mark.parametrize("env, match", [
-    ({"HARNESS_NUM_WORKERS": "2"}, "HARNESS_K8S_JOB is not set"),
-    ({"HARNESS_K8S_JOB": "j"}, "HARNESS_NUM_WORKERS is not set"),
-    ({"HARNESS_K8S_JOB": "j", "HARNESS_NUM_WORKERS": "2", "JOB_COMPLETION_INDEX": "2"}, "out of range"),
-    ({"HARNESS_K8S_JOB": "j", "HARNESS_NUM_WORKERS": "two"}, "not an integer"),
-    ({"HARNESS_K8S_JOB": "j", "HARNESS_NUM_WORKERS": "2", "HARNESS_WORKER_ADDRESSES": "a:1"}, "must list 2"),
-])
-def test_indexed_job_bad_environment_is_named(env, match):
-    full = {"JOB_COMPLETION_INDEX": "0", "HARNESS_K8S_SERVICE": "s", **env}
-    with pytest.raises(ClusterConfigError, match=match):
-        environment.read_tf_config(full)
 
 
 # --- the user's settings, and bad options --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`harness train --profile`: the job writes report.json, the plot and a trace, and prints the table."""
+"""harness/train/profiling.py: `harness train --profile`: the job writes report.json, the plot and a trace, and prints
+the table."""
 import json
 
 from harness.data import synth

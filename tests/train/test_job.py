@@ -8,10 +8,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from harness.data import spec as spec_lib
 from harness.data import synth
-from harness.data import scan
-from harness.errors import LabelValueError, MissingFeatureError
 
 CLI = [sys.executable, "-m", "harness.cli"]
 
@@ -81,20 +78,6 @@ def test_value_errors_are_messages_not_tracebacks(points):
     assert r.returncode == 2 and "harness plan: ClusterConfigError: workers (0)" in r.stderr and "Traceback" not in r.stderr
     r = _cli("train", "--config", "/nonexistent/run.yaml")
     assert r.returncode == 2 and "FileNotFoundError" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_tensorflow_errors_get_names():
-    spec = spec_lib.DataSpec(kind="table", bands=("a",), label="species")
-    e = tf.errors.InvalidArgumentError(None, None, "Received a label value of 2 which is outside the valid range "
-                                                   "of [0, 2).  Label values: 0 2 1")
-    named = scan.named_error(e, spec, 2)
-    assert isinstance(named, LabelValueError) and "value 2 is outside the 2 classes [0, 2)" in str(named)
-    e = tf.errors.InvalidArgumentError(None, None, "Feature: dropoff (data type: int64) is required but could not "
-                                                   "be found.")
-    named = scan.named_error(e, spec, 2)
-    assert isinstance(named, MissingFeatureError) and "'dropoff' (int64) is missing" in str(named)
-    other = tf.errors.InvalidArgumentError(None, None, "something else")
-    assert scan.named_error(other, spec, 2) is other
 
 
 def test_launch_errors_name_the_launcher():

@@ -1,0 +1,1 @@
+"""`harness predict`: options, the model and its checks, the ordered reader, the atomic writer, the run."""

@@ -211,7 +211,12 @@ def _prepare_output(job: Job, mine: range, context: WorkerContext) -> None:
     tf.io.gfile.makedirs(out)
     manifest, path = job.manifest(), os.path.join(out, MANIFEST)
     ours = {MANIFEST, *(os.path.basename(p) for p in (*job.outputs, job.mixer_copy, job.merged_csv))}
-    names = [n for n in tf.io.gfile.listdir(out) if not writer.is_temporary(n)]
+    listed = tf.io.gfile.listdir(out)
+    names = [n for n in listed if not writer.is_temporary(n)]
+    my_outputs = {os.path.basename(job.outputs[i]) for i in mine}
+    for n in listed:  # half files of this worker's shards, left by a killed run: redone below
+        if writer.is_temporary(n) and writer.final_name(n) in my_outputs:
+            tf.io.gfile.remove(os.path.join(out, n))
     previous = None
     if MANIFEST in names:
         with tf.io.gfile.GFile(path) as f:

@@ -30,6 +30,11 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and ".tmp-" in name
 
 
+def final_name(temporary: str) -> str:
+    """The final file name a temporary name stands for (`.<name>.tmp-<pid>` -> `<name>`)."""
+    return temporary[1:].rsplit(".tmp-", 1)[0]
+
+
 @contextlib.contextmanager
 def atomic(path: str) -> Iterator[str]:
     """Yield a temporary path to write; rename it to `path` when the block ends without error, else remove it."""

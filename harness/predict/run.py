@@ -107,6 +107,10 @@ def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
     upload = upload_line(job) if context.is_chief else None
     if upload:
         say(upload)
+        pending = [p for p in job.outputs if not tf.io.gfile.exists(p)]
+        if pending:
+            say(f"  ({len(pending)} of these files are still being written by other workers: upload when every "
+                "worker has finished)")
     return {"rank": context.rank, "workers": context.num_workers, "shards": list(mine), "written": written,
             "skipped": skipped, "outputs": list(job.outputs), "upload": upload}
 

@@ -65,12 +65,14 @@ def test_inspect_reads_the_output_as_an_export_of_the_same_grid(one_worker, marg
     assert [s["records"] for s in rep["shards"]] == [s["records"] for s in src["shards"]] == [5, 5, 5, 4, 4]
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_workers_write_identical_files(workers, one_worker, margin_export, b3_model, tmp_path):
+@pytest.mark.parametrize("launcher, workers", [("local", 1), ("local", 2), ("local", 3), ("mpi", 2)])
+def test_workers_write_identical_files(launcher, workers, one_worker, margin_export, b3_model, tmp_path):
+    """Real processes: `harness launch local` (TF_CONFIG) and `harness launch mpi` (mpirun's rank variables)."""
     out = tmp_path / "out"
     predict = harness_cmd("predict", "--model", b3_model, "--data", margin_export, "--output", out,
                           "--batch-size", 2, "--task", "regression")
-    r = run_cli("launch", "local", "--workers", workers, "--timeout", 240, "--", *predict)
+    count = ["--workers", workers] if launcher == "local" else ["--np", workers]
+    r = run_cli("launch", launcher, *count, "--timeout", 240, "--", *predict)
     assert _digests(out) == _digests(one_worker[0]) and len(_digests(out)) == 5
     shares = re.findall(r"worker (\d+)/(\d+): input shards (\S+)", r.stdout)
     assert sorted(int(w) for w, n, _ in shares) == list(range(workers))

@@ -1,4 +1,4 @@
-"""The package's imports run one way: cli → commands → bench → train / launch → data / profile → distribute →
+"""The package's imports run one way: cli → commands → bench → train / launch / predict → data / profile → distribute →
 errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy import cannot
 hide an upward one."""
 import ast

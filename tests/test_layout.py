@@ -1,6 +1,6 @@
-"""The package's imports run one way: cli → commands → bench → train / launch / predict → data / profile → distribute →
-errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy import cannot
-hide an upward one."""
+"""The package's imports run one way: cli → commands → bench → train / launch / predict → data / profile →
+distribute → errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy
+import cannot hide an upward one."""
 import ast
 import pathlib
 

@@ -14,17 +14,17 @@ shards whose final file is missing.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shlex
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from harness.data import scan
 from harness.data import spec as spec_lib
-from harness.data.shards import Shard
 from harness.data.source import ShardSet, open_shards
 from harness.distribute.context import WorkerContext
 from harness.distribute.sharding import contiguous_runs
@@ -90,16 +90,14 @@ def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
     say(f"predict: worker {context.rank}/{context.num_workers}: input shards "
         f"{f'{mine.start}..{mine.stop - 1}' if len(mine) else 'none'} of {len(counts)} "
         f"({sum(counts[i] for i in mine)} of {sum(counts)} records)")
-    written, skipped = [], []
-    for i in mine:
-        out = job.outputs[i]
-        if tf.io.gfile.exists(out):
-            skipped.append(out)
-            say(f"  {os.path.basename(out)}: complete, skipped")
-            continue
-        n = _predict_shard(job, job.shards.shards[i], out)
-        written.append(out)
-        say(f"  {os.path.basename(out)}: {n} {'patches' if job.image else 'rows'} from "
+    skipped = [job.outputs[i] for i in mine if tf.io.gfile.exists(job.outputs[i])]
+    for out in skipped:
+        say(f"  {os.path.basename(out)}: complete, skipped")
+    todo = [i for i in mine if job.outputs[i] not in skipped]
+    written = []
+    for i, n in predict_shards(job, todo):
+        written.append(job.outputs[i])
+        say(f"  {os.path.basename(job.outputs[i])}: {n} {'patches' if job.image else 'rows'} from "
             f"{os.path.basename(job.shards.shards[i].path)}")
     if not job.image and options.format == CSV and all(tf.io.gfile.exists(p) for p in job.outputs):
         rows = writer.concatenate_csv(job.merged_csv, job.outputs)  # the last worker to finish sees every part
@@ -251,25 +249,45 @@ def _prepare_output(job: Job, mine: range, context: WorkerContext) -> None:
             writer.write_text(job.mixer_copy, f.read())
 
 
-def _predict_shard(job: Job, shard: Shard, out: str) -> int:
-    """Predict every record of `shard` in order and write `out` atomically; returns the records written."""
+def predict_shards(job: Job, indices) -> Iterator[tuple[int, int]]:
+    """Predict every record of the shards `indices` (in order) and write each one's output atomically, yielding
+    `(index, records written)` as each file is complete.
+
+    One stream over the shards (`reader.ordered_batches`), so reading and decoding run ahead of the model across
+    file boundaries; batches never mix two shards. A zero-record shard gets an empty file.
+
+    Raises:
+      the data layer's named errors (`scan.named_error`) for a record that fails to parse.
+    """
     step = _step_fn(job)
-    batches = reader.shard_batches(shard, job.spec, job.options.batch_size, job.kept)
+    columns = [*job.kept, *job.band_names]
+    shards = [job.shards.shards[i] for i in indices]
+    empty = {i for i in indices if job.shards.stats[i].records == 0}
 
     def rows():
         try:
-            for inputs, kept in batches:
+            for position, inputs, kept in reader.ordered_batches(shards, job.spec, job.options.batch_size, job.kept):
                 outputs = [o.numpy() for o in step(inputs)]
                 kept = {k: v.numpy() for k, v in kept.items()}
+                i = indices[int(position)]
                 for j in range(outputs[0].shape[0]):
-                    yield [kept[k][j] for k in job.kept] + [o[j] for o in outputs]
+                    yield i, [kept[k][j] for k in job.kept] + [o[j] for o in outputs]
         except tf.errors.InvalidArgumentError as e:
-            raise scan.named_error(e, job.spec, None, [shard]) from e
+            raise scan.named_error(e, job.spec, None, shards) from e
 
-    columns = [*job.kept, *job.band_names]
-    if not job.image and job.options.format == CSV:
-        return writer.write_csv(out, columns, rows())
-    return writer.write_tfrecord(out, (writer.serialize(dict(zip(columns, row))) for row in rows()))
+    def write(out, group):
+        if not job.image and job.options.format == CSV:
+            return writer.write_csv(out, columns, (row for _, row in group))
+        return writer.write_tfrecord(out, (writer.serialize(dict(zip(columns, row))) for _, row in group))
+
+    stream = itertools.groupby(rows(), key=lambda item: item[0])
+    for i in indices:
+        if i in empty:
+            yield i, write(job.outputs[i], ())
+            continue
+        found, group = next(stream)
+        assert found == i, (found, i)  # the stream is in shard order
+        yield i, write(job.outputs[i], group)
 
 
 def _step_fn(job: Job):

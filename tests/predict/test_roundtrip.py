@@ -96,3 +96,19 @@ def test_classes_and_probabilities(margin_export, tmp_path):
     high = np.stack([r["p_high"].reshape(P, P) for r in rows])
     np.testing.assert_allclose(high, 1 / (1 + np.exp(b2 - b3)), rtol=1e-5)
     assert set(rows[0]) == {"landcover", "p_low", "p_high"}
+
+
+def test_a_zero_record_shard_gets_an_empty_file_left_out_of_the_upload(margin_export, b3_model, tmp_path):
+    import tensorflow as tf
+    from predict_support import copy_export
+
+    data = copy_export(margin_export, tmp_path / "data")
+    with tf.io.TFRecordWriter(str(data / "scene-00005.tfrecord.gz"), "GZIP"):
+        pass
+    lines = []
+    result = run(PredictOptions(model=str(b3_model), data=(str(data),), output=str(tmp_path / "out"),
+                                task="regression"), context=WorkerContext.single(), say=lines.append)
+    assert len(result["outputs"]) == 6 and (tmp_path / "out" / "scene-00005.tfrecord").stat().st_size == 0
+    assert len(read_outputs(result["outputs"])) == RECORDS
+    upload = shlex.split(next(l for l in lines if l.startswith("earthengine")))
+    assert upload[4:-1] == result["outputs"][:5]

@@ -138,3 +138,10 @@ def test_a_killed_worker_leaves_no_half_file_and_the_rerun_completes_identically
     assert _digests(out) == _digests(reference) and not _half(out)
     manifest = json.loads((out / "predict.json").read_text())
     assert manifest["outputs"] == [f"big-{i:05d}.tfrecord" for i in range(5)]
+
+
+def test_the_cli_prints_the_named_error_in_one_line(margin_export, b3_model, tmp_path):
+    data = copy_export(margin_export, tmp_path / "data", mixer_changes={"totalPatches": 24})
+    r = run_cli("predict", "--model", b3_model, "--data", data, "--output", tmp_path / "out", ok=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "harness predict: MixerError: " in r.stderr and "totalPatches 24 but the shards hold 23" in r.stderr

@@ -43,7 +43,7 @@ def main() -> None:
     p.add_argument("--records", type=int, default=64, help="patches in the export")
     p.add_argument("--shards", type=int, default=4, help="files of the export")
     p.add_argument("--batch", type=int, default=16, help="patches per model call (both paths)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs of each path")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs of each path")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="harness-bench-predict-")
     data = os.path.join(tmp, "data")

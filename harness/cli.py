@@ -198,6 +198,16 @@ def _predict_command(sub) -> None:
     p.add_argument("--prefix", help="output file prefix (default: the input shards')")
     p.add_argument("--overwrite", action="store_true", help="replace another run's files in --output")
 
+    p = _command(sub, "export", predict_cmd.export,
+                 "Write a SavedModel for Earth Engine's hosted models (ee.Model.fromVertexAi) and print its arguments")
+    p.add_argument("--format", choices=["savedmodel"], default="savedmodel", help="what to write")
+    p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json) or a .keras file")
+    p.add_argument("--output", required=True, help="SavedModel folder")
+    p.add_argument("--probabilities", action="store_true", help="also return per-class probabilities")
+    p.add_argument("--bands", nargs="+", help="input bands in channel order (default: the run's spec)")
+    p.add_argument("--patch-size", type=POSITIVE, help="a bare image model: P (without margin)")
+    p.add_argument("--kernel-margin", type=NON_NEGATIVE, help="a bare image model: k (default 0)")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])

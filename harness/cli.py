@@ -11,7 +11,7 @@ import sys
 from typing import Callable
 
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
-from harness.commands import train as train_cmd
+from harness.commands import predict as predict_cmd, train as train_cmd
 from harness.errors import HarnessError
 
 
@@ -175,6 +175,40 @@ def _bench_commands(sub) -> None:
     p.add_argument("--worker-address", help="HOST:PORT the dispatcher gives consumers (default localhost:PORT)")
 
 
+def _predict_command(sub) -> None:
+    """`harness predict`: predictions in the export's order, ready for `earthengine upload`."""
+    p = _command(sub, "predict", predict_cmd.predict,
+                 "Predict every record of an export in order and write it back as Earth Engine uploads it")
+    p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json) or a .keras file")
+    p.add_argument("--data", nargs="+", required=True, metavar="PATH",
+                   help="the export: a folder, a glob, or paths (local or gs://)")
+    p.add_argument("--mixer", help="mixer.json when not beside the shards as <prefix>-mixer.json")
+    p.add_argument("--output", required=True, help="folder of the predictions (one file per input shard)")
+    p.add_argument("--batch-size", type=POSITIVE, default=16, help="patches or rows per model call")
+    p.add_argument("--bands", nargs="+", help="the model's input bands in order (default: the run's spec, else "
+                                              "every band of the export)")
+    p.add_argument("--task", choices=["classification", "regression"],
+                   help="default: the run's; classification: class ids (argmax); regression: the raw outputs")
+    p.add_argument("--probabilities", action="store_true", help="also one float band per class (softmax)")
+    p.add_argument("--output-bands", nargs="+", metavar="NAME",
+                   help="names of the written bands: class band, then one per class (default class, "
+                        "probability_<i>; regression: prediction or prediction_<i>)")
+    p.add_argument("--format", choices=["csv", "tfrecord"], default="csv", help="table exports' output")
+    p.add_argument("--keep", nargs="+", metavar="PROPERTY", help="table exports: input properties copied to each row")
+    p.add_argument("--prefix", help="output file prefix (default: the input shards')")
+    p.add_argument("--overwrite", action="store_true", help="replace another run's files in --output")
+
+    p = _command(sub, "export", predict_cmd.export,
+                 "Write a SavedModel for Earth Engine's hosted models (ee.Model.fromVertexAi) and print its arguments")
+    p.add_argument("--format", choices=["savedmodel"], default="savedmodel", help="what to write")
+    p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json) or a .keras file")
+    p.add_argument("--output", required=True, help="SavedModel folder")
+    p.add_argument("--probabilities", action="store_true", help="also return per-class probabilities")
+    p.add_argument("--bands", nargs="+", help="input bands in channel order (default: the run's spec)")
+    p.add_argument("--patch-size", type=POSITIVE, help="a bare image model: P (without margin)")
+    p.add_argument("--kernel-margin", type=NON_NEGATIVE, help="a bare image model: k (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -225,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="demo-data", help="folder of the synthetic export")
     p.add_argument("--epochs", type=POSITIVE, default=4, help="training epochs")
 
+    _predict_command(sub)
     _bench_commands(sub)
 
     launch = sub.add_parser("launch", help="Start a command as several workers")

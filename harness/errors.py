@@ -106,3 +106,19 @@ class WorkerFailedError(HarnessError):
 
 class ConfigError(HarnessError):
     """A run config (YAML or flags) has unknown keys, missing required values or values of the wrong type."""
+
+
+# --- prediction -------------------------------------------------------------------------------------------------
+class PredictError(HarnessError):
+    """`harness predict` cannot run as asked: base of the prediction errors below."""
+
+
+class ModelMismatchError(PredictError):
+    """The model and the export disagree (other bands, another patch size or kernel margin, an input or output
+    whose spatial size is neither the stored nor the cropped patch, an odd kernel margin); raised before any
+    prediction, naming the model, the export's file and what each holds."""
+
+
+class OutputExistsError(PredictError):
+    """The output folder holds files of another run (other data, model or options) or files that are not
+    predictions; refused unless `--overwrite`."""

@@ -1,12 +1,13 @@
-"""The package's imports run one way: cli → commands → bench → train / launch → data / profile → distribute →
-errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy import cannot
-hide an upward one."""
+"""The package's imports run one way: cli → commands → bench → train / launch / predict → data / profile →
+distribute → errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy
+import cannot hide an upward one."""
 import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "harness"
 # A package may import itself and any package of a lower layer, never one of its own layer or above.
-LAYERS = [{"errors"}, {"distribute"}, {"data", "profile"}, {"train", "launch"}, {"bench"}, {"commands"}, {"cli"}]
+LAYERS = [{"errors"}, {"distribute"}, {"data", "profile"}, {"train", "launch", "predict"}, {"bench"}, {"commands"},
+          {"cli"}]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 

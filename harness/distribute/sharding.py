@@ -93,3 +93,28 @@ def assign_nonempty(file_counts: Sequence[tuple[str, int]], num_input_pipelines:
     """
     return assign_files([path for path, n in file_counts if n > 0], num_input_pipelines, input_pipeline_id,
                         warn=warn)
+
+
+def contiguous_runs(counts: Sequence[int], workers: int) -> list[range]:
+    """Split shards (their record counts, in shard order) into `workers` contiguous runs of about equal records:
+    what `harness predict` gives each worker, so that every worker's outputs keep the input's order and their
+    sorted concatenation is the input order, whatever the number of workers.
+
+    Shard i goes to the worker whose equal share of the records holds the shard's middle record, so the
+    assignment is non-decreasing in i (runs are contiguous); a worker may get no shard (more workers than
+    shards), and every shard goes to exactly one worker.
+
+    Returns:
+      one `range` of shard indices per worker (possibly empty), in worker order.
+    Raises:
+      ClusterConfigError: if `workers < 1`.
+    """
+    if workers < 1:
+        raise ClusterConfigError(f"workers must be >= 1, got {workers}")
+    total, before, owner = sum(counts), 0, []
+    for n in counts:
+        middle = before + n / 2
+        owner.append(min(workers - 1, int(middle * workers // total)) if total else 0)
+        before += n
+    return [range(owner.index(w), len(owner) - owner[::-1].index(w)) if w in owner else range(0)
+            for w in range(workers)]

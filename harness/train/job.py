@@ -89,7 +89,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                "weights_sha256": digest,
                "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
                "optimizer_iterations": int(optimizer.iterations.numpy()),
-               "history": history, "timing": trainer.timer.summary(), "model": model_path}
+               "history": history, "timing": trainer.timer.summary(), "model": model_path,
+               "spec": spec.replace(num_classes=inputs.num_classes).to_config()}  # what `harness predict` reads
     summary["ranks"] = results.rank_stats(backend, plan, summary, say)  # None but on Horovod's rank 0
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
         summary["profile"] = profiling.finish(profiler, options, context, inputs)

@@ -1,0 +1,345 @@
+"""`harness predict`: a model over an export, predictions written back in the export's order.
+
+Order (every check before the first prediction): who am I (`WorkerContext`: TF_CONFIG or launcher variables, no
+strategy and no collective) → the model and its run's spec → the shards, discovered and counted once
+(`ShardSet`) → the export's spec and the model's geometry (`harness.predict.model.check`) → the mixer's
+totalPatches against the records (images) → the output folder (refused when it holds another run's files) →
+this worker's contiguous run of shards (`contiguous_runs`) → per shard: skip when complete, else predict every
+record in order and write `<prefix>-<index>` under a temporary name, renamed when whole.
+
+Workers share nothing but the output folder: each writes the output shards of its own input shards, with the
+same indices, so the sorted files are the input order for any number of workers; a re-run redoes only the
+shards whose final file is missing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import shlex
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from harness.data import scan
+from harness.data import spec as spec_lib
+from harness.data.source import ShardSet, open_shards
+from harness.distribute.context import WorkerContext
+from harness.distribute.sharding import contiguous_runs
+from harness.errors import ConfigError, MissingFeatureError, MixerError, OutputExistsError
+from harness.predict import model as model_lib, reader, writer
+from harness.predict.options import CLASSIFICATION, CSV, PredictOptions
+
+MANIFEST = "predict.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What every worker derives the same way from the options, the model and the shards."""
+
+    options: PredictOptions
+    loaded: model_lib.LoadedModel
+    shards: ShardSet
+    spec: spec_lib.DataSpec           # the read spec: the model's bands, no label
+    geometry: model_lib.Geometry
+    task: str
+    band_names: tuple[str, ...]       # written bands / prediction columns
+    kept: dict                        # table: property -> storage dtype
+    prefix: str
+    outputs: tuple[str, ...]          # output path per input shard, in order
+
+    @property
+    def image(self) -> bool:
+        return self.spec.kind == spec_lib.IMAGE
+
+    @property
+    def mixer_copy(self) -> str:
+        return os.path.join(self.options.output, f"{self.prefix}-mixer.json")
+
+    @property
+    def merged_csv(self) -> str:
+        return os.path.join(self.options.output, f"{self.prefix}.csv")
+
+    def manifest(self) -> dict:
+        return {"model_sha256": self.loaded.sha256, "options": self.options.identity(),
+                "data": [[os.path.basename(p), n] for p, n in self.shards.counts],
+                "bands": list(self.spec.bands), "outputs": [os.path.basename(p) for p in self.outputs]}
+
+
+def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
+        say: Callable[[str], None] = print) -> dict:
+    """Predict this worker's shards; the chief (rank 0) also writes the mixer copy and prints the upload line.
+
+    Returns:
+      {"rank", "workers", "shards": this worker's input shard indices, "written": output paths written,
+       "skipped": complete outputs left as they were, "outputs": every output path in order, "upload": the
+       printed upload line (chief) or None}.
+    Raises:
+      the data layer's errors (discovery, counts, spec: a band missing from the export names it), MixerError
+      (image export without a mixer, or totalPatches differing from the records), ModelMismatchError (model vs
+      export, before any prediction), OutputExistsError (another run's files in the output folder), ConfigError
+      (bad `--output-bands` or `--keep`).
+    """
+    context = context or WorkerContext.from_environment()
+    job = prepare(options)
+    counts = [n for _, n in job.shards.counts]
+    mine = contiguous_runs(counts, context.num_workers)[context.rank]
+    _prepare_output(job, mine, context)
+    say(f"predict: worker {context.rank}/{context.num_workers}: input shards "
+        f"{f'{mine.start}..{mine.stop - 1}' if len(mine) else 'none'} of {len(counts)} "
+        f"({sum(counts[i] for i in mine)} of {sum(counts)} records)")
+    skipped = [job.outputs[i] for i in mine if tf.io.gfile.exists(job.outputs[i])]
+    for out in skipped:
+        say(f"  {os.path.basename(out)}: complete, skipped")
+    todo = [i for i in mine if job.outputs[i] not in skipped]
+    written = []
+    for i, n in predict_shards(job, todo):
+        written.append(job.outputs[i])
+        say(f"  {os.path.basename(job.outputs[i])}: {n} {'patches' if job.image else 'rows'} from "
+            f"{os.path.basename(job.shards.shards[i].path)}")
+    if not job.image and options.format == CSV and all(tf.io.gfile.exists(p) for p in job.outputs):
+        rows = writer.concatenate_csv(job.merged_csv, job.outputs)  # the last worker to finish sees every part
+        say(f"  {os.path.basename(job.merged_csv)}: {rows} rows (the whole table)")
+    upload = upload_line(job) if context.is_chief else None
+    if upload:
+        say(upload)
+        pending = [p for p in job.outputs if not tf.io.gfile.exists(p)]
+        if pending:
+            say(f"  ({len(pending)} of these files are still being written by other workers: upload when every "
+                "worker has finished)")
+    return {"rank": context.rank, "workers": context.num_workers, "shards": list(mine), "written": written,
+            "skipped": skipped, "outputs": list(job.outputs), "upload": upload}
+
+
+def prepare(options: PredictOptions) -> Job:
+    """Load the model, open the shards and check everything that can be checked before predicting."""
+    loaded = model_lib.load(options.model)
+    shards = open_shards(options.data, mixer=options.mixer)
+    spec = _read_spec(options, loaded, shards)
+    where = shards.shards[0].path
+    spec_lib.validate_spec(spec, list(shards.shards))  # every band in every shard's first record, S*S values
+    geometry = model_lib.check(loaded, spec, where)
+    if spec.kind == spec_lib.IMAGE:
+        if shards.mixer is None:
+            raise MixerError(f"{where}: no mixer.json beside the shards (give --mixer): Earth Engine needs it to "
+                             "place the predicted patches")
+        records = sum(n for _, n in shards.counts)
+        if shards.mixer.total_patches != records:
+            raise MixerError(f"{shards.mixer.path}: totalPatches {shards.mixer.total_patches} but the shards hold "
+                             f"{records} records: the predictions would not fill the patch grid (a shard lost or "
+                             "added?); nothing written")
+        spec = spec.replace(crop_margin=geometry.input_side == spec.patch_size and spec.kernel_margin > 0)
+    task = options.task or (loaded.spec.task if loaded.spec else CLASSIFICATION)
+    names = _band_names(options, task, geometry.channels)
+    kept = _kept(options, shards, spec, names)
+    prefix = options.prefix or os.path.basename(shards.shards[0].prefix)
+    ext = ".tfrecord" if spec.kind == spec_lib.IMAGE or options.format != CSV else ".csv"
+    outputs = tuple(os.path.join(options.output, f"{prefix}-{i:05d}{ext}") for i in _indices(shards.shards))
+    return Job(options=options, loaded=loaded, shards=shards, spec=spec, geometry=geometry, task=task,
+               band_names=names, kept=kept, prefix=prefix, outputs=outputs)
+
+
+def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: ShardSet) -> spec_lib.DataSpec:
+    """The export's spec (kind, P from the mixer, k from the records, storage dtypes) with the model's bands:
+    `--bands`, else the run's, else every band inferred. No label: predict reads none."""
+    run = loaded.spec
+    exported = spec_lib.infer_spec(list(shards.shards), mixer=shards.mixer)
+    if run is not None and run.kind != exported.kind:
+        raise model_lib.ModelMismatchError(f"{loaded.path}: the run was trained on a {run.kind} export, "
+                                           f"{shards.shards[0].path} is a {exported.kind} export")
+    bands = options.bands or (run.bands if run else exported.bands)
+    schema = spec_lib.read_schema(list(shards.shards))
+    absent = [b for b in bands if b not in schema]
+    if absent:
+        hint = spec_lib._closest(absent[0], list(schema))
+        raise MissingFeatureError(f"{shards.shards[0].path}: band {absent[0]!r} of the model is absent from the "
+                                  f"export" + (f"; closest available key: {hint!r}" if hint else "") +
+                                  f" (missing: {absent}; the records hold {sorted(schema)})")
+    dtypes = {b: schema[b].dtype for b in bands}
+    return exported.replace(bands=tuple(bands), label=None, dtypes=dtypes, band_groups={}, crop_margin=False,
+                            resize=None)
+
+
+def _band_names(options: PredictOptions, task: str, channels: int) -> tuple[str, ...]:
+    if task == CLASSIFICATION:
+        default = ("class", *(f"probability_{i}" for i in range(channels)))
+        wanted = 1 + channels if options.probabilities else 1
+    else:
+        default = ("prediction",) if channels == 1 else tuple(f"prediction_{i}" for i in range(channels))
+        wanted = channels
+    given = options.output_bands
+    if given is None:
+        return default[:wanted]
+    if len(given) not in (wanted, 1 if task == CLASSIFICATION else wanted):
+        raise ConfigError(f"--output-bands: {len(given)} names {list(given)} for {wanted} written bands (" +
+                          ("the class band, then one per class" if task == CLASSIFICATION else
+                           "one per model output") + ")")
+    return tuple(given) + default[len(given):wanted]
+
+
+def _kept(options: PredictOptions, shards: ShardSet, spec, names) -> dict:
+    if not options.keep:
+        return {}
+    if spec.kind == spec_lib.IMAGE:
+        raise ConfigError("--keep copies properties of table exports; an image export's predictions are bands")
+    schema = spec_lib.read_schema(list(shards.shards))
+    absent = reader.missing_kept(options.keep, schema)
+    if absent:
+        raise MissingFeatureError(f"{shards.shards[0].path}: --keep {absent[0]!r} is absent from the records "
+                                  f"(they hold {sorted(schema)})")
+    clash = sorted(set(options.keep) & set(names))
+    if clash:
+        raise ConfigError(f"--keep {clash[0]!r} has the name of a prediction column; rename it with --output-bands")
+    return {k: schema[k].dtype for k in options.keep}
+
+
+def _indices(shards) -> list[int]:
+    """Output index per input shard: the input's own index when every shard has one, else its position."""
+    own = [s.index for s in shards]
+    return own if None not in own and len(set(own)) == len(own) else list(range(len(shards)))
+
+
+def _prepare_output(job: Job, mine: range, context: WorkerContext) -> None:
+    """Refuse another run's files (unless --overwrite), then write the manifest (every worker, the same bytes)
+    and, on the chief, the mixer copy. With --overwrite, each worker removes its own outputs and the chief the
+    files that are not this run's.
+
+    Raises:
+      OutputExistsError: naming the folder and what differs or which files are foreign.
+    """
+    out, options = job.options.output, job.options
+    tf.io.gfile.makedirs(out)
+    manifest, path = job.manifest(), os.path.join(out, MANIFEST)
+    ours = {MANIFEST, *(os.path.basename(p) for p in (*job.outputs, job.mixer_copy, job.merged_csv))}
+    listed = tf.io.gfile.listdir(out)
+    names = [n for n in listed if not writer.is_temporary(n)]
+    my_outputs = {os.path.basename(job.outputs[i]) for i in mine}
+    for n in listed:  # half files of this worker's shards, left by a killed run: redone below
+        if writer.is_temporary(n) and writer.final_name(n) in my_outputs:
+            tf.io.gfile.remove(os.path.join(out, n))
+    previous = None
+    if MANIFEST in names:
+        with tf.io.gfile.GFile(path) as f:
+            previous = json.load(f)
+    foreign = sorted(n for n in names if n not in ours)
+    if previous is None:
+        foreign = sorted(names)
+    if not options.overwrite:
+        if previous is not None and previous != manifest:
+            differ = sorted(k for k in manifest if manifest[k] != previous.get(k))
+            raise OutputExistsError(f"{out} holds the predictions of another run ({', '.join(differ)} differ, see "
+                                    f"{path}): give a new --output, or --overwrite to replace them")
+        if foreign:
+            raise OutputExistsError(f"{out} is not empty ({', '.join(foreign[:5])}"
+                                    f"{', ...' if len(foreign) > 5 else ''}) and holds no predictions of this run: "
+                                    "give an empty or new --output, or --overwrite")
+    else:
+        for i in mine:
+            if tf.io.gfile.exists(job.outputs[i]):
+                tf.io.gfile.remove(job.outputs[i])
+        if context.is_chief:
+            for n in foreign if previous is not None else [n for n in names if n != MANIFEST]:
+                if not tf.io.gfile.isdir(os.path.join(out, n)) and os.path.join(out, n) not in job.outputs:
+                    tf.io.gfile.remove(os.path.join(out, n))
+    writer.write_text(path, json.dumps(manifest, sort_keys=True))
+    if context.is_chief and job.image:
+        with tf.io.gfile.GFile(job.shards.mixer.path) as f:
+            writer.write_text(job.mixer_copy, f.read())
+
+
+def predict_shards(job: Job, indices) -> Iterator[tuple[int, int]]:
+    """Predict every record of the shards `indices` (in order) and write each one's output atomically, yielding
+    `(index, records written)` as each file is complete.
+
+    One stream over the shards (`reader.ordered_batches`), so reading and decoding run ahead of the model across
+    file boundaries; batches never mix two shards. A zero-record shard gets an empty file.
+
+    Raises:
+      the data layer's named errors (`scan.named_error`) for a record that fails to parse.
+    """
+    step = _step_fn(job)
+    columns = [*job.kept, *job.band_names]
+    shards = [job.shards.shards[i] for i in indices]
+    empty = {i for i in indices if job.shards.stats[i].records == 0}
+
+    def rows():
+        try:
+            for position, inputs, kept in reader.ordered_batches(shards, job.spec, job.options.batch_size, job.kept):
+                outputs = [o.numpy() for o in step(inputs)]
+                kept = {k: v.numpy() for k, v in kept.items()}
+                i = indices[int(position)]
+                for j in range(outputs[0].shape[0]):
+                    yield i, [kept[k][j] for k in job.kept] + [o[j] for o in outputs]
+        except tf.errors.InvalidArgumentError as e:
+            raise scan.named_error(e, job.spec, None, shards) from e
+
+    def write(out, group):
+        if not job.image and job.options.format == CSV:
+            return writer.write_csv(out, columns, (row for _, row in group))
+        return writer.write_tfrecord(out, (writer.serialize(dict(zip(columns, row))) for _, row in group))
+
+    stream = itertools.groupby(rows(), key=lambda item: item[0])
+    for i in indices:
+        if i in empty:
+            yield i, write(job.outputs[i], ())
+            continue
+        found, group = next(stream)
+        assert found == i, (found, i)  # the stream is in shard order
+        yield i, write(job.outputs[i], group)
+
+
+def _step_fn(job: Job):
+    """The compiled model call and post-processing: crop k/2 per side (images, output of the stored size), then
+    class ids (int64 argmax) and probabilities (float32 softmax, unless the model returns them), or the
+    regression outputs (float32). Returns a list of arrays [b, P, P] (images) or [b] (tables), one per band."""
+    cached = getattr(job, "_step", None)
+    if cached is not None:
+        return cached
+    model, g = job.loaded.model, job.geometry
+    softmax = not model_lib.applies_softmax(model)
+    probabilities = job.task == CLASSIFICATION and len(job.band_names) > 1
+
+    @tf.function(reduce_retracing=True)
+    def step(inputs):
+        y = tf.cast(model(inputs, training=False), tf.float32)
+        if y.shape.rank == (3 if job.image else 1):
+            y = y[..., None]
+        if g.crop:
+            y = y[:, g.crop:g.crop + g.patch, g.crop:g.crop + g.patch]
+        if job.task != CLASSIFICATION:
+            return [y[..., c] for c in range(g.channels)]
+        out = [tf.argmax(y, axis=-1, output_type=tf.int64)]
+        if probabilities:
+            p = tf.nn.softmax(y, axis=-1) if softmax else y
+            out += [p[..., c] for c in range(g.channels)]
+        return out
+
+    object.__setattr__(job, "_step", step)
+    return step
+
+
+def upload_line(job: Job) -> str:
+    """The `earthengine upload` command for the outputs (zero-record shards left out), in order: for images the
+    mixer copy last; for tables the whole CSV (or the TFRecord files). ASSET is the user's to choose."""
+    files = [p for p, (_, n) in zip(job.outputs, job.shards.counts) if n > 0]
+    if job.image:
+        return shlex.join(["earthengine", "upload", "image", "--asset_id=ASSET", *files, job.mixer_copy])
+    if job.options.format == CSV:
+        files = [job.merged_csv]
+    return shlex.join(["earthengine", "upload", "table", "--asset_id=ASSET", *files])
+
+
+def read_outputs(paths) -> list[dict]:
+    """Every Example of TFRecord outputs in order, as {band: numpy array} (tests and `inspect`-like checks)."""
+    rows = []
+    for path in paths:
+        for raw in tf.data.TFRecordDataset(path):
+            ex = tf.train.Example.FromString(raw.numpy())
+            row = {}
+            for k, f in ex.features.feature.items():
+                kind = f.WhichOneof("kind")
+                row[k] = np.array(getattr(f, kind).value)
+            rows.append(row)
+    return rows

@@ -1,0 +1,95 @@
+"""`harness export --format savedmodel`: loaded with `tf.saved_model.load`, a request built as Earth Engine builds
+it (per band, a serialized tensor; any key order) gives the classes `harness predict` writes; a missing band is
+an error naming it; the input names survive a reload and re-export; the run was trained under MirroredStrategy."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from predict_support import run_cli
+
+from harness.predict.run import read_outputs
+
+BANDS = ["B2", "B3", "B4"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    data, run_dir = tmp / "data", tmp / "run"
+    run_cli("synth", data, "--shards", 2, "--records", 6, "--patch-size", 16, "--kernel-size", 4, "--bands", *BANDS,
+            "--classes", 3)
+    run_cli("train", "--data", data, "--label", "landcover", "--epochs", 1, "--global-batch-size", 2,
+            "--num-classes", 3, "--strategy", "mirrored", "--cpu-replicas", 2, "--output", run_dir)
+    r = run_cli("export", "--format", "savedmodel", "--model", run_dir, "--output", tmp / "sm", "--probabilities")
+    run_cli("predict", "--model", run_dir, "--data", data, "--output", tmp / "pred")
+    rows = read_outputs(sorted((tmp / "pred").glob("*.tfrecord")))
+    classes = np.stack([row["class"].reshape(16, 16) for row in rows])
+    patches = []
+    for path in sorted(data.glob("*.tfrecord.gz")):
+        for raw in tf.data.TFRecordDataset(str(path), compression_type="GZIP"):
+            f = tf.train.Example.FromString(raw.numpy()).features.feature
+            patches.append({b: np.array(f[b].float_list.value, np.float32).reshape(20, 20) for b in BANDS})
+    return tmp / "sm", r.stdout, classes, patches
+
+
+def _request(patches, bands):
+    """Earth Engine's SERIALIZED_TF_TENSORS payload: per band, one serialized TensorProto per instance."""
+    return {b: tf.constant([tf.io.serialize_tensor(p[b]).numpy() for p in patches]) for b in bands}
+
+
+def test_the_serialized_signature_gives_predicts_classes(exported):
+    path, stdout, classes, patches = exported
+    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+    out = serve(**_request(patches, reversed(BANDS)))  # any key order
+    got = np.stack([tf.io.parse_tensor(s, tf.int64).numpy() for s in out["class"].numpy()])
+    np.testing.assert_array_equal(got, classes)
+    probs = np.stack([tf.io.parse_tensor(s, tf.float32).numpy() for s in out["probabilities"].numpy()])
+    assert probs.shape == (6, 16, 16, 3)
+    np.testing.assert_allclose(probs.sum(-1), 1, rtol=1e-5)
+    assert ('payloadFormat="SERIALIZED_TF_TENSORS", inputTileSize=[20, 20], inputOverlapSize=[2, 2], '
+            'outputTileSize=[16, 16], outputBands={"class": {"type": ee.PixelType.int64(), "dimensions": 0}, '
+            '"probabilities": {"type": ee.PixelType.float(), "dimensions": 1}}') in stdout
+
+
+def test_the_tensor_signature_gives_the_same_classes(exported):
+    path, _, classes, patches = exported
+    serve = tf.saved_model.load(str(path)).signatures["grpc"]
+    out = serve(**{b: tf.constant(np.stack([p[b] for p in patches])) for b in BANDS})
+    np.testing.assert_array_equal(out["class"].numpy(), classes)
+
+
+def test_a_missing_band_is_an_error_naming_it(exported):
+    path, _, _, patches = exported
+    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+    with pytest.raises(TypeError, match=r"missing a required argument: 'B3'"):
+        serve(**_request(patches, ["B2", "B4"]))
+
+
+def test_names_survive_a_reload_and_re_export(exported, tmp_path):
+    path, _, classes, patches = exported
+    loaded = tf.saved_model.load(str(path))
+    tf.saved_model.save(loaded, str(tmp_path / "again"), signatures=dict(loaded.signatures))
+    again = tf.saved_model.load(str(tmp_path / "again")).signatures
+    for name in ("serving_default", "grpc"):
+        assert sorted(again[name].structured_input_signature[1]) == BANDS
+    out = again["serving_default"](**_request(patches, BANDS))
+    got = np.stack([tf.io.parse_tensor(s, tf.int64).numpy() for s in out["class"].numpy()])
+    np.testing.assert_array_equal(got, classes)
+
+
+def test_a_table_model(tmp_path):
+    """Per property a serialized float32 scalar per row; class = 0 where b > a (logits [b - a, 0])."""
+    import tf_keras as keras
+
+    x = keras.Input((2,))
+    dense = keras.layers.Dense(2, use_bias=False)
+    model = keras.Model(x, dense(x))
+    dense.set_weights([np.array([[-1, 0], [1, 0]], np.float32)])
+    model.save(str(tmp_path / "m.keras"))
+    r = run_cli("export", "--model", tmp_path / "m.keras", "--output", tmp_path / "sm", "--bands", "a", "b")
+    assert 'inputProperties=["a", "b"], outputProperties={"class": {"type": ee.PixelType.int64()' in r.stdout
+    rows = np.random.default_rng(0).normal(size=(9, 2)).astype(np.float32)
+    request = {name: tf.constant([tf.io.serialize_tensor(v).numpy() for v in rows[:, j]])
+               for j, name in enumerate(["b", "a"][::-1])}
+    out = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"](**request)
+    got = [int(tf.io.parse_tensor(s, tf.int64)) for s in out["class"].numpy()]
+    assert got == [0 if b > a else 1 for a, b in rows]

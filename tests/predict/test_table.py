@@ -1,0 +1,88 @@
+"""Table exports (points): one output row per input record in input order, the kept properties then the
+predictions, as CSV (parts per input shard and the whole table) or TFRecord; under 1 and 2 workers."""
+import csv
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from harness.data import synth
+from harness.distribute.context import Backend, WorkerContext
+from harness.errors import ConfigError, MissingFeatureError
+from harness.predict.options import PredictOptions
+from harness.predict.run import read_outputs, run
+
+BANDS = ["a", "b", "c", "d"]
+
+
+@pytest.fixture(scope="module")
+def points(tmp_path_factory):
+    out = tmp_path_factory.mktemp("points")
+    synth.write_table_export(str(out), prefix="points", shards=3, records=50, bands=BANDS, label="class",
+                             classes=3, seed=5)
+    rows = []
+    for path in sorted(out.glob("*.tfrecord.gz")):
+        for raw in tf.data.TFRecordDataset(str(path), compression_type="GZIP"):
+            f = tf.train.Example.FromString(raw.numpy()).features.feature
+            rows.append({k: f[k].float_list.value[0] for k in [*BANDS, "class"]})
+    return out, rows
+
+
+@pytest.fixture(scope="module")
+def two_class_model(tmp_path_factory):
+    """Logits [b - a, 0] of the bands a, b: class 0 where b > a."""
+    import tf_keras as keras
+
+    x = keras.Input((4,))
+    dense = keras.layers.Dense(2, use_bias=False)
+    y = dense(x)
+    dense.set_weights([np.array([[-1, 0], [1, 0], [0, 0], [0, 0]], np.float32)])
+    path = tmp_path_factory.mktemp("table_model") / "m.keras"
+    keras.Model(x, y).save(str(path))
+    return path
+
+
+def _options(model, data, out, **kw):
+    return PredictOptions(model=str(model), data=(str(data),), output=str(out), batch_size=7, **kw)
+
+
+def _worker(rank, workers):
+    return WorkerContext(rank, workers, 0, 1, "worker", rank, Backend.MULTI_WORKER if workers > 1 else Backend.SINGLE)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_csv_one_row_per_record_in_order(points, two_class_model, tmp_path, workers):
+    data, rows = points
+    out, lines = tmp_path / "out", []
+    options = _options(two_class_model, data, out, keep=("class",), output_bands=("predicted", "p0", "p1"),
+                       probabilities=True)
+    for rank in range(workers):
+        run(options, context=_worker(rank, workers), say=lines.append)
+    with open(out / "points.csv") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == ["class", "predicted", "p0", "p1"]
+    assert len(table) == len(rows) == 50
+    assert [float(r["class"]) for r in table] == [r["class"] for r in rows]  # the kept property, in input order
+    assert [int(r["predicted"]) for r in table] == [0 if r["b"] > r["a"] else 1 for r in rows]
+    p0 = 1 / (1 + np.exp(-np.array([np.float32(r["b"]) - np.float32(r["a"]) for r in rows])))
+    np.testing.assert_allclose([float(r["p0"]) for r in table], p0, rtol=1e-5)
+    assert sorted(p.name for p in out.glob("points-*.csv")) == [f"points-{i:05d}.csv" for i in range(3)]
+    assert any(l == f"earthengine upload table --asset_id=ASSET {out}/points.csv" for l in lines)
+
+
+def test_tfrecord_rows(points, two_class_model, tmp_path):
+    data, rows = points
+    result = run(_options(two_class_model, data, tmp_path / "out", keep=("class", "a"), format="tfrecord",
+                          output_bands=("predicted",)), context=WorkerContext.single(), say=lambda line: None)
+    got = read_outputs(result["outputs"])
+    assert [r["predicted"].tolist() for r in got] == [[0 if r["b"] > r["a"] else 1] for r in rows]
+    assert [r["predicted"].dtype for r in got[:1]] == [np.int64]
+    assert [np.float32(r["a"][0]) for r in got] == [np.float32(r["a"]) for r in rows]
+
+
+def test_keep_errors(points, two_class_model, tmp_path):
+    data, _ = points
+    with pytest.raises(MissingFeatureError, match=r"--keep 'id' is absent from the records"):
+        run(_options(two_class_model, data, tmp_path / "a", keep=("id",)), context=WorkerContext.single())
+    with pytest.raises(ConfigError, match=r"--keep 'class' has the name of a prediction column"):
+        run(_options(two_class_model, data, tmp_path / "b", keep=("class",)), context=WorkerContext.single())

@@ -1,0 +1,64 @@
+"""Helpers of the predict tests (tests/predict): constants of the synthetic export, models whose outputs are known
+value for value, and how the tests run the CLI."""
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+BANDS = ["B2", "B3", "B4", "B8"]
+P, K = 16, 4          # patchDimensions and kernel size: stored patches of 20x20, cropped by 2 per side
+RECORDS = 23          # 5 shards of 5, 5, 5, 4, 4 patches
+
+
+def band_picker(path, weights, *, side=None, crop=0):
+    """A `.keras` model: a 1x1 convolution without bias whose output channel j is sum_c weights[j][c] * band c
+    (one weight 1 and the rest 0 returns that band exactly); `crop` > 0 crops its output (a wrong size)."""
+    import tf_keras as keras
+
+    w = np.asarray(weights, np.float32)
+    x = keras.Input((side, side, w.shape[1]))
+    conv = keras.layers.Conv2D(w.shape[0], 1, use_bias=False, name="pick")
+    y = conv(x)
+    conv.set_weights([w.T.reshape(1, 1, w.shape[1], w.shape[0])])
+    if crop:
+        y = keras.layers.Cropping2D(crop)(y)
+    keras.Model(x, y).save(str(path))
+    return path
+
+
+def stored_bands(export: pathlib.Path, band: str) -> np.ndarray:
+    """Every patch's `band` in shard order, [records, S, S] float32 (read with plain TensorFlow)."""
+    import tensorflow as tf
+
+    out = []
+    for path in sorted(export.glob("*.tfrecord*")):
+        comp = "GZIP" if path.suffix == ".gz" else ""
+        for raw in tf.data.TFRecordDataset(str(path), compression_type=comp):
+            ex = tf.train.Example.FromString(raw.numpy())
+            values = np.array(ex.features.feature[band].float_list.value, np.float32)
+            out.append(values.reshape(P + K, P + K))
+    return np.stack(out)
+
+
+def harness_cmd(*args) -> list:
+    return [sys.executable, "-m", "harness.cli", *map(str, args)]
+
+
+def run_cli(*args, timeout=300, ok=True) -> subprocess.CompletedProcess:
+    r = subprocess.run(harness_cmd(*args), capture_output=True, text=True, timeout=timeout)
+    if ok:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def copy_export(src: pathlib.Path, dst: pathlib.Path, *, mixer_changes=None) -> pathlib.Path:
+    shutil.copytree(src, dst)
+    if mixer_changes:
+        mixer = next(dst.glob("*-mixer.json"))
+        obj = json.loads(mixer.read_text())
+        obj.update(mixer_changes)
+        mixer.write_text(json.dumps(obj))
+    return dst

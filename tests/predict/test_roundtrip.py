@@ -7,7 +7,7 @@ import shlex
 
 import numpy as np
 import pytest
-from predict_support import BANDS, K, P, RECORDS, band_picker, harness_cmd, run_cli, stored_bands
+from predict_support import K, P, RECORDS, band_picker, harness_cmd, run_cli, stored_bands
 
 from harness.data import inspect as inspect_lib
 from harness.distribute.context import WorkerContext

@@ -6,7 +6,6 @@ import json
 import shutil
 
 import numpy as np
-import pytest
 import tensorflow as tf
 from predict_support import run_cli
 

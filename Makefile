@@ -22,6 +22,7 @@ bench: install
 	$(PY) benchmarks/input_pipeline.py
 	$(PY) benchmarks/reshard.py
 	$(PY) benchmarks/profile_overhead.py
+	$(PY) benchmarks/step_loop.py
 	$(VENV)/bin/harness bench train --data synthetic --steps 30 --output runs/bench/synthetic
 
 clean:

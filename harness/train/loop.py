@@ -124,6 +124,7 @@ class Trainer:
         self.train_loop = tf.function(self._train_loop)
         self.eval_step = tf.function(self._eval_step)
         self.steps_per_loop = config.steps_per_loop   # None until auto has measured
+        self._k_tensors = {}
 
     # --- steps ----------------------------------------------------------------------------------------------
     def _replica_train_step(self, inputs, labels):
@@ -153,9 +154,9 @@ class Trainer:
     def _train_loop(self, iterator, steps):
         """`steps` (int32 scalar tensor, so one trace serves every K) training steps in one call.
 
-        Returns `(losses, waits, durations)`, each `[steps]` float: the step's loss (not yet averaged over ranks),
-        the seconds `next(iterator)` took (the input wait) and the seconds from the step's start to its update,
-        both from `tf.timestamp()` in the graph.
+        Returns float64 `[3, steps]`, one tensor so the host fetches it at once: per step, the loss (not yet
+        averaged over ranks), the seconds `next(iterator)` took (the input wait) and the seconds from the step's
+        start to its update, both from `tf.timestamp()` in the graph.
         """
         losses = tf.TensorArray(tf.float32, size=steps)
         waits = tf.TensorArray(tf.float64, size=steps)
@@ -179,7 +180,7 @@ class Trainer:
             losses = losses.write(i, loss)
             waits = waits.write(i, got - start)
             durations = durations.write(i, end - start)
-        return losses.stack(), waits.stack(), durations.stack()
+        return tf.stack([tf.cast(losses.stack(), tf.float64), waits.stack(), durations.stack()])
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
@@ -219,7 +220,8 @@ class Trainer:
           input_stall_share, steps.
         Raises:
           NonFiniteLossError: when the loss of a step is NaN or infinite (all workers see the same reduced loss,
-            so all stop at the same step).
+            so all stop at the same step). The check runs once per call: the error names the call's first
+            non-finite step, and the call's later steps have run.
         """
         cfg, history = self.config, []
         step = initial_step
@@ -262,10 +264,11 @@ class Trainer:
                 hook.before_step(s)
         if not host_fed:
             mark = self.timer.begin()
-            losses, waits, durations = self.train_loop(iterator, tf.constant(k, tf.int32))
-            losses = (self._cross_rank_sum(losses) / self._ranks).numpy().tolist()   # the one host sync
-            self.timer.end_call(mark, step + 1, waits.numpy().tolist(), durations.numpy().tolist(),
-                                self.config.global_batch_size)
+            out = self.train_loop(iterator, self._steps_tensor(k))
+            if self._ranks > 1:   # Horovod: every rank sees the same losses (one collective per call)
+                out = tf.concat([self._cross_rank_sum(out[:1]) / self._ranks, out[1:]], 0)
+            losses, waits, durations = out.numpy().tolist()   # the one wait for the device
+            self.timer.end_call(mark, step + 1, waits, durations, self.config.global_batch_size)
         else:
             mark = self.timer.begin()
             batch = next(iterator)
@@ -279,6 +282,12 @@ class Trainer:
             for hook in self.step_hooks:
                 hook.after_step(s)
         return losses
+
+    def _steps_tensor(self, k: int):
+        """K as an int32 scalar tensor, made once per K (an eager op less per call)."""
+        if k not in self._k_tensors:
+            self._k_tensors[k] = tf.constant(k, tf.int32)
+        return self._k_tensors[k]
 
     def _steps_this_call(self, step: int, epoch_end: int, iterator=None) -> tuple[int, bool]:
         """`(K, host_fed)` for the call that starts after global step `step`: the configured or auto K, never past
@@ -305,10 +314,19 @@ class Trainer:
         measured = [s.step_s for s in self.timer.steps if not s.warmup]
         if len(measured) < AUTO_MEASURED_CALLS:
             return 1
-        self.steps_per_loop = choose_steps_per_loop(sorted(measured)[len(measured) // 2])
-        log.info("steps per loop: %d (auto, %.2f ms per one-step call)", self.steps_per_loop,
-                 1e3 * sorted(measured)[len(measured) // 2])
+        step_s = self._agreed_mean(sorted(measured)[len(measured) // 2])
+        self.steps_per_loop = choose_steps_per_loop(step_s)
+        log.info("steps per loop: %d (auto, %.2f ms per one-step call)", self.steps_per_loop, 1e3 * step_s)
         return self.steps_per_loop
+
+    def _agreed_mean(self, value: float) -> float:
+        """The mean of `value` over every worker (a collective, called at the same step on all), so that all
+        choose the same K: Horovod's per-call loss all-reduce must be submitted the same number of times."""
+        value = tf.constant(value, tf.float32)
+        if self._ranks > 1:
+            return float(self._cross_rank_sum(value) / self._ranks)
+        per_replica = self.strategy.run(lambda: tf.identity(value))
+        return float(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None))
 
 
 def _in_graph(iterator) -> bool:

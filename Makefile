@@ -23,6 +23,7 @@ bench: install
 	$(PY) benchmarks/reshard.py
 	$(PY) benchmarks/profile_overhead.py
 	$(PY) benchmarks/predict.py
+	$(PY) benchmarks/step_loop.py
 	$(VENV)/bin/harness bench train --data synthetic --steps 30 --output runs/bench/synthetic
 
 clean:

@@ -50,6 +50,14 @@ def _at_least(minimum: int):
 POSITIVE, NON_NEGATIVE = _at_least(1), _at_least(0)
 
 
+def _auto_or_positive(text: str):
+    """An argparse `type`: `auto` or an integer >= 1."""
+    return "auto" if text == "auto" else POSITIVE(text)
+
+
+_auto_or_positive.__name__ = "auto or integer >= 1"
+
+
 def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--data", nargs="+", required=required, metavar="PATH",
                    help="shards: a folder, a glob, or paths (local or gs://)")
@@ -103,6 +111,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="run the input pipeline on a tf.data service (see `harness data-service`)")
     p.add_argument("--backend", choices=["tf", "horovod"], default=S,
                    help="default tf (tf.distribute); horovod: one process per device under mpirun/horovodrun")
+    p.add_argument("--steps-per-loop", type=_auto_or_positive, default=S, metavar="K|auto",
+                   help="training steps per tf.function call (the host waits for the device once per call); "
+                        "default auto: about 0.25 s per call, chosen after a few one-step calls")
     p.add_argument("--check-sharding", action="store_true", default=S,
                    help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
 

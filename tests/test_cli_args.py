@@ -33,6 +33,10 @@ def _usage_error(capsys, argv) -> str:
     (["bench", "train", "--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
     (["bench", "train", "--warmup", "-1"], "argument --warmup: expected an integer >= 0, got '-1'"),
     (["train", "--data", "x", "--shuffle-buffer", "0"], "argument --shuffle-buffer: expected an integer >= 1, got '0'"),
+    (["train", "--data", "x", "--steps-per-loop", "0"],
+     "argument --steps-per-loop: expected an integer >= 1, got '0'"),
+    (["train", "--data", "x", "--steps-per-loop", "many"],
+     "argument --steps-per-loop: expected an integer >= 1, got 'many'"),
     (["demo", "--epochs", "0"], "argument --epochs: expected an integer >= 1, got '0'"),
 ])
 def test_bad_counts_are_usage_errors(capsys, tmp_path, monkeypatch, argv, message):

@@ -5,6 +5,11 @@ compute time runs from then until the step's loss is on the host (the step is sy
 device work). Input-stall share = sum(input wait) / sum(step time) over the timed (post-warm-up) steps; the
 TensorFlow profiler's input-pipeline analyzer reports the same ratio and calls a run highly input-bound at >= 20%
 and moderately at >= 5% (tensorflow.org/guide/data_performance_analysis).
+
+When K steps run in one `tf.function` call (`steps_per_loop`), the host sees only the call: the loop times each
+step's `next(iterator)` and the step itself in the graph (`tf.timestamp()`, seconds) and `end_call` records one
+`StepTime` per step from them; what the call took on the host beyond the steps' sum (dispatch, the wait for the
+losses) is compute of the call's first step, so the steps of a call add up to its wall time.
 """
 from __future__ import annotations
 
@@ -51,6 +56,27 @@ class StepTimer:
         st = StepTime(step, t0 - self._origin, t1 - t0, now - t1, examples, len(self.steps) < self.warmup_steps)
         self.steps.append(st)
         return st
+
+    def end_call(self, mark: list[float], first_step: int, waits_s, durations_s, examples: int) -> list[StepTime]:
+        """Record the steps `first_step, first_step + 1, ...` of one call begun at `mark` (`begin()`).
+
+        Args:
+          waits_s: per step, seconds its `next(iterator)` took, timed in the graph.
+          durations_s: per step, seconds from its start to its update, timed in the graph.
+          examples: examples per step.
+        """
+        now = time.perf_counter()
+        t0 = mark[0]
+        overhead = max(0.0, (now - t0) - sum(durations_s))
+        start, recorded = t0 - self._origin, []
+        for i, (wait, duration) in enumerate(zip(waits_s, durations_s)):
+            wait = max(0.0, wait)
+            compute = max(0.0, duration - wait) + (overhead if i == 0 else 0.0)
+            st = StepTime(first_step + i, start, wait, compute, examples, len(self.steps) < self.warmup_steps)
+            self.steps.append(st)
+            recorded.append(st)
+            start += st.step_s
+        return recorded
 
     def summary(self, steps: list[StepTime] | None = None) -> dict:
         """Totals over `steps` (default: all) minus warm-up: examples/s, input-stall share, mean step time (s).

@@ -58,7 +58,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
 
     config = LoopConfig(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
                         global_batch_size=plan.global_batch_size, loss_divisor=backend.loss_divisor(plan),
-                        validation_steps=inputs.validation_plan.steps_per_epoch if inputs.validation_plan else 0)
+                        validation_steps=inputs.validation_plan.steps_per_epoch if inputs.validation_plan else 0,
+                        steps_per_loop=options.loop_steps)
     profiler = profiling.session(options, backend, config, plan)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context, config=config,
                       class_weights=inputs.class_weights, **(profiler.trainer_kwargs() if profiler else {}),

@@ -5,6 +5,15 @@ Under tf.distribute each replica divides its summed per-example loss by the glob
 custom_training). Under Horovod the strategy is the default one, each rank divides by its own batch and
 `hvd.DistributedGradientTape` averages the gradients (`gradient_tape` seam). Loss scaling happens exactly once:
 the scaled loss is differentiated, the gradients are reduced across replicas or ranks and unscaled once.
+
+Steps per loop: one `tf.function` call runs K steps, drawing each batch with `next(iterator)` inside the function
+(a `for _ in tf.range(K)` loop), as orbit's `StandardTrainer` (`steps_per_loop`) and Keras `Model.compile(...,
+steps_per_execution=K)` do; the host waits for the device once per call, for the `[K]` per-step losses, and each
+step's input wait is timed in the graph (`tf.timestamp()` before and after `next(iterator)`), so the input-stall
+share needs no per-step host sync. A call never crosses an epoch end (validation, backup) nor the edges of a
+step hook's window (inside the profiler's trace window each call is one step whose batch the host draws, as
+before, so that the trace's input-pipeline analyzer finds the steps). Under Horovod the loop is the same: the
+distributed tape still reduces the gradients inside each step.
 """
 from __future__ import annotations
 
@@ -36,6 +45,7 @@ class LoopConfig:
         per-rank batch under Horovod (whose tape averages).
       validation_steps: evaluation steps per epoch (0: no validation).
       warmup_steps: first steps excluded from timing summaries (tracing, cache fill).
+      steps_per_loop: steps per `tf.function` call (K), or None for auto (`choose_steps_per_loop`).
     """
 
     epochs: int
@@ -44,6 +54,24 @@ class LoopConfig:
     loss_divisor: int
     validation_steps: int = 0
     warmup_steps: int = 2
+    steps_per_loop: int | None = None
+
+    def __post_init__(self):
+        if self.steps_per_loop is not None and self.steps_per_loop < 1:
+            raise ValueError(f"steps_per_loop must be >= 1 or None (auto), got {self.steps_per_loop}")
+
+
+AUTO_TARGET_S = 0.25      # auto: one call lasts about this long (seconds), within orbit's usual 0.1-1 s
+AUTO_MEASURED_CALLS = 3   # auto: calls of one step timed after warm-up before K is chosen
+AUTO_MAX_STEPS = 1000
+
+
+def choose_steps_per_loop(step_s: float, target_s: float = AUTO_TARGET_S, max_steps: int = AUTO_MAX_STEPS) -> int:
+    """K for `steps_per_loop: auto`: the steps that fill about `target_s` seconds at `step_s` seconds per one-step
+    call (which includes the per-call overhead, so K errs low), between 1 and `max_steps`."""
+    if step_s <= 0:
+        return max_steps
+    return int(min(max_steps, max(1, round(target_s / step_s))))
 
 
 def _per_example_loss(labels, logits, class_weights):
@@ -73,7 +101,8 @@ class Trainer:
       after_first_step: seam for Horovod: called once after the first step, when the optimizer's slots exist
         (broadcast of rank 0's variables).
       step_hooks: objects with `before_step(step)` and `after_step(step)` (step: the 1-based global number of the
-        step), called around each training step outside its timed span (e.g. the profiler's trace window).
+        step), called for each step of a call before and after it, outside its timed span; a hook with `first`
+        and `last` steps (the profiler's trace window) gets calls of one step from `first` to `last`.
       timer: the `StepTimer` to record steps in (default: a new one with `config.warmup_steps`).
     """
 
@@ -92,7 +121,10 @@ class Trainer:
         self.timer = timer or StepTimer(config.warmup_steps)
         self.step_hooks = tuple(step_hooks)
         self.train_step = tf.function(self._train_step)
+        self.train_loop = tf.function(self._train_loop)
         self.eval_step = tf.function(self._eval_step)
+        self.steps_per_loop = config.steps_per_loop   # None until auto has measured
+        self._k_tensors = {}
 
     # --- steps ----------------------------------------------------------------------------------------------
     def _replica_train_step(self, inputs, labels):
@@ -106,13 +138,49 @@ class Trainer:
         grads = self._wrap_tape(tape).gradient(scaled, model.trainable_variables)
         if self._scaling:
             grads = opt.get_unscaled_gradients(grads)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+        applied = opt.apply_gradients(zip(grads, model.trainable_variables))
+        with tf.control_dependencies([applied] if applied is not None else []):
+            return tf.identity(loss)  # the step ends when its update is applied (the timestamp after it)
 
     def _train_step(self, batch):
         per_replica = self.strategy.run(self._replica_train_step, args=batch)
         loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return self._cross_rank_sum(loss) / self._ranks
+
+    def _next_batch(self, iterator):
+        """`next(iterator)` inside the loop function (a seam: tests count the batches drawn here)."""
+        return next(iterator)
+
+    def _train_loop(self, iterator, steps):
+        """`steps` (int32 scalar tensor, so one trace serves every K) training steps in one call.
+
+        Returns float64 `[3, steps]`, one tensor so the host fetches it at once: per step, the loss (not yet
+        averaged over ranks), the seconds `next(iterator)` took (the input wait) and the seconds from the step's
+        start to its update, both from `tf.timestamp()` in the graph.
+        """
+        losses = tf.TensorArray(tf.float32, size=steps)
+        waits = tf.TensorArray(tf.float64, size=steps)
+        durations = tf.TensorArray(tf.float64, size=steps)
+        done = tf.constant(0.0)
+        for i in tf.range(steps):
+            tf.autograph.experimental.set_loop_options(parallel_iterations=1)  # one step at a time, in order
+            with tf.control_dependencies([done]):      # after the previous step's update
+                start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                batch = self._next_batch(iterator)
+            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                got = tf.timestamp()
+            with tf.control_dependencies([got]):
+                per_replica = self.strategy.run(self._replica_train_step, args=batch)
+                loss = tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None),
+                               tf.float32)
+            with tf.control_dependencies([loss]):
+                end = tf.timestamp()
+            done = loss
+            losses = losses.write(i, loss)
+            waits = waits.write(i, got - start)
+            durations = durations.write(i, end - start)
+        return tf.stack([tf.cast(losses.stack(), tf.float64), waits.stack(), durations.stack()])
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
@@ -152,36 +220,28 @@ class Trainer:
           input_stall_share, steps.
         Raises:
           NonFiniteLossError: when the loss of a step is NaN or infinite (all workers see the same reduced loss,
-            so all stop at the same step).
+            so all stop at the same step). The check runs once per call: the error names the call's first
+            non-finite step, and the call's later steps have run.
         """
         cfg, history = self.config, []
-        first_epoch = initial_step // cfg.steps_per_epoch
         step = initial_step
-        for epoch in range(first_epoch, cfg.epochs):
+        for epoch in range(initial_step // cfg.steps_per_epoch, cfg.epochs):
             bar = tqdm(total=cfg.steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
                        disable=not (self.context.is_chief and sys.stderr.isatty()))
             first_timed = len(self.timer.steps)
-            loss_sum = 0.0
-            for _ in range(cfg.steps_per_epoch):
-                for hook in self.step_hooks:
-                    hook.before_step(step + 1)
-                mark = self.timer.begin()
-                batch = next(train_iterator)
-                self.timer.got_input(mark)
-                loss = float(self.train_step(batch))
-                if self._after_first_step is not None:
-                    self._after_first_step()
-                    self._after_first_step = None
-                step += 1
-                self.timer.end(mark, step, cfg.global_batch_size)
-                for hook in self.step_hooks:
-                    hook.after_step(step)
-                if not math.isfinite(loss):
-                    raise NonFiniteLossError(f"loss is {loss} at step {step} (epoch {epoch + 1}); lower the "
-                                             "learning rate or check the input for NaN/inf values")
-                loss_sum += loss
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            loss_sum, end = 0.0, (epoch + 1) * cfg.steps_per_epoch
+            while step < end:
+                k, host_fed = self._steps_this_call(step, end, train_iterator)
+                losses = self._run_call(train_iterator, step, k, host_fed)
+                for i, loss in enumerate(losses):
+                    if not math.isfinite(loss):
+                        raise NonFiniteLossError(
+                            f"loss is {loss} at step {step + i + 1} (epoch {epoch + 1}); lower the learning rate "
+                            "or check the input for NaN/inf values")
+                step += k
+                loss_sum += float(sum(losses))
+                bar.update(k)
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
             bar.close()
             logs = {"epoch": epoch + 1, "step": step, "loss": loss_sum / cfg.steps_per_epoch}
             if validation is not None and cfg.validation_steps:
@@ -193,6 +253,85 @@ class Trainer:
             for callback in on_epoch_end:
                 callback(epoch + 1, logs)
         return history
+
+    def _run_call(self, iterator, step: int, k: int, host_fed: bool) -> list[float]:
+        """Steps `step + 1 .. step + k` in one call of `train_loop`; records them in the timer and returns their
+        losses (averaged over ranks), after the one wait for the device. `host_fed`: one step whose batch is
+        drawn on the host and passed to `train_step` (a Python iterator; the profiler's trace window, whose
+        input-pipeline analyzer finds steps by the host's `next(iterator)`)."""
+        for s in range(step + 1, step + k + 1):
+            for hook in self.step_hooks:
+                hook.before_step(s)
+        if not host_fed:
+            mark = self.timer.begin()
+            out = self.train_loop(iterator, self._steps_tensor(k))
+            if self._ranks > 1:   # Horovod: every rank sees the same losses (one collective per call)
+                out = tf.concat([self._cross_rank_sum(out[:1]) / self._ranks, out[1:]], 0)
+            losses, waits, durations = out.numpy().tolist()   # the one wait for the device
+            self.timer.end_call(mark, step + 1, waits, durations, self.config.global_batch_size)
+        else:
+            mark = self.timer.begin()
+            batch = next(iterator)
+            self.timer.got_input(mark)
+            losses = [float(self.train_step(batch))]
+            self.timer.end(mark, step + 1, self.config.global_batch_size)
+        if self._after_first_step is not None:
+            self._after_first_step()
+            self._after_first_step = None
+        for s in range(step + 1, step + k + 1):
+            for hook in self.step_hooks:
+                hook.after_step(s)
+        return losses
+
+    def _steps_tensor(self, k: int):
+        """K as an int32 scalar tensor, made once per K (an eager op less per call)."""
+        if k not in self._k_tensors:
+            self._k_tensors[k] = tf.constant(k, tf.int32)
+        return self._k_tensors[k]
+
+    def _steps_this_call(self, step: int, epoch_end: int, iterator=None) -> tuple[int, bool]:
+        """`(K, host_fed)` for the call that starts after global step `step`: the configured or auto K, never past
+        the epoch's end, ending before a hook's window (`first`..`last`) opens; inside the window one host-fed
+        step per call (as for a Python iterator, and for the very first step under Horovod, whose broadcast of
+        rank 0's variables follows it)."""
+        k = self.steps_per_loop if self.steps_per_loop is not None else self._auto_steps()
+        host_fed = not _in_graph(iterator)
+        if self._after_first_step is not None:
+            k = 1
+        for hook in self.step_hooks:
+            first, last = getattr(hook, "first", None), getattr(hook, "last", None)
+            if first is None or last is None:
+                continue
+            if first <= step + 1 <= last:
+                host_fed = True
+            elif step + 1 < first:
+                k = min(k, first - step - 1)
+        return (1, True) if host_fed else (max(1, min(k, epoch_end - step)), False)
+
+    def _auto_steps(self) -> int:
+        """Auto K: 1 through warm-up and `AUTO_MEASURED_CALLS` timed one-step calls, then `choose_steps_per_loop`
+        from their median wall time (input wait included)."""
+        measured = [s.step_s for s in self.timer.steps if not s.warmup]
+        if len(measured) < AUTO_MEASURED_CALLS:
+            return 1
+        step_s = self._agreed_mean(sorted(measured)[len(measured) // 2])
+        self.steps_per_loop = choose_steps_per_loop(step_s)
+        log.info("steps per loop: %d (auto, %.2f ms per one-step call)", self.steps_per_loop, 1e3 * step_s)
+        return self.steps_per_loop
+
+    def _agreed_mean(self, value: float) -> float:
+        """The mean of `value` over every worker (a collective, called at the same step on all), so that all
+        choose the same K: Horovod's per-call loss all-reduce must be submitted the same number of times."""
+        value = tf.constant(value, tf.float32)
+        if self._ranks > 1:
+            return float(self._cross_rank_sum(value) / self._ranks)
+        per_replica = self.strategy.run(lambda: tf.identity(value))
+        return float(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None))
+
+
+def _in_graph(iterator) -> bool:
+    """Whether `iterator` can be passed into a `tf.function` (a tf.data or tf.distribute iterator)."""
+    return isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
 
 
 def format_epoch(logs: dict, epochs: int) -> str:

@@ -20,7 +20,10 @@ def _check_option_types(options: "TrainOptions") -> None:
         value = getattr(options, field.name)
         if value is None or field.name in ("data", "validation_data"):
             continue
-        if field.name in _INT_FIELDS:
+        if field.name == "steps_per_loop":
+            ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+            want = "auto or an integer >= 1"
+        elif field.name in _INT_FIELDS:
             ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
         elif field.name in _BOOL_FIELDS:
             ok, want = isinstance(value, bool), "true or false"
@@ -61,6 +64,7 @@ class TrainOptions:
     data_service: str | None = None
     backend: str = "tf"
     check_sharding: bool = False
+    steps_per_loop: int | str = "auto"   # steps per tf.function call, or "auto" (`harness.train.loop`)
 
     def __post_init__(self):
         _check_option_types(self)
@@ -77,6 +81,12 @@ class TrainOptions:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if not self.learning_rate > 0:
             raise ConfigError(f"learning rate must be > 0, got {self.learning_rate}")
+
+
+    @property
+    def loop_steps(self) -> int | None:
+        """`LoopConfig.steps_per_loop`: K, or None for auto."""
+        return None if self.steps_per_loop == "auto" else self.steps_per_loop
 
 
 def _weights(text: str) -> list[float]:

@@ -94,7 +94,7 @@ def test_horovodrun_gloo_trains_in_sync_and_resumes_from_rank0(image_export, tmp
     folder, files = image_export
     data, out = folder / "train", tmp_path / "run"
     by_rank = train(horovodrun(2), data, out, "--epochs", "2", "--per-replica-batch-size", "4",
-                    "--check-sharding", "--validation-data", folder / "val")
+                    "--check-sharding", "--validation-data", folder / "val", "--steps-per-loop", "3")
     check_ranks(by_rank, files)
     # Training and validation shards discovered, counted and checked once each per rank; each plan assigns
     # files once per rank (2 ranks x 2 plans), and the pipelines take those assignments.
@@ -111,7 +111,9 @@ def test_horovodrun_gloo_trains_in_sync_and_resumes_from_rank0(image_export, tmp
     assert json.loads((out / "summary.json").read_text())["final_step"] == 8
 
     # Resume: rank 0 alone restores; every rank continues from its step with its optimizer state.
-    resumed = train(horovodrun(2), data, out, "--epochs", "3", "--per-replica-batch-size", "4")
+    # 3 steps per call over 4 steps per epoch: calls of 3 and 1 (never across the epoch end)
+    resumed = train(horovodrun(2), data, out, "--epochs", "3", "--per-replica-batch-size", "4",
+                    "--steps-per-loop", "3")
     check_ranks(resumed, files)
     for r in resumed.values():
         assert (r["summary"]["initial_step"], r["summary"]["final_step"]) == (8, 12)
@@ -165,10 +167,11 @@ def uneven_export(tmp_path_factory):
 
 
 def test_uneven_shards_four_ranks_take_equal_steps(uneven_export, tmp_path):
-    """Per-rank batch 4: ranks 0-2 could take 25 steps, rank 3 only 24; all take 24 and report what they drop."""
+    """Per-rank batch 4: ranks 0-2 could take 25 steps, rank 3 only 24; all take 24 and report what they drop,
+    also with 5 steps per call (calls of 5, 5, 5, 5, 4)."""
     data, files = uneven_export
     by_rank = train(horovodrun(4), data, tmp_path / "run", "--epochs", "1", "--per-replica-batch-size", "4",
-                    ranks=4, timeout=240)
+                    "--steps-per-loop", "5", ranks=4, timeout=240)
     check_ranks(by_rank, files)
     stats = by_rank[0]["summary"]["ranks"]
     assert [s["records"] for s in stats] == [100, 100, 100, 96]

@@ -47,9 +47,9 @@ def table_export(tmp_path_factory):
     return folder
 
 
-def _train_args(data, output) -> list[str]:
+def _train_args(data, output, steps_per_loop="auto") -> list[str]:
     return [sys.executable, str(SCRIPT), "--data", str(data), "--output", str(output), "--epochs", str(EPOCHS),
-            "--per-replica-batch-size", "8", "--learning-rate", "0.01"]
+            "--per-replica-batch-size", "8", "--learning-rate", "0.01", "--steps-per-loop", steps_per_loop]
 
 
 def _latest_step(backup: pathlib.Path):
@@ -207,10 +207,12 @@ def test_launcher_names_the_killed_worker_not_the_peers_that_failed_after_it():
 
 
 # --- a worker killed mid-epoch -------------------------------------------------------------------------------------
-def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(table_export, tmp_path):
+# 5 steps per call does not divide the 16 steps per epoch: calls of 5, 5, 5, 1 (auto picks 1 at 0.2 s a step)
+@pytest.mark.parametrize("steps_per_loop", ["auto", "5"])
+def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(table_export, tmp_path, steps_per_loop):
     output = tmp_path / "run"
     cmd = [sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "240", "--",
-           *_train_args(table_export, output)]
+           *_train_args(table_export, output, steps_per_loop)]
     launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -229,10 +231,12 @@ def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(tabl
     _check_resumed(_results(r.stdout), resumed_from)
 
 
-def test_killed_rank_under_horovodrun_stops_the_job_and_restart_resumes_from_rank0(table_export, tmp_path):
+@pytest.mark.parametrize("steps_per_loop", ["auto", "5"])
+def test_killed_rank_under_horovodrun_stops_the_job_and_restart_resumes_from_rank0(table_export, tmp_path,
+                                                                                  steps_per_loop):
     output = tmp_path / "run"
     cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-           *_train_args(table_export, output), "--backend", "horovod"]
+           *_train_args(table_export, output, steps_per_loop), "--backend", "horovod"]
     launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -38,14 +38,14 @@ def _delayed_batches(delay_s):
     return tf.data.Dataset.range(10 ** 6).map(make).prefetch(3)
 
 
-def run_delayed(d, c, output, *, trace_steps=None, plot=False):
+def run_delayed(d, c, output, *, trace_steps=None, plot=False, steps_per_loop=1):
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     context = WorkerContext.single()
     with strategy.scope():
         model = keras.Sequential([keras.Input([4]), SleepLayer(c), keras.layers.Dense(2)])
         optimizer = keras.optimizers.SGD(0.01)
     config = LoopConfig(epochs=1, steps_per_epoch=STEPS + WARMUP, global_batch_size=BATCH, loss_divisor=BATCH,
-                        warmup_steps=WARMUP)
+                        warmup_steps=WARMUP, steps_per_loop=steps_per_loop)
     session = ProfileSession(context=context, strategy=strategy, output=str(output), warmup_steps=WARMUP,
                              interval_s=0.05, trace_steps=trace_steps)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
@@ -57,5 +57,5 @@ def run_delayed(d, c, output, *, trace_steps=None, plot=False):
 
 @pytest.fixture
 def delayed_run():
-    """`run(d, c, output, trace_steps=None, plot=False) -> (session, report)`."""
+    """`run(d, c, output, trace_steps=None, plot=False, steps_per_loop=1) -> (session, report)`."""
     return run_delayed

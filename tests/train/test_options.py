@@ -45,3 +45,14 @@ def test_class_weights():
     assert class_weights("1,2.5", 2, []) == [1.0, 2.5]
     with pytest.raises(ConfigError, match="has 2 values for 3 classes"):
         class_weights("1,2", 3, [])
+
+
+def test_steps_per_loop_is_auto_or_a_positive_count(tmp_path):
+    assert TrainOptions(data=("x",)).steps_per_loop == "auto" and TrainOptions(data=("x",)).loop_steps is None
+    assert TrainOptions(data=("x",), steps_per_loop=16).loop_steps == 16
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  data: exp\n  steps_per_loop: 8\n")
+    assert merge_options(load_config(str(path)), {})[0].loop_steps == 8
+    for bad in (0, -2, "16", True, 2.5):
+        with pytest.raises(ConfigError, match=r"train.steps_per_loop: expected auto or an integer >= 1"):
+            TrainOptions(data=("x",), steps_per_loop=bad)

@@ -2,8 +2,10 @@
 
 Runs the job as the CLI does (tf.distribute from TF_CONFIG, or `--backend horovod` under horovodrun) and prints
 what tests/launch/test_fault_tolerance.py compares: the rank, the final weights' digest, the steps, and the
-batches drawn from the input pipeline (the data position). With HARNESS_TEST_STEP_DELAY_S set, every step waits
-that many seconds for its batch, so a test can kill a worker in the middle of an epoch.
+batches drawn from the input pipeline (the data position), counted where the training loop draws them: inside its
+`tf.function`, at each `next(iterator)` (`Trainer._next_batch`), whatever the steps per call. With
+HARNESS_TEST_STEP_DELAY_S set, every step waits that many seconds for its batch, so a test can kill a worker in
+the middle of an epoch.
 """
 import json
 import os
@@ -11,6 +13,7 @@ import sys
 import time
 
 import harness  # noqa: F401  (selects Keras 2 before TensorFlow is imported)
+import tensorflow as tf
 
 from harness.cli import build_parser
 from harness.commands.train import options_from_args
@@ -20,21 +23,24 @@ from harness.train.loop import Trainer
 
 delay = float(os.environ.get("HARNESS_TEST_STEP_DELAY_S", "0"))
 drawn = []   # batches this process took from its input pipeline: the data position
-_fit = Trainer.fit
+_next_batch = Trainer._next_batch
 
 
-def counted(iterator):
-    for batch in iterator:
-        drawn.append(1)
-        time.sleep(delay)
-        yield batch
+def _drew():
+    drawn.append(1)
+    time.sleep(delay)
+    return 0
 
 
-def fit(self, train_iterator, **kwargs):
-    return _fit(self, counted(train_iterator), **kwargs)
+def counted_next_batch(self, iterator):
+    batch = _next_batch(self, iterator)
+    with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+        count = tf.py_function(_drew, [], tf.int32)   # runs once per batch drawn, in the graph
+    with tf.control_dependencies([count]):
+        return tf.nest.map_structure(tf.identity, batch, expand_composites=True)
 
 
-Trainer.fit = fit
+Trainer._next_batch = counted_next_batch
 args = build_parser().parse_args(["train", *sys.argv[1:]])
 options, data = options_from_args(args)
 summary = job.run(options, data_config=data)

@@ -50,6 +50,21 @@ def _at_least(minimum: int):
 POSITIVE, NON_NEGATIVE = _at_least(1), _at_least(0)
 
 
+def _json_object(text: str) -> dict:
+    """An argparse `type` for a JSON object (`--model-args '{"depth": 4}'`): anything else is a usage error."""
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"depth\": 4}}', got {text!r}")
+    return value
+
+
+_json_object.__name__ = "JSON object"
+
+
 def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--data", nargs="+", required=required, metavar="PATH",
                    help="shards: a folder, a glob, or paths (local or gs://)")
@@ -105,6 +120,13 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="default tf (tf.distribute); horovod: one process per device under mpirun/horovodrun")
     p.add_argument("--check-sharding", action="store_true", default=S,
                    help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
+    m = p.add_argument_group("model", "your own model (default: the built-in U-Net for patches, an MLP for tables)")
+    m.add_argument("--model", default=S, metavar="MODULE:FUNCTION",
+                   help="function(ModelInputs, **model_args) -> tf_keras model of logits; also path/to/file.py:FUNCTION")
+    m.add_argument("--model-args", type=_json_object, default=S, metavar="JSON",
+                   help="keyword arguments for the model function, e.g. '{\"depth\": 4}'")
+    m.add_argument("--init-from", default=S, metavar="MODEL.keras|RUN_DIR",
+                   help="start from trained weights: layers matched by name, mismatches named")
 
 
 def _bench_commands(sub) -> None:

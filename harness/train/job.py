@@ -25,21 +25,23 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         section of a config, see `DataSpec.from_config`).
       distribution: `(strategy, context)` already built by `make_strategy` (or `horovod.init`); built from
         `options` when None. The strategy must exist before any other TensorFlow op runs.
-      model_fn: `(spec, num_classes, mean, variance) -> keras.Model` for a user's own model (called under the
-        strategy's scope); the built-in U-Net / pixel classifier when None.
+      model_fn: `fn(ModelInputs, **options.model_args) -> tf_keras.Model` of logits (float32 last layer), a user's
+        own model (`harness.train.user_model`), called under the strategy's scope once per worker; else
+        `options.model` (`MODULE:FUNCTION`), else the built-in U-Net / pixel classifier.
     Raises:
       HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
     """
     import tensorflow as tf
     import tf_keras as keras
 
-    from harness.train import checkpoint, inputs as inputs_lib, precision, profiling, results, summaries
+    from harness.train import checkpoint, inputs as inputs_lib, precision, profiling, results, summaries, user_model
     from harness.train.loop import LoopConfig, Trainer
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
                            distribution=distribution)
     context, say = backend.context, backend.say
     say(f"worker: {context}")
+    builder = user_model.resolve(options, model_fn)  # an import failure or a Keras 3 function: before any data
     policy = precision.apply_policy(options.precision)
     inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say,
                                 on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
@@ -47,7 +49,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     train_ds, val_ds = inputs.datasets(backend)
 
     with backend.scope():
-        model = (model_fn or _builtin_model)(spec, inputs.num_classes, inputs.mean, inputs.variance)
+        model = builder.build(inputs, policy, say)
         optimizer = precision.wrap_optimizer(keras.optimizers.Adam(options.learning_rate), policy)
         backup = checkpoint.Backup(options.output, context, fingerprint=_fingerprint(plan, spec, policy),
                                    model=model, optimizer=optimizer)
@@ -123,9 +125,3 @@ def _fingerprint(plan, spec, policy: str) -> dict:
             "records": sum(plan.records), "label": spec.label, "bands": list(spec.bands),
             "input_shape": str(spec.input_shape), "policy": policy}
 
-
-def _builtin_model(spec, num_classes: int, mean, variance):
-    """The U-Net for image specs, the per-pixel classifier for tables (`harness.train.models.builtin_model`)."""
-    from harness.train import models
-
-    return models.builtin_model(spec.kind, spec.input_shape, num_classes, mean=mean, variance=variance)

@@ -24,6 +24,9 @@ def _check_option_types(options: "TrainOptions") -> None:
             ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
         elif field.name in _BOOL_FIELDS:
             ok, want = isinstance(value, bool), "true or false"
+        elif field.name == "model_args":
+            ok, want = isinstance(value, dict) and all(isinstance(k, str) for k in value), \
+                "a mapping of keyword arguments"
         elif field.name == "learning_rate":
             ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
         else:
@@ -61,6 +64,9 @@ class TrainOptions:
     data_service: str | None = None
     backend: str = "tf"
     check_sharding: bool = False
+    model: str | None = None            # MODULE:FUNCTION or path/to/file.py:FUNCTION (harness.train.user_model)
+    model_args: dict | None = None      # keyword arguments for the model function
+    init_from: str | None = None        # MODEL.keras or a run folder holding model.keras
 
     def __post_init__(self):
         _check_option_types(self)

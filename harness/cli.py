@@ -87,7 +87,6 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--global-batch-size", type=int, default=S, help="examples per step over all replicas")
     g.add_argument("--per-replica-batch-size", type=int, default=S, help="default 32 when neither is given")
-    p.add_argument("--learning-rate", type=float, default=S, help="Adam learning rate, default 1e-3")
     p.add_argument("--precision", choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"], default=S,
                    help="default float32; auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 CPUs/TPUs")
     p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default=S,
@@ -120,6 +119,27 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="default tf (tf.distribute); horovod: one process per device under mpirun/horovodrun")
     p.add_argument("--check-sharding", action="store_true", default=S,
                    help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
+    o = p.add_argument_group("optimizer and schedule", "built by the harness inside the strategy's scope; the "
+                             "learning rate is a function of the restored step (a resume continues the schedule)")
+    o.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], default=S, help="default adam")
+    o.add_argument("--learning-rate", type=float, default=S, help="base learning rate, default 1e-3")
+    o.add_argument("--momentum", type=float, default=S, help="sgd momentum (default 0)")
+    o.add_argument("--nesterov", action="store_true", default=S, help="sgd: Nesterov momentum")
+    o.add_argument("--weight-decay", type=float, default=S, help="decoupled weight decay (adamw default 0.004)")
+    o.add_argument("--schedule", choices=["constant", "cosine", "step", "exponential"], default=S,
+                   help="after warm-up, default constant; cosine decays to 0 at the last step")
+    w = o.add_mutually_exclusive_group()
+    w.add_argument("--warmup-steps", type=NON_NEGATIVE, default=S, help="linear warm-up to the peak (default 0)")
+    w.add_argument("--warmup-epochs", type=float, default=S, help="warm-up in epochs (rounded to steps)")
+    o.add_argument("--decay-epochs", type=float, default=S, help="step/exponential: epochs per decay period (default 1)")
+    o.add_argument("--decay-rate", type=float, default=S,
+                   help="step/exponential: factor per period (default 0.1 for step, 0.5 for exponential)")
+    o.add_argument("--scale-lr", choices=["none", "linear", "sqrt"], default=S,
+                   help="peak = learning rate x (global batch / --base-batch-size), or its square root (Goyal et "
+                        "al. 2017); default none: nothing is scaled")
+    o.add_argument("--base-batch-size", type=POSITIVE, default=S, help="the batch the learning rate was tuned for")
+    o.add_argument("--clip-norm", type=float, default=S,
+                   help="clip gradients by global norm after the cross-replica reduction (default: none)")
     m = p.add_argument_group("model", "your own model (default: the built-in U-Net for patches, an MLP for tables)")
     m.add_argument("--model", default=S, metavar="MODULE:FUNCTION",
                    help="function(ModelInputs, **model_args) -> tf_keras model of logits; also path/to/file.py:FUNCTION")
@@ -238,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--global-batch-size", type=int, help="examples per step over all replicas")
     g.add_argument("--per-replica-batch-size", type=int, help="examples per step per replica")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--learning-rate", type=float, help="with it, the effective peak learning rate is printed")
+    p.add_argument("--scale-lr", choices=["none", "linear", "sqrt"], default="none",
+                   help="as harness train: scale the learning rate with global / --base-batch-size")
+    p.add_argument("--base-batch-size", type=POSITIVE, help="the batch the learning rate was tuned for")
 
     p = _command(sub, "train", train_cmd.train, "Train on GEE TFRecord shards (one worker or several)")
     _train_args(p)

@@ -32,9 +32,9 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
       HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
     """
     import tensorflow as tf
-    import tf_keras as keras
 
-    from harness.train import checkpoint, inputs as inputs_lib, precision, profiling, results, summaries, user_model
+    from harness.train import (checkpoint, inputs as inputs_lib, optim, precision, profiling, results, summaries,
+                               user_model)
     from harness.train.loop import LoopConfig, Trainer
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
@@ -50,7 +50,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
 
     with backend.scope():
         model = builder.build(inputs, policy, say)
-        optimizer = precision.wrap_optimizer(keras.optimizers.Adam(options.learning_rate), policy)
+        schedule = optim.make_schedule(optim.schedule_config(options, plan))  # of optimizer.iterations only
+        optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
         backup = checkpoint.Backup(options.output, context, fingerprint=_fingerprint(plan, spec, policy),
                                    model=model, optimizer=optimizer)
         backend.prepare_restore(model, optimizer)
@@ -62,8 +63,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                         global_batch_size=plan.global_batch_size, loss_divisor=backend.loss_divisor(plan),
                         validation_steps=inputs.validation_plan.steps_per_epoch if inputs.validation_plan else 0)
     profiler = profiling.session(options, backend, config, plan)
+    tensorboard = summaries.EpochSummaries(options.output, context, schedule=schedule)
+    hooks = dict(profiler.trainer_kwargs()) if profiler else {}
+    hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context, config=config,
-                      class_weights=inputs.class_weights, **(profiler.trainer_kwargs() if profiler else {}),
+                      class_weights=inputs.class_weights, clip_norm=options.clip_norm, **hooks,
                       **backend.trainer_kwargs())
     if initial_step >= options.epochs * plan.steps_per_epoch:
         say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
@@ -74,7 +78,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
                           f"{plan.steps_per_epoch} steps: the data or batch size changed since; use a new --output")
     on_epoch_end = [*backend.epoch_end_callbacks(model), backup.on_epoch_end,
-                    summaries.EpochSummaries(options.output, context).on_epoch_end]
+                    tensorboard.on_epoch_end]
     if profiler:
         profiler.start()
     try:
@@ -90,7 +94,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
                "weights_sha256": digest,
                "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
-               "optimizer_iterations": int(optimizer.iterations.numpy()),
+               "optimizer_iterations": int(optimizer.iterations.numpy()), "learning_rate": schedule.get_config(),
                "history": history, "timing": trainer.timer.summary(), "model": model_path}
     summary["ranks"] = results.rank_stats(backend, plan, summary, say)  # None but on Horovod's rank 0
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
@@ -106,7 +110,9 @@ def _on_plan(backend: TrainingBackend, options: TrainOptions, plan, train, say) 
     backend.agree_steps(plan.steps_per_epoch)
     line = backend.describe()
     if line:
-        say(f"{line}; learning rate {options.learning_rate} (not scaled with the ranks)")
+        say(f"{line}; learning rate {options.learning_rate} (not scaled with the ranks unless --scale-lr)")
+    from harness.train import optim
+    say(optim.describe_peak(options.learning_rate, options.scale_lr, plan.global_batch_size, options.base_batch_size))
     if not options.check_sharding:
         return
     from harness.distribute import mpi

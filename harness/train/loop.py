@@ -56,6 +56,15 @@ def _per_example_loss(labels, logits, class_weights):
     return losses
 
 
+def clip_after_reduction(grads, clip_norm: float):
+    """Sum `grads` over the replicas in sync (what `apply_gradients` would do), then clip them to `clip_norm` by
+    their global norm (`tf.clip_by_global_norm`): the norm is the update's, the same on every replica, not one
+    replica's share. Under Horovod the tape has already averaged over the ranks and the default strategy's one
+    replica sums nothing."""
+    reduced = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
+    return tf.clip_by_global_norm(reduced, clip_norm)[0]
+
+
 class Trainer:
     """Runs training and evaluation steps of `model` under `strategy`.
 
@@ -75,12 +84,14 @@ class Trainer:
       step_hooks: objects with `before_step(step)` and `after_step(step)` (step: the 1-based global number of the
         step), called around each training step outside its timed span (e.g. the profiler's trace window).
       timer: the `StepTimer` to record steps in (default: a new one with `config.warmup_steps`).
+      clip_norm: clip the gradients to this global norm after the cross-replica reduction and loss unscaling
+        (`clip_after_reduction`); None: no clipping.
     """
 
     def __init__(self, *, model, optimizer, strategy, context, config: LoopConfig, class_weights=None,
                  gradient_tape: Callable | None = None, cross_rank_sum: Callable | None = None,
                  after_first_step: Callable[[], None] | None = None, step_hooks: Sequence = (),
-                 timer: StepTimer | None = None):
+                 timer: StepTimer | None = None, clip_norm: float | None = None):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.context, self.config = context, config
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
@@ -91,6 +102,7 @@ class Trainer:
         self._scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         self.timer = timer or StepTimer(config.warmup_steps)
         self.step_hooks = tuple(step_hooks)
+        self.clip_norm = clip_norm
         self.train_step = tf.function(self._train_step)
         self.eval_step = tf.function(self._eval_step)
 
@@ -106,6 +118,10 @@ class Trainer:
         grads = self._wrap_tape(tape).gradient(scaled, model.trainable_variables)
         if self._scaling:
             grads = opt.get_unscaled_gradients(grads)
+        if self.clip_norm is not None:
+            grads = clip_after_reduction(grads, self.clip_norm)  # reduced here: the optimizer must not sum again
+            opt.apply_gradients(zip(grads, model.trainable_variables), skip_gradients_aggregation=True)
+            return loss
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 

@@ -9,8 +9,10 @@ from harness.distribute.backend import BACKENDS
 from harness.errors import ConfigError
 
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
-               "shuffle_buffer", "seed"}
-_BOOL_FIELDS = {"augment", "profile", "check_sharding"}
+               "shuffle_buffer", "seed", "warmup_steps", "base_batch_size"}
+_BOOL_FIELDS = {"augment", "profile", "check_sharding", "nesterov"}
+_FLOAT_FIELDS = {"learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
+                 "clip_norm"}
 
 
 def _check_option_types(options: "TrainOptions") -> None:
@@ -27,7 +29,7 @@ def _check_option_types(options: "TrainOptions") -> None:
         elif field.name == "model_args":
             ok, want = isinstance(value, dict) and all(isinstance(k, str) for k in value), \
                 "a mapping of keyword arguments"
-        elif field.name == "learning_rate":
+        elif field.name in _FLOAT_FIELDS:
             ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
         else:
             ok, want = isinstance(value, str), "a string"
@@ -67,9 +69,26 @@ class TrainOptions:
     model: str | None = None            # MODULE:FUNCTION or path/to/file.py:FUNCTION (harness.train.user_model)
     model_args: dict | None = None      # keyword arguments for the model function
     init_from: str | None = None        # MODEL.keras or a run folder holding model.keras
+    optimizer: str = "adam"             # adam | adamw | sgd (harness.train.optim)
+    momentum: float | None = None       # sgd
+    nesterov: bool = False              # sgd
+    weight_decay: float | None = None   # decoupled; adamw's default 0.004
+    schedule: str = "constant"          # constant | cosine | step | exponential, after warm-up
+    warmup_steps: int | None = None
+    warmup_epochs: float | None = None
+    decay_epochs: float | None = None   # step / exponential: epochs per decay period (default 1)
+    decay_rate: float | None = None     # step / exponential: factor per period (default 0.1 / 0.5)
+    scale_lr: str = "none"              # none | linear | sqrt, against base_batch_size
+    base_batch_size: int | None = None
+    clip_norm: float | None = None      # global norm, after the cross-replica reduction and unscaling
 
     def __post_init__(self):
+        from harness.train import optim
+
+        optim.refuse_built(self.optimizer, "optimizer")  # an object, before the type check calls it "not a string"
+        optim.refuse_built(self.schedule, "schedule")
         _check_option_types(self)
+        optim.check_options(self)
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.class_weights not in ("none", "balanced"):

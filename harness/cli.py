@@ -140,6 +140,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--base-batch-size", type=POSITIVE, default=S, help="the batch the learning rate was tuned for")
     o.add_argument("--clip-norm", type=float, default=S,
                    help="clip gradients by global norm after the cross-replica reduction (default: none)")
+    lo = p.add_argument_group("loss", "per example, reduced by the global batch (the same on any number of replicas)")
+    lo.add_argument("--loss", default=S, metavar="crossentropy|focal|dice|crossentropy+dice|MODULE:FUNCTION",
+                    help="default crossentropy; a function(labels, logits) returns [batch] or [batch, H, W]")
+    lo.add_argument("--focal-gamma", type=float, default=S, help="focal loss gamma (default 2)")
     m = p.add_argument_group("model", "your own model (default: the built-in U-Net for patches, an MLP for tables)")
     m.add_argument("--model", default=S, metavar="MODULE:FUNCTION",
                    help="function(ModelInputs, **model_args) -> tf_keras model of logits; also path/to/file.py:FUNCTION")

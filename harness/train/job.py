@@ -33,8 +33,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     """
     import tensorflow as tf
 
-    from harness.train import (checkpoint, inputs as inputs_lib, optim, precision, profiling, results, summaries,
-                               user_model)
+    from harness.train import (checkpoint, inputs as inputs_lib, losses, optim, precision, profiling, results,
+                               summaries, user_model)
     from harness.train.loop import LoopConfig, Trainer
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
@@ -42,10 +42,12 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     context, say = backend.context, backend.say
     say(f"worker: {context}")
     builder = user_model.resolve(options, model_fn)  # an import failure or a Keras 3 function: before any data
+    loss_fn = losses.resolve(options)
     policy = precision.apply_policy(options.precision)
     inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say,
                                 on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
     plan, spec = inputs.plan, inputs.spec
+    losses.probe(loss_fn, spec.label_shape, inputs.num_classes)
     train_ds, val_ds = inputs.datasets(backend)
 
     with backend.scope():
@@ -67,7 +69,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     hooks = dict(profiler.trainer_kwargs()) if profiler else {}
     hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context, config=config,
-                      class_weights=inputs.class_weights, clip_norm=options.clip_norm, **hooks,
+                      class_weights=inputs.class_weights, clip_norm=options.clip_norm, loss_fn=loss_fn, **hooks,
                       **backend.trainer_kwargs())
     if initial_step >= options.epochs * plan.steps_per_epoch:
         say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "

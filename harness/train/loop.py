@@ -84,6 +84,8 @@ class Trainer:
       step_hooks: objects with `before_step(step)` and `after_step(step)` (step: the 1-based global number of the
         step), called around each training step outside its timed span (e.g. the profiler's trace window).
       timer: the `StepTimer` to record steps in (default: a new one with `config.warmup_steps`).
+      loss_fn: `fn(labels, logits, class_weights) -> [batch]` float32 per-example loss (`harness.train.losses`);
+        default `_per_example_loss`. Summed and divided by `config.loss_divisor`; evaluation passes no weights.
       clip_norm: clip the gradients to this global norm after the cross-replica reduction and loss unscaling
         (`clip_after_reduction`); None: no clipping.
     """
@@ -91,7 +93,7 @@ class Trainer:
     def __init__(self, *, model, optimizer, strategy, context, config: LoopConfig, class_weights=None,
                  gradient_tape: Callable | None = None, cross_rank_sum: Callable | None = None,
                  after_first_step: Callable[[], None] | None = None, step_hooks: Sequence = (),
-                 timer: StepTimer | None = None, clip_norm: float | None = None):
+                 timer: StepTimer | None = None, clip_norm: float | None = None, loss_fn: Callable | None = None):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.context, self.config = context, config
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
@@ -103,6 +105,7 @@ class Trainer:
         self.timer = timer or StepTimer(config.warmup_steps)
         self.step_hooks = tuple(step_hooks)
         self.clip_norm = clip_norm
+        self._loss_fn = loss_fn or _per_example_loss
         self.train_step = tf.function(self._train_step)
         self.eval_step = tf.function(self._eval_step)
 
@@ -111,7 +114,7 @@ class Trainer:
         model, opt = self.model, self.optimizer
         with tf.GradientTape() as tape:
             logits = model(inputs, training=True)
-            loss = tf.reduce_sum(_per_example_loss(labels, logits, self.class_weights)) / self.config.loss_divisor
+            loss = tf.reduce_sum(self._loss_fn(labels, logits, self.class_weights)) / self.config.loss_divisor
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             scaled = opt.get_scaled_loss(loss) if self._scaling else loss
@@ -132,7 +135,7 @@ class Trainer:
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
-        loss = tf.reduce_sum(_per_example_loss(labels, logits, None))
+        loss = tf.reduce_sum(self._loss_fn(labels, logits, None))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
         count = tf.cast(tf.size(labels), tf.float32)
         examples = tf.cast(tf.shape(labels)[0], tf.float32)

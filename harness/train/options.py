@@ -11,7 +11,7 @@ from harness.errors import ConfigError
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
                "shuffle_buffer", "seed", "warmup_steps", "base_batch_size"}
 _BOOL_FIELDS = {"augment", "profile", "check_sharding", "nesterov"}
-_FLOAT_FIELDS = {"learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
+_FLOAT_FIELDS = {"focal_gamma", "learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
                  "clip_norm"}
 
 
@@ -81,6 +81,8 @@ class TrainOptions:
     scale_lr: str = "none"              # none | linear | sqrt, against base_batch_size
     base_batch_size: int | None = None
     clip_norm: float | None = None      # global norm, after the cross-replica reduction and unscaling
+    loss: str = "crossentropy"          # crossentropy | focal | dice | crossentropy+dice | MODULE:FUNCTION
+    focal_gamma: float = 2.0
 
     def __post_init__(self):
         from harness.train import optim

@@ -89,12 +89,12 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     except tf.errors.InvalidArgumentError as e:
         raise inputs.named_error(e) from e
     digest = results.weights_digest(model)
-    check_same_weights(backend, digest)
+    workers_digests = check_same_weights(backend, digest)
     model_path = checkpoint.save_model(model, options.output, context)
     backup.close()
 
     summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
-               "weights_sha256": digest,
+               "weights_sha256": digest, "workers_weights_sha256": workers_digests,
                "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
                "optimizer_iterations": int(optimizer.iterations.numpy()), "learning_rate": schedule.get_config(),
                "history": history, "timing": trainer.timer.summary(), "model": model_path}

@@ -92,9 +92,9 @@ def test_builtin_losses_closed_forms():
     np.testing.assert_allclose(losses.dice(labels, logits), want, rtol=1e-6)
 
 
-def test_regularization_counted_once_on_1_2_3_4_replicas():
-    """One SGD step (lr 0.1) of Dense(2) with L2(0.5): w1 = w0 − 0.1 (∇ mean CE + 2·0.5·w0) on any number of
-    replicas; counted once per replica (not scaled by 1/replicas) it would be subtracted N times."""
+def _l2_expected(clip_norm=None):
+    """What tests/train/scripts/l2_step.py must print: loss and weights after one SGD step (lr 0.1) of Dense(2)
+    with L2(0.5) on the whole batch of 12, w1 = w0 − 0.1 · clip(∇ mean CE + 2·0.5·w0)."""
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(12, 3)).astype(np.float32), rng.integers(0, 2, 12).astype(np.int32)
     kernel = tf.Variable(rng.normal(size=(3, 2)).astype(np.float32))
@@ -102,18 +102,48 @@ def test_regularization_counted_once_on_1_2_3_4_replicas():
     with tf.GradientTape() as tape:
         ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, x @ kernel + bias))
         loss = ce + 0.5 * tf.reduce_sum(kernel ** 2)
-    gk, gb = tape.gradient(loss, [kernel, bias])
-    expected = [kernel.numpy() - 0.1 * gk.numpy(), bias.numpy() - 0.1 * gb.numpy()]
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    grads = tape.gradient(loss, [kernel, bias])
+    if clip_norm is not None:
+        assert float(tf.linalg.global_norm(grads)) > clip_norm  # the clip is active
+        grads = tf.clip_by_global_norm(grads, clip_norm)[0]
+    return float(loss), [kernel.numpy() - 0.1 * grads[0].numpy(), bias.numpy() - 0.1 * grads[1].numpy()]
+
+
+def _l2_step(launcher, *args) -> list[dict]:
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    out = subprocess.run([*launcher, sys.executable, str(SCRIPTS / "l2_step.py"), *map(str, args)],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+    return [json.loads(part.split("\n")[0]) for part in out.stdout.split("L2_STEP ")[1:]]
+
+
+def _check_step(results, expected, what):
+    loss, weights = expected
+    for r in results:
+        assert r["loss"] == pytest.approx(loss, rel=1e-6), what
+        for e, got in zip(weights, r["weights"]):
+            np.testing.assert_allclose(got, e, rtol=1e-6, atol=1e-7, err_msg=what)
+
+
+def test_regularization_counted_once_on_1_2_3_4_replicas():
+    """One SGD step with an L2 layer gives the same weights on 1, 2, 3 and 4 replicas; counted once per replica
+    (not scaled by 1/replicas) the regularizer's gradient would be subtracted N times."""
     for n in (1, 2, 3, 4):
-        out = subprocess.run([sys.executable, str(SCRIPTS / "l2_step.py"), str(n)], capture_output=True, text=True,
-                             timeout=180, env=env)
-        assert out.returncode == 0, out.stderr[-3000:]
-        r = json.loads(out.stdout.split("L2_STEP ", 1)[1])
+        (r,) = _l2_step([], n)
         assert r["replicas"] == n
-        assert r["loss"] == pytest.approx(float(loss), rel=1e-6)
-        for e, got in zip(expected, r["weights"]):
-            np.testing.assert_allclose(got, e, rtol=1e-6, atol=1e-7, err_msg=f"{n} replicas")
+        _check_step([r], _l2_expected(), f"{n} replicas")
+    _check_step(_l2_step([], 2, 0.5), _l2_expected(0.5), "2 replicas, clip 0.5")
+
+
+def test_regularization_and_clip_on_two_horovod_ranks():
+    """The same step on 2 Horovod ranks (6 rows each): the same loss and weights on both, with and without
+    --clip-norm (clipped after the tape's average)."""
+    horovodrun = [pathlib.Path(sys.executable).parent / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
+    for clip in (None, 0.5):
+        results = _l2_step(horovodrun, "horovod", *([clip] if clip else []))
+        assert sorted(r["rank"] for r in results) == [0, 1] and {r["replicas"] for r in results} == {2}
+        _check_step(results, _l2_expected(clip), f"2 Horovod ranks, clip {clip}")
 
 
 def _write(tmp_path, text):

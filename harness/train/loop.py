@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from harness.errors import NonFiniteLossError
 from harness.profile.timing import StepTimer
+from harness.train import metrics
 
 log = logging.getLogger(__name__)
 
@@ -136,26 +137,27 @@ class Trainer:
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
         loss = tf.reduce_sum(self._loss_fn(labels, logits, None))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-        count = tf.cast(tf.size(labels), tf.float32)
         examples = tf.cast(tf.shape(labels)[0], tf.float32)
-        return tf.stack([loss, correct, count, examples])
+        return tf.stack([loss, examples]), metrics.confusion_counts(labels, logits, logits.shape[-1])
 
     def _eval_step(self, batch):
         per_replica = self.strategy.run(self._replica_eval_step, args=batch)
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return tuple(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in per_replica)
 
     # --- loops ----------------------------------------------------------------------------------------------
     def evaluate(self, iterator, steps: int) -> dict:
-        """Run `steps` evaluation steps; returns `{"val_loss", "val_accuracy"}` over all replicas and workers.
+        """Run `steps` evaluation steps; returns `val_loss` and the metrics of one int64 confusion matrix summed
+        over all replicas, workers and ranks (`harness.train.metrics.from_confusion`: val_accuracy, val_mean_iou,
+        per-class val_precision/val_recall/val_f1/val_iou, val_confusion_matrix).
 
-        Accuracy is per pixel for image masks, per example for tables.
+        Accuracy and the matrix count pixels for image masks, examples for tables.
         """
-        totals = tf.zeros([4])
+        totals, matrix = tf.zeros([2]), None
         for _ in range(steps):
-            totals += self.eval_step(next(iterator))
-        loss, correct, count, examples = self._cross_rank_sum(totals).numpy().tolist()
-        return {"val_loss": loss / max(examples, 1.0), "val_accuracy": correct / max(count, 1.0)}
+            sums, counts = self.eval_step(next(iterator))
+            totals, matrix = totals + sums, counts if matrix is None else matrix + counts
+        loss, examples = self._cross_rank_sum(totals).numpy().tolist()
+        return {"val_loss": loss / max(examples, 1.0), **metrics.from_confusion(self._cross_rank_sum(matrix))}
 
     def fit(self, train_iterator, *, validation: Callable[[], object] | None = None, initial_step: int = 0,
             on_epoch_end: Sequence[Callable[[int, dict], None]] = ()) -> list[dict]:
@@ -218,7 +220,7 @@ def format_epoch(logs: dict, epochs: int) -> str:
     """One line per epoch: `epoch 2/5 step 40: loss 0.41 val_loss 0.45 val_accuracy 0.83 | 812 examples/s,
     input stall 3.1%`."""
     parts = [f"epoch {logs['epoch']}/{epochs} step {logs['step']}: loss {logs['loss']:.4f}"]
-    for key in ("val_loss", "val_accuracy"):
+    for key in ("val_loss", "val_accuracy", "val_mean_iou"):
         if key in logs:
             parts.append(f"{key} {logs[key]:.4f}")
     return " ".join(parts) + (f" | {logs['examples_per_s']:.1f} examples/s, "

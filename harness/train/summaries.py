@@ -6,7 +6,7 @@ import os
 
 import tensorflow as tf
 
-SCALARS = ("loss", "val_loss", "val_accuracy", "examples_per_s", "input_stall_share")
+SCALARS = ("loss", "val_loss", "val_accuracy", "val_mean_iou", "examples_per_s", "input_stall_share")
 
 
 class EpochSummaries:

@@ -226,3 +226,8 @@ def test_user_model_and_loss_on_aces_points_one_and_two_workers(shared_data, tmp
         assert digests[0] == summary["weights_sha256"][:12]
         assert summary["history"][-1]["val_accuracy"] > 0.6, summary["history"]
         assert summary["plan"]["global_batch_size"] == 64 * workers
+        last = summary["history"][-1]  # metrics of one confusion matrix over every worker's validation share
+        matrix = np.array(last["val_confusion_matrix"])
+        # 2385 validation points in whole global batches: 37 x 64 on 1 worker, 18 x 128 over 2
+        assert matrix.shape == (5, 5) and matrix.sum() == 2385 // (64 * workers) * 64 * workers
+        assert last["val_accuracy"] == np.trace(matrix) / matrix.sum() and 0 < last["val_mean_iou"] < 1

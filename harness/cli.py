@@ -144,6 +144,13 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--loss", default=S, metavar="crossentropy|focal|dice|crossentropy+dice|MODULE:FUNCTION",
                     help="default crossentropy; a function(labels, logits) returns [batch] or [batch, H, W]")
     lo.add_argument("--focal-gamma", type=float, default=S, help="focal loss gamma (default 2)")
+    c = p.add_argument_group("training control", "decided on metrics reduced over every worker: all stop together")
+    c.add_argument("--monitor", default=S, metavar="METRIC",
+                   help="keep the best epoch's model in OUTPUT/best/model.keras: loss, val_loss, val_accuracy, "
+                        "val_mean_iou (default with --early-stopping: val_loss, or loss without validation)")
+    c.add_argument("--early-stopping", type=POSITIVE, default=S, metavar="PATIENCE",
+                   help="stop after PATIENCE epochs without improvement of --monitor")
+    c.add_argument("--min-delta", type=float, default=S, help="the least change that counts as improvement (default 0)")
     m = p.add_argument_group("model", "your own model (default: the built-in U-Net for patches, an MLP for tables)")
     m.add_argument("--model", default=S, metavar="MODULE:FUNCTION",
                    help="function(ModelInputs, **model_args) -> tf_keras model of logits; also path/to/file.py:FUNCTION")

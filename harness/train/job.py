@@ -10,6 +10,8 @@ The job never branches on the backend: tf.distribute and Horovod differ only ins
 """
 from __future__ import annotations
 
+import os
+
 from harness.distribute.backend import TrainingBackend, check_same_step, check_same_weights, make_backend
 from harness.errors import ConfigError
 from harness.train.options import TrainOptions
@@ -33,7 +35,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     """
     import tensorflow as tf
 
-    from harness.train import (checkpoint, inputs as inputs_lib, losses, optim, precision, profiling, results,
+    from harness.train import (checkpoint, control, inputs as inputs_lib, losses, optim, precision, profiling, results,
                                summaries, user_model)
     from harness.train.loop import LoopConfig, Trainer
 
@@ -79,13 +81,17 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         # Backups are written at epoch ends; a step count between them means the plan changed.
         raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
                           f"{plan.steps_per_epoch} steps: the data or batch size changed since; use a new --output")
+    stopper = control.make(options, model, context, checkpoint.save_model)  # last: the epoch is backed up first
     on_epoch_end = [*backend.epoch_end_callbacks(model), backup.on_epoch_end,
-                    tensorboard.on_epoch_end]
+                    tensorboard.on_epoch_end, *([stopper.on_epoch_end] if stopper else [])]
     if profiler:
         profiler.start()
     try:
         history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
                               initial_step=initial_step, on_epoch_end=on_epoch_end)
+    except control.StopTraining as stop:
+        say(str(stop))
+        history = stop.history
     except tf.errors.InvalidArgumentError as e:
         raise inputs.named_error(e) from e
     digest = results.weights_digest(model)
@@ -99,6 +105,9 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                "optimizer_iterations": int(optimizer.iterations.numpy()), "learning_rate": schedule.get_config(),
                "history": history, "timing": trainer.timer.summary(), "model": model_path}
     summary["ranks"] = results.rank_stats(backend, plan, summary, say)  # None but on Horovod's rank 0
+    if stopper:
+        best = os.path.join(options.output, "best", "model.keras")
+        summary["best"] = stopper.summary(best if context.is_chief and stopper.best_epoch else None)
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
         summary["profile"] = profiling.finish(profiler, options, context, inputs)
     if context.is_chief:

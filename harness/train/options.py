@@ -9,9 +9,9 @@ from harness.distribute.backend import BACKENDS
 from harness.errors import ConfigError
 
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
-               "shuffle_buffer", "seed", "warmup_steps", "base_batch_size"}
+               "shuffle_buffer", "seed", "warmup_steps", "base_batch_size", "early_stopping"}
 _BOOL_FIELDS = {"augment", "profile", "check_sharding", "nesterov"}
-_FLOAT_FIELDS = {"focal_gamma", "learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
+_FLOAT_FIELDS = {"min_delta", "focal_gamma", "learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
                  "clip_norm"}
 
 
@@ -83,6 +83,9 @@ class TrainOptions:
     clip_norm: float | None = None      # global norm, after the cross-replica reduction and unscaling
     loss: str = "crossentropy"          # crossentropy | focal | dice | crossentropy+dice | MODULE:FUNCTION
     focal_gamma: float = 2.0
+    monitor: str | None = None          # a key of the epoch logs: keeps the best epoch's model (best/model.keras)
+    early_stopping: int | None = None   # patience in epochs (harness.train.control)
+    min_delta: float = 0.0
 
     def __post_init__(self):
         from harness.train import optim

@@ -178,3 +178,18 @@ def test_loss_refusals(tmp_path):
         losses.resolve(TrainOptions(data=("x",), loss=f"{k3}:loss"))
     with pytest.raises(UserCodeError, match="cannot import module 'no_such_module_xyz': ModuleNotFoundError"):
         losses.resolve(TrainOptions(data=("x",), loss="no_such_module_xyz:f"))
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_user_loss_gets_float32_logits_under_a_mixed_policy(dtype):
+    seen = []
+
+    def record(labels, logits):
+        seen.append((labels.dtype, logits.dtype))
+        return tf.reduce_sum(logits, axis=-1)
+    fn = losses.make_loss("record", user_fn=record)
+    out = fn(tf.constant([0, 1]), tf.constant([[1.0, 2.0], [3.0, 4.0]], dtype), None)
+    assert seen == [(tf.int32, tf.float32)] and out.dtype == tf.float32
+    np.testing.assert_array_equal(out, [3.0, 7.0])
+    for name in losses.BUILTIN:
+        assert losses.make_loss(name)(tf.constant([0, 1]), tf.zeros([2, 2], dtype), None).dtype == tf.float32

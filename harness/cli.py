@@ -104,6 +104,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="records; default: about 256 MB of serialized records, at most 16384 and at most the "
                         "worker's records")
     p.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
+    p.add_argument("--brightness", type=float, default=S, metavar="B",
+                   help="training inputs only: every band x U(1-B, 1+B) per example (default 0)")
+    p.add_argument("--contrast", type=float, default=S, metavar="C",
+                   help="training image bands only: around their mean x U(1-C, 1+C) per example (default 0)")
     p.add_argument("--seed", type=int, default=S, help="file order, shuffle and augmentation (default 0)")
     p.add_argument("--profile", action="store_true", default=S,
                    help="write report.json, timeline.png and the input-bound table (every worker's steps, GPU/CPU "

@@ -11,7 +11,7 @@ from harness.errors import ConfigError
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
                "shuffle_buffer", "seed", "warmup_steps", "base_batch_size", "early_stopping"}
 _BOOL_FIELDS = {"augment", "profile", "check_sharding", "nesterov"}
-_FLOAT_FIELDS = {"min_delta", "focal_gamma", "learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
+_FLOAT_FIELDS = {"brightness", "contrast", "min_delta", "focal_gamma", "learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
                  "clip_norm"}
 
 
@@ -86,6 +86,8 @@ class TrainOptions:
     monitor: str | None = None          # a key of the epoch logs: keeps the best epoch's model (best/model.keras)
     early_stopping: int | None = None   # patience in epochs (harness.train.control)
     min_delta: float = 0.0
+    brightness: float = 0.0             # training inputs x U(1 - b, 1 + b) per example (harness.data.pipeline)
+    contrast: float = 0.0               # image bands around their mean x U(1 - c, 1 + c)
 
     def __post_init__(self):
         from harness.train import optim
@@ -103,6 +105,9 @@ class TrainOptions:
                               "one replica per process (start more processes: mpirun -np / horovodrun -np)")
         if self.global_batch_size is None and self.per_replica_batch_size is None:
             object.__setattr__(self, "per_replica_batch_size", 32)
+        for name in ("brightness", "contrast"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if not self.learning_rate > 0:

@@ -1,9 +1,11 @@
 """`harness train`: the main job, from shards on disk to a trained model.
 
-Order (every step fails before training starts where it can): backend (strategy and worker context) → precision
-policy → inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch plan, statistics) →
-model and optimizer under the strategy's scope → restore the backup (broadcast from rank 0 under Horovod) →
-train (`harness.train.loop.Trainer`) → final model and `summary.json` (chief only).
+Order (every step fails before training starts where it can): backend (strategy and worker context) → the
+user's model function and loss resolved (`user_model`, `losses`: import errors and Keras 3 refused before any data
+is read) → precision policy → inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch
+plan, statistics) → model (checked, `--init-from`), schedule and optimizer (`optim`) under the strategy's scope →
+restore the backup (broadcast from rank 0 under Horovod) → train (`harness.train.loop.Trainer`; `control` stops
+early) → final model and `summary.json` (chief only).
 
 The job never branches on the backend: tf.distribute and Horovod differ only inside
 `harness.distribute.backend.TrainingBackend`.

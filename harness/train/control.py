@@ -100,3 +100,70 @@ def make(options, model, context, save_model: Callable) -> Optional[EarlyStoppin
         save_model(model, folder, context)
     return EarlyStopping(monitor=monitor, patience=options.early_stopping, min_delta=options.min_delta,
                          save_best=save_best)
+
+
+# --- Keras callbacks through the Python API ------------------------------------------------------------------------
+REPLACED = {"ModelCheckpoint": "--monitor METRIC (keeps OUTPUT/best/model.keras; the final model is OUTPUT/model.keras)",
+            "BackupAndRestore": "the harness's own backup (OUTPUT/backup/, resumed by the same command)",
+            "EarlyStopping": "--early-stopping PATIENCE --monitor METRIC (decided on metrics reduced over all workers)"}
+WRITERS = ("CSVLogger", "TensorBoard")  # tf_keras callbacks that only write files: the chief's alone
+
+
+class KerasCallbacks:
+    """tf_keras callbacks (`harness.train.job.run(options, callbacks=[...])`) driven by the harness's loop:
+    `set_model` and `on_train_begin` before the first step, `on_epoch_end(epoch − 1, logs)` (Keras counts epochs
+    from 0; logs: the epoch's numbers, reduced over every worker), `on_train_end` after the last epoch.
+
+    Callbacks that write files (tf_keras `CSVLogger`, `TensorBoard`, or any with `harness_writes = True`) run on
+    the chief only; the rest on every worker, so that a callback that changes training state does so everywhere.
+
+    Raises (on construction):
+      UserCodeError: a Keras 3 callback, an object that is not a tf_keras Callback, or a tf_keras callback the
+        harness does itself (`REPLACED`, naming the flag to use).
+    """
+
+    def __init__(self, callbacks, model, context):
+        check_callbacks(callbacks)
+        chosen = []
+        for cb in callbacks:
+            name = type(cb).__name__
+            writes = getattr(cb, "harness_writes", name in WRITERS and type(cb).__module__.startswith("tf_keras"))
+            if writes and not context.is_chief:
+                continue
+            cb.set_model(model)
+            chosen.append(cb)
+        self.callbacks = chosen
+
+    def on_train_begin(self) -> None:
+        for cb in self.callbacks:
+            cb.on_train_begin({})
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k not in ("epoch", "step")}
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch - 1, dict(numbers))
+
+    def on_train_end(self) -> None:
+        for cb in self.callbacks:
+            cb.on_train_end({})
+
+
+def check_callbacks(callbacks) -> None:
+    """Refuse what `KerasCallbacks` cannot run, before any data is read.
+
+    Raises:
+      UserCodeError: a Keras 3 callback (`check_flavour`), not a tf_keras Callback, or one of `REPLACED`.
+    """
+    import tf_keras as keras
+
+    from harness.errors import UserCodeError
+    from harness.train.user_model import check_flavour
+
+    for cb in callbacks:
+        name = type(cb).__name__
+        check_flavour(cb, what=f"callback {name}")
+        if not isinstance(cb, keras.callbacks.Callback):
+            raise UserCodeError(f"callback {name}: not a tf_keras.callbacks.Callback")
+        if name in REPLACED and type(cb).__module__.startswith("tf_keras"):
+            raise UserCodeError(f"callback {name}: the harness does this itself under distribution; use "
+                                f"{REPLACED[name]}")

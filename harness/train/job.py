@@ -20,7 +20,7 @@ from harness.train.options import TrainOptions
 
 
 def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, model_fn=None,
-        distribution=None) -> dict:
+        distribution=None, callbacks=()) -> dict:
     """Train; returns the summary dict (also written to `output/summary.json` by the chief).
 
     Args:
@@ -32,6 +32,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
       model_fn: `fn(ModelInputs, **options.model_args) -> tf_keras.Model` of logits (float32 last layer), a user's
         own model (`harness.train.user_model`), called under the strategy's scope once per worker; else
         `options.model` (`MODULE:FUNCTION`), else the built-in U-Net / pixel classifier.
+      callbacks: tf_keras callbacks (`harness.train.control.KerasCallbacks`: those that write files on the chief
+        only; ModelCheckpoint, BackupAndRestore and EarlyStopping refused for the harness's own flags).
     Raises:
       HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
     """
@@ -47,6 +49,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     say(f"worker: {context}")
     builder = user_model.resolve(options, model_fn)  # an import failure or a Keras 3 function: before any data
     loss_fn = losses.resolve(options)
+    control.check_callbacks(callbacks)
     policy = precision.apply_policy(options.precision)
     inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say,
                                 on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
@@ -84,8 +87,10 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
                           f"{plan.steps_per_epoch} steps: the data or batch size changed since; use a new --output")
     stopper = control.make(options, model, context, checkpoint.save_model)  # last: the epoch is backed up first
-    on_epoch_end = [*backend.epoch_end_callbacks(model), backup.on_epoch_end,
-                    tensorboard.on_epoch_end, *([stopper.on_epoch_end] if stopper else [])]
+    users = control.KerasCallbacks(callbacks, model, context)
+    on_epoch_end = [*backend.epoch_end_callbacks(model), backup.on_epoch_end, tensorboard.on_epoch_end,
+                    users.on_epoch_end, *([stopper.on_epoch_end] if stopper else [])]
+    users.on_train_begin()
     if profiler:
         profiler.start()
     try:
@@ -96,6 +101,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         history = stop.history
     except tf.errors.InvalidArgumentError as e:
         raise inputs.named_error(e) from e
+    users.on_train_end()
     digest = results.weights_digest(model)
     workers_digests = check_same_weights(backend, digest)
     model_path = checkpoint.save_model(model, options.output, context)

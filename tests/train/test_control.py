@@ -67,3 +67,59 @@ def test_two_workers_stop_at_the_same_epoch_and_keep_the_best(tmp_path):
     assert (out / "best" / "model.keras").is_file()
     assert "early stopping at epoch 2: val_mean_iou has not improved by more than 1.0 for 1 epochs" in r.stdout
     assert not math.isnan(summary["best"]["value"])
+
+
+class _Recorder:
+    pass
+
+
+def test_keras_callbacks_through_the_python_api(tmp_path):
+    """A recording callback sees Keras' 0-based epochs and the epoch's numbers; a CSVLogger writes one row per
+    epoch on the chief; the refused ones name the harness's flag; writers are left out on other workers."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from harness.distribute.context import WorkerContext
+    from harness.errors import UserCodeError
+    from harness.train import control, job
+    from harness.train.options import TrainOptions
+
+    class Recorder(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.events = []
+
+        def on_train_begin(self, logs=None):
+            self.events.append(("begin", self.model.name))
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.events.append((epoch, sorted(logs)))
+
+        def on_train_end(self, logs=None):
+            self.events.append(("end",))
+
+    synth.write_table_export(str(tmp_path / "train"), prefix="t", shards=1, records=128, seed=1)
+    synth.write_table_export(str(tmp_path / "val"), prefix="v", shards=1, records=64, seed=2)
+    recorder, csv = Recorder(), keras.callbacks.CSVLogger(str(tmp_path / "epochs.csv"))
+    options = TrainOptions(data=(str(tmp_path / "train"),), validation_data=(str(tmp_path / "val"),), epochs=2,
+                           per_replica_batch_size=32, output=str(tmp_path / "out"))
+    job.run(options, data_config={"label": "class"}, callbacks=[recorder, csv],
+            distribution=(tf.distribute.OneDeviceStrategy("/cpu:0"), WorkerContext.single()))
+    assert recorder.events[0] == ("begin", "pixel_classifier") and recorder.events[-1] == ("end",)
+    assert [e[0] for e in recorder.events[1:-1]] == [0, 1]
+    assert {"loss", "val_loss", "val_accuracy", "val_mean_iou"} <= set(recorder.events[1][1])
+    assert "val_confusion_matrix" not in recorder.events[1][1]  # numbers only
+    rows = (tmp_path / "epochs.csv").read_text().strip().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("epoch,") and rows[1].startswith("0,")
+    with pytest.raises(UserCodeError, match="callback ModelCheckpoint: the harness does this itself under "
+                                            "distribution; use --monitor METRIC"):
+        control.check_callbacks([keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))])
+    with pytest.raises(UserCodeError, match="callback EarlyStopping: .*use --early-stopping PATIENCE"):
+        control.check_callbacks([keras.callbacks.EarlyStopping()])
+    with pytest.raises(UserCodeError, match="callback _Recorder: not a tf_keras.callbacks.Callback"):
+        control.check_callbacks([_Recorder()])
+    from harness.distribute.context import Backend
+    worker = WorkerContext(1, 2, 0, 1, "worker", 1, Backend.MULTI_WORKER)
+    chosen = control.KerasCallbacks([Recorder(), keras.callbacks.CSVLogger(str(tmp_path / "w.csv"))],
+                                    keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]), worker)
+    assert [type(c).__name__ for c in chosen.callbacks] == ["Recorder"]  # the writer runs on the chief only

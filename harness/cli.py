@@ -58,6 +58,21 @@ def _auto_or_positive(text: str):
 _auto_or_positive.__name__ = "auto or integer >= 1"
 
 
+def _json_object(text: str) -> dict:
+    """An argparse `type` for a JSON object (`--model-args '{"depth": 4}'`): anything else is a usage error."""
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"depth\": 4}}', got {text!r}")
+    return value
+
+
+_json_object.__name__ = "JSON object"
+
+
 def _data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--data", nargs="+", required=required, metavar="PATH",
                    help="shards: a folder, a glob, or paths (local or gs://)")
@@ -80,7 +95,6 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--global-batch-size", type=int, default=S, help="examples per step over all replicas")
     g.add_argument("--per-replica-batch-size", type=int, default=S, help="default 32 when neither is given")
-    p.add_argument("--learning-rate", type=float, default=S, help="Adam learning rate, default 1e-3")
     p.add_argument("--precision", choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"], default=S,
                    help="default float32; auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 CPUs/TPUs")
     p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default=S,
@@ -98,6 +112,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="records; default: about 256 MB of serialized records, at most 16384 and at most the "
                         "worker's records")
     p.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
+    p.add_argument("--brightness", type=float, default=S, metavar="B",
+                   help="training inputs only: every band x U(1-B, 1+B) per example (default 0)")
+    p.add_argument("--contrast", type=float, default=S, metavar="C",
+                   help="training image bands only: around their mean x U(1-C, 1+C) per example (default 0)")
     p.add_argument("--seed", type=int, default=S, help="file order, shuffle and augmentation (default 0)")
     p.add_argument("--profile", action="store_true", default=S,
                    help="write report.json, timeline.png and the input-bound table (every worker's steps, GPU/CPU "
@@ -116,6 +134,45 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                         "default auto: about 0.25 s per call, chosen after a few one-step calls")
     p.add_argument("--check-sharding", action="store_true", default=S,
                    help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
+    o = p.add_argument_group("optimizer and schedule", "built by the harness inside the strategy's scope; the "
+                             "learning rate is a function of the restored step (a resume continues the schedule)")
+    o.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], default=S, help="default adam")
+    o.add_argument("--learning-rate", type=float, default=S, help="base learning rate, default 1e-3")
+    o.add_argument("--momentum", type=float, default=S, help="sgd momentum (default 0)")
+    o.add_argument("--nesterov", action="store_true", default=S, help="sgd: Nesterov momentum")
+    o.add_argument("--weight-decay", type=float, default=S, help="decoupled weight decay (adamw default 0.004)")
+    o.add_argument("--schedule", choices=["constant", "cosine", "step", "exponential"], default=S,
+                   help="after warm-up, default constant; cosine decays to 0 at the last step")
+    w = o.add_mutually_exclusive_group()
+    w.add_argument("--warmup-steps", type=NON_NEGATIVE, default=S, help="linear warm-up to the peak (default 0)")
+    w.add_argument("--warmup-epochs", type=float, default=S, help="warm-up in epochs (rounded to steps)")
+    o.add_argument("--decay-epochs", type=float, default=S, help="step/exponential: epochs per decay period (default 1)")
+    o.add_argument("--decay-rate", type=float, default=S,
+                   help="step/exponential: factor per period (default 0.1 for step, 0.5 for exponential)")
+    o.add_argument("--scale-lr", choices=["none", "linear", "sqrt"], default=S,
+                   help="peak = learning rate x (global batch / --base-batch-size), or its square root (Goyal et "
+                        "al. 2017); default none: nothing is scaled")
+    o.add_argument("--base-batch-size", type=POSITIVE, default=S, help="the batch the learning rate was tuned for")
+    o.add_argument("--clip-norm", type=float, default=S,
+                   help="clip gradients by global norm after the cross-replica reduction (default: none)")
+    lo = p.add_argument_group("loss", "per example, reduced by the global batch (the same on any number of replicas)")
+    lo.add_argument("--loss", default=S, metavar="crossentropy|focal|dice|crossentropy+dice|MODULE:FUNCTION",
+                    help="default crossentropy; a function(labels, logits) returns [batch] or [batch, H, W]")
+    lo.add_argument("--focal-gamma", type=float, default=S, help="focal loss gamma (default 2)")
+    c = p.add_argument_group("training control", "decided on metrics reduced over every worker: all stop together")
+    c.add_argument("--monitor", default=S, metavar="METRIC",
+                   help="keep the best epoch's model in OUTPUT/best/model.keras: loss, val_loss, val_accuracy, "
+                        "val_mean_iou (default with --early-stopping: val_loss, or loss without validation)")
+    c.add_argument("--early-stopping", type=POSITIVE, default=S, metavar="PATIENCE",
+                   help="stop after PATIENCE epochs without improvement of --monitor")
+    c.add_argument("--min-delta", type=float, default=S, help="the least change that counts as improvement (default 0)")
+    m = p.add_argument_group("model", "your own model (default: the built-in U-Net for patches, an MLP for tables)")
+    m.add_argument("--model", default=S, metavar="MODULE:FUNCTION",
+                   help="function(ModelInputs, **model_args) -> tf_keras model of logits; also path/to/file.py:FUNCTION")
+    m.add_argument("--model-args", type=_json_object, default=S, metavar="JSON",
+                   help="keyword arguments for the model function, e.g. '{\"depth\": 4}'")
+    m.add_argument("--init-from", default=S, metavar="MODEL.keras|RUN_DIR",
+                   help="start from trained weights: layers matched by name, mismatches named")
 
 
 def _bench_commands(sub) -> None:
@@ -261,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--global-batch-size", type=int, help="examples per step over all replicas")
     g.add_argument("--per-replica-batch-size", type=int, help="examples per step per replica")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--learning-rate", type=float, help="with it, the effective peak learning rate is printed")
+    p.add_argument("--scale-lr", choices=["none", "linear", "sqrt"], default="none",
+                   help="as harness train: scale the learning rate with global / --base-batch-size")
+    p.add_argument("--base-batch-size", type=POSITIVE, help="the batch the learning rate was tuned for")
 
     p = _command(sub, "train", train_cmd.train, "Train on GEE TFRecord shards (one worker or several)")
     _train_args(p)

@@ -122,3 +122,15 @@ class ModelMismatchError(PredictError):
 class OutputExistsError(PredictError):
     """The output folder holds files of another run (other data, model or options) or files that are not
     predictions; refused unless `--overwrite`."""
+
+
+# --- user code: models and losses -------------------------------------------------------------------------------
+class UserCodeError(HarnessError):
+    """A user's function (`--model`, `--loss MODULE:FUNCTION`) cannot be imported or is not usable as given: the
+    message names the module and the import error, or what the object is and what the harness expects (a Keras 3
+    object where the harness runs tf_keras, a pre-built optimizer, a loss that returns a scalar)."""
+
+
+class ModelError(HarnessError):
+    """A user's model does not fit the data: its output does not fit the labels or the classes, it is not float32
+    under a mixed policy (naming the layer), or `--init-from` weights match none of its layers."""

@@ -11,9 +11,20 @@ def plan(args) -> int:
     JSON)."""
     from harness.data.source import open_shards
     from harness.distribute.plan import make_plan
+    from harness.train import optim
 
     shards = open_shards(args.data)
     result = make_plan(shards.counts, workers=args.workers, replicas_per_worker=args.replicas_per_worker,
                        global_batch_size=args.global_batch_size, per_replica_batch_size=args.per_replica_batch_size)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format(args.data))
+    lr = getattr(args, "learning_rate", None)
+    if args.json:
+        out = result.to_dict()
+        if lr is not None:
+            out["peak_learning_rate"] = optim.peak_learning_rate(lr, args.scale_lr, result.global_batch_size,
+                                                                 args.base_batch_size)
+        print(json.dumps(out, indent=2))
+    else:
+        print(result.format(args.data))
+        if lr is not None:
+            print(optim.describe_peak(lr, args.scale_lr, result.global_batch_size, args.base_batch_size))
     return 0

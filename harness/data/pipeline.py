@@ -172,6 +172,31 @@ def augment_batch(spec: DataSpec, inputs, labels, seed: tf.Tensor):
     return inputs, _dihedral(labels, flags, 1)
 
 
+def color_jitter(inputs, seed: tf.Tensor, *, brightness: float = 0.0, contrast: float = 0.0):
+    """Random brightness and contrast of the input bands only (never the labels), per example, scale-free for
+    bands of any units: brightness multiplies an example's every band by b ~ U(1 − brightness, 1 + brightness);
+    contrast moves each band of an image around its spatial mean, `mean + c·(x − mean)` with
+    c ~ U(1 − contrast, 1 + contrast) (as tf.image.adjust_contrast, per channel). Band groups get the same
+    factors (one scene).
+
+    Args:
+      inputs: `[batch, ..., bands]` float32 tensors (a dict of them with band groups).
+      seed: int64 [2], a stateless random seed.
+    """
+    def jitter(x):
+        batch = tf.shape(x)[0]
+        shape = tf.concat([[batch], tf.ones([x.shape.rank - 1], tf.int32)], 0)
+        factors = tf.random.stateless_uniform([batch, 2], seed=seed, minval=-1.0, maxval=1.0)
+        b = tf.reshape(1.0 + brightness * factors[:, 0], shape)
+        c = tf.reshape(1.0 + contrast * factors[:, 1], shape)
+        x = x * b
+        if contrast and x.shape.rank >= 4:  # images: mean over the two spatial axes before the bands
+            mean = tf.reduce_mean(x, axis=[x.shape.rank - 3, x.shape.rank - 2], keepdims=True)
+            x = mean + c * (x - mean)
+        return x
+    return tf.nest.map_structure(jitter, inputs)
+
+
 # --- cache -------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class CacheChoice:
@@ -305,6 +330,7 @@ class PipelineOptions:
       cache_dir: folder of the file cache. Its name (cache_name) changes with the files, spec and pipeline version;
         one process at a time fills it, and what a killed run left is cleared (harness.data.filecache).
       augment: random flips and 90-degree rotations of image and mask together (training images only).
+      brightness, contrast: maximum relative change of `color_jitter` (training only; 0: none).
       seed: seeds file order, shuffle and augmentation; None for a random seed.
       validate: check the spec against the first record of every shard first (spec.validate_spec; one record
         read per shard, once per process). False when the caller validated already (the training job).
@@ -319,6 +345,8 @@ class PipelineOptions:
     augment: bool = False
     seed: Optional[int] = None
     validate: bool = True
+    brightness: float = 0.0
+    contrast: float = 0.0
 
 
 def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, options: PipelineOptions, *,
@@ -455,6 +483,11 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
             ds = tf.data.Dataset.zip((ds, seeds)).map(
                 lambda batch, s: augment_batch(spec, batch[0], batch[1], s), num_parallel_calls=AUTOTUNE,
                 deterministic=deterministic)
+    if (o.brightness or o.contrast) and training:
+        seeds = tf.data.Dataset.random(seed=seed + 1).batch(2, drop_remainder=True)
+        ds = tf.data.Dataset.zip((ds, seeds)).map(
+            lambda batch, s: (color_jitter(batch[0], s, brightness=o.brightness, contrast=o.contrast), batch[1]),
+            num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     ds = ds.prefetch(AUTOTUNE)
     options = tf.data.Options()
     # The harness shards by itself (assign_files); tf.distribute must not shard again.

@@ -268,8 +268,11 @@ def check_same_step(backend: TrainingBackend, step: int) -> None:
                                  "the same backup (put --output on storage all workers share), or use a new --output")
 
 
-def check_same_weights(backend: TrainingBackend, digest: str) -> None:
+def check_same_weights(backend: TrainingBackend, digest: str) -> list[str]:
     """Every worker ends with the same weights (SHA-256 `digest`, compared by its first 48 bits).
+
+    Returns:
+      every worker's 48-bit digest prefix (12 hex digits), in rank order.
 
     Raises:
       ClusterConfigError: naming the workers (ranks) whose weights differ from rank 0's: the saved model would
@@ -281,3 +284,4 @@ def check_same_weights(backend: TrainingBackend, digest: str) -> None:
     if differ:
         raise ClusterConfigError(f"final weights differ between ranks: rank(s) {differ} differ from rank 0 "
                                  f"(sha256 prefixes {[f'{d:012x}' for d in digests]}); the replicas fell out of sync")
+    return [f"{d:012x}" for d in digests]

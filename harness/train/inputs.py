@@ -64,7 +64,8 @@ class Inputs:
             per_replica_batch_size=plan.per_replica_batch_size, training=training,
             records_per_epoch=plan.steps_per_epoch * plan.per_worker_batch_size if training else None,
             shuffle_buffer=o.shuffle_buffer, cache=o.cache, cache_dir=o.cache_dir, augment=o.augment and training,
-            seed=o.seed, validate=False)  # validated once by prepare
+            seed=o.seed, validate=False,  # validated once by prepare
+            brightness=o.brightness if training else 0.0, contrast=o.contrast if training else 0.0)
 
     def dataset_fn(self, training: bool) -> Callable:
         """`fn(tf.distribute.InputContext) -> tf.data.Dataset` of one worker, reading the files its plan assigns."""

@@ -1,14 +1,18 @@
 """`harness train`: the main job, from shards on disk to a trained model.
 
-Order (every step fails before training starts where it can): backend (strategy and worker context) → precision
-policy → inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch plan, statistics) →
-model and optimizer under the strategy's scope → restore the backup (broadcast from rank 0 under Horovod) →
-train (`harness.train.loop.Trainer`) → final model and `summary.json` (chief only).
+Order (every step fails before training starts where it can): backend (strategy and worker context) → the
+user's model function and loss resolved (`user_model`, `losses`: import errors and Keras 3 refused before any data
+is read) → precision policy → inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch
+plan, statistics) → model (checked, `--init-from`), schedule and optimizer (`optim`) under the strategy's scope →
+restore the backup (broadcast from rank 0 under Horovod) → train (`harness.train.loop.Trainer`; `control` stops
+early) → final model and `summary.json` (chief only).
 
 The job never branches on the backend: tf.distribute and Horovod differ only inside
 `harness.distribute.backend.TrainingBackend`.
 """
 from __future__ import annotations
+
+import os
 
 from harness.distribute.backend import TrainingBackend, check_same_step, check_same_weights, make_backend
 from harness.errors import ConfigError
@@ -16,7 +20,7 @@ from harness.train.options import TrainOptions
 
 
 def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, model_fn=None,
-        distribution=None) -> dict:
+        distribution=None, callbacks=()) -> dict:
     """Train; returns the summary dict (also written to `output/summary.json` by the chief).
 
     Args:
@@ -25,30 +29,38 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         section of a config, see `DataSpec.from_config`).
       distribution: `(strategy, context)` already built by `make_strategy` (or `horovod.init`); built from
         `options` when None. The strategy must exist before any other TensorFlow op runs.
-      model_fn: `(spec, num_classes, mean, variance) -> keras.Model` for a user's own model (called under the
-        strategy's scope); the built-in U-Net / pixel classifier when None.
+      model_fn: `fn(ModelInputs, **options.model_args) -> tf_keras.Model` of logits (float32 last layer), a user's
+        own model (`harness.train.user_model`), called under the strategy's scope once per worker; else
+        `options.model` (`MODULE:FUNCTION`), else the built-in U-Net / pixel classifier.
+      callbacks: tf_keras callbacks (`harness.train.control.KerasCallbacks`: those that write files on the chief
+        only; ModelCheckpoint, BackupAndRestore and EarlyStopping refused for the harness's own flags).
     Raises:
       HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
     """
     import tensorflow as tf
-    import tf_keras as keras
 
-    from harness.train import checkpoint, inputs as inputs_lib, precision, profiling, results, summaries
+    from harness.train import (checkpoint, control, inputs as inputs_lib, losses, optim, precision, profiling, results,
+                               summaries, user_model)
     from harness.train.loop import LoopConfig, Trainer
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
                            distribution=distribution)
     context, say = backend.context, backend.say
     say(f"worker: {context}")
+    builder = user_model.resolve(options, model_fn)  # an import failure or a Keras 3 function: before any data
+    loss_fn = losses.resolve(options)
+    control.check_callbacks(callbacks)
     policy = precision.apply_policy(options.precision)
     inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say,
                                 on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
     plan, spec = inputs.plan, inputs.spec
+    losses.probe(loss_fn, spec.label_shape, inputs.num_classes)
     train_ds, val_ds = inputs.datasets(backend)
 
     with backend.scope():
-        model = (model_fn or _builtin_model)(spec, inputs.num_classes, inputs.mean, inputs.variance)
-        optimizer = precision.wrap_optimizer(keras.optimizers.Adam(options.learning_rate), policy)
+        model = builder.build(inputs, policy, say)
+        schedule = optim.make_schedule(optim.schedule_config(options, plan))  # of optimizer.iterations only
+        optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
         backup = checkpoint.Backup(options.output, context, fingerprint=_fingerprint(plan, spec, policy),
                                    model=model, optimizer=optimizer)
         backend.prepare_restore(model, optimizer)
@@ -61,8 +73,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                         validation_steps=inputs.validation_plan.steps_per_epoch if inputs.validation_plan else 0,
                         steps_per_loop=options.loop_steps)
     profiler = profiling.session(options, backend, config, plan)
+    tensorboard = summaries.EpochSummaries(options.output, context, schedule=schedule)
+    hooks = dict(profiler.trainer_kwargs()) if profiler else {}
+    hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context, config=config,
-                      class_weights=inputs.class_weights, **(profiler.trainer_kwargs() if profiler else {}),
+                      class_weights=inputs.class_weights, clip_norm=options.clip_norm, loss_fn=loss_fn, **hooks,
                       **backend.trainer_kwargs())
     if initial_step >= options.epochs * plan.steps_per_epoch:
         say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
@@ -72,27 +87,37 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         # Backups are written at epoch ends; a step count between them means the plan changed.
         raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
                           f"{plan.steps_per_epoch} steps: the data or batch size changed since; use a new --output")
-    on_epoch_end = [*backend.epoch_end_callbacks(model), backup.on_epoch_end,
-                    summaries.EpochSummaries(options.output, context).on_epoch_end]
+    stopper = control.make(options, model, context, checkpoint.save_model)  # last: the epoch is backed up first
+    users = control.KerasCallbacks(callbacks, model, context)
+    on_epoch_end = [*backend.epoch_end_callbacks(model), backup.on_epoch_end, tensorboard.on_epoch_end,
+                    users.on_epoch_end, *([stopper.on_epoch_end] if stopper else [])]
+    users.on_train_begin()
     if profiler:
         profiler.start()
     try:
         history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
                               initial_step=initial_step, on_epoch_end=on_epoch_end)
+    except control.StopTraining as stop:
+        say(str(stop))
+        history = stop.history
     except tf.errors.InvalidArgumentError as e:
         raise inputs.named_error(e) from e
+    users.on_train_end()
     digest = results.weights_digest(model)
-    check_same_weights(backend, digest)
+    workers_digests = check_same_weights(backend, digest)
     model_path = checkpoint.save_model(model, options.output, context)
     backup.close()
 
     summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
-               "weights_sha256": digest,
+               "weights_sha256": digest, "workers_weights_sha256": workers_digests,
                "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
-               "optimizer_iterations": int(optimizer.iterations.numpy()),
+               "optimizer_iterations": int(optimizer.iterations.numpy()), "learning_rate": schedule.get_config(),
                "history": history, "timing": trainer.timer.summary(), "model": model_path,
                "spec": spec.replace(num_classes=inputs.num_classes).to_config()}  # what `harness predict` reads
     summary["ranks"] = results.rank_stats(backend, plan, summary, say)  # None but on Horovod's rank 0
+    if stopper:
+        best = os.path.join(options.output, "best", "model.keras")
+        summary["best"] = stopper.summary(best if context.is_chief and stopper.best_epoch else None)
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
         summary["profile"] = profiling.finish(profiler, options, context, inputs)
     if context.is_chief:
@@ -106,7 +131,9 @@ def _on_plan(backend: TrainingBackend, options: TrainOptions, plan, train, say) 
     backend.agree_steps(plan.steps_per_epoch)
     line = backend.describe()
     if line:
-        say(f"{line}; learning rate {options.learning_rate} (not scaled with the ranks)")
+        say(f"{line}; learning rate {options.learning_rate} (not scaled with the ranks unless --scale-lr)")
+    from harness.train import optim
+    say(optim.describe_peak(options.learning_rate, options.scale_lr, plan.global_batch_size, options.base_batch_size))
     if not options.check_sharding:
         return
     from harness.distribute import mpi
@@ -125,9 +152,3 @@ def _fingerprint(plan, spec, policy: str) -> dict:
             "records": sum(plan.records), "label": spec.label, "bands": list(spec.bands),
             "input_shape": str(spec.input_shape), "policy": policy}
 
-
-def _builtin_model(spec, num_classes: int, mean, variance):
-    """The U-Net for image specs, the per-pixel classifier for tables (`harness.train.models.builtin_model`)."""
-    from harness.train import models
-
-    return models.builtin_model(spec.kind, spec.input_shape, num_classes, mean=mean, variance=variance)

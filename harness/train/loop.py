@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from harness.errors import NonFiniteLossError
 from harness.profile.timing import StepTimer
+from harness.train import metrics
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,15 @@ def _per_example_loss(labels, logits, class_weights):
     return losses
 
 
+def clip_after_reduction(grads, clip_norm: float):
+    """Sum `grads` over the replicas in sync (what `apply_gradients` would do), then clip them to `clip_norm` by
+    their global norm (`tf.clip_by_global_norm`): the norm is the update's, the same on every replica, not one
+    replica's share. Under Horovod the tape has already averaged over the ranks and the default strategy's one
+    replica sums nothing."""
+    reduced = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
+    return tf.clip_by_global_norm(reduced, clip_norm)[0]
+
+
 class Trainer:
     """Runs training and evaluation steps of `model` under `strategy`.
 
@@ -104,12 +114,16 @@ class Trainer:
         step), called for each step of a call before and after it, outside its timed span; a hook with `first`
         and `last` steps (the profiler's trace window) gets calls of one step from `first` to `last`.
       timer: the `StepTimer` to record steps in (default: a new one with `config.warmup_steps`).
+      loss_fn: `fn(labels, logits, class_weights) -> [batch]` float32 per-example loss (`harness.train.losses`);
+        default `_per_example_loss`. Summed and divided by `config.loss_divisor`; evaluation passes no weights.
+      clip_norm: clip the gradients to this global norm after the cross-replica reduction and loss unscaling
+        (`clip_after_reduction`); None: no clipping.
     """
 
     def __init__(self, *, model, optimizer, strategy, context, config: LoopConfig, class_weights=None,
                  gradient_tape: Callable | None = None, cross_rank_sum: Callable | None = None,
                  after_first_step: Callable[[], None] | None = None, step_hooks: Sequence = (),
-                 timer: StepTimer | None = None):
+                 timer: StepTimer | None = None, clip_norm: float | None = None, loss_fn: Callable | None = None):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.context, self.config = context, config
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
@@ -120,6 +134,8 @@ class Trainer:
         self._scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         self.timer = timer or StepTimer(config.warmup_steps)
         self.step_hooks = tuple(step_hooks)
+        self.clip_norm = clip_norm
+        self._loss_fn = loss_fn or _per_example_loss
         self.train_step = tf.function(self._train_step)
         self.train_loop = tf.function(self._train_loop)
         self.eval_step = tf.function(self._eval_step)
@@ -131,14 +147,18 @@ class Trainer:
         model, opt = self.model, self.optimizer
         with tf.GradientTape() as tape:
             logits = model(inputs, training=True)
-            loss = tf.reduce_sum(_per_example_loss(labels, logits, self.class_weights)) / self.config.loss_divisor
+            loss = tf.reduce_sum(self._loss_fn(labels, logits, self.class_weights)) / self.config.loss_divisor
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             scaled = opt.get_scaled_loss(loss) if self._scaling else loss
         grads = self._wrap_tape(tape).gradient(scaled, model.trainable_variables)
         if self._scaling:
             grads = opt.get_unscaled_gradients(grads)
-        applied = opt.apply_gradients(zip(grads, model.trainable_variables))
+        if self.clip_norm is not None:
+            grads = clip_after_reduction(grads, self.clip_norm)  # reduced here: the optimizer must not sum again
+            applied = opt.apply_gradients(zip(grads, model.trainable_variables), skip_gradients_aggregation=True)
+        else:
+            applied = opt.apply_gradients(zip(grads, model.trainable_variables))
         with tf.control_dependencies([applied] if applied is not None else []):
             return tf.identity(loss)  # the step ends when its update is applied (the timestamp after it)
 
@@ -184,27 +204,28 @@ class Trainer:
 
     def _replica_eval_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
-        loss = tf.reduce_sum(_per_example_loss(labels, logits, None))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-        count = tf.cast(tf.size(labels), tf.float32)
+        loss = tf.reduce_sum(self._loss_fn(labels, logits, None))
         examples = tf.cast(tf.shape(labels)[0], tf.float32)
-        return tf.stack([loss, correct, count, examples])
+        return tf.stack([loss, examples]), metrics.confusion_counts(labels, logits, logits.shape[-1])
 
     def _eval_step(self, batch):
         per_replica = self.strategy.run(self._replica_eval_step, args=batch)
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return tuple(self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in per_replica)
 
     # --- loops ----------------------------------------------------------------------------------------------
     def evaluate(self, iterator, steps: int) -> dict:
-        """Run `steps` evaluation steps; returns `{"val_loss", "val_accuracy"}` over all replicas and workers.
+        """Run `steps` evaluation steps; returns `val_loss` and the metrics of one int64 confusion matrix summed
+        over all replicas, workers and ranks (`harness.train.metrics.from_confusion`: val_accuracy, val_mean_iou,
+        per-class val_precision/val_recall/val_f1/val_iou, val_confusion_matrix).
 
-        Accuracy is per pixel for image masks, per example for tables.
+        Accuracy and the matrix count pixels for image masks, examples for tables.
         """
-        totals = tf.zeros([4])
+        totals, matrix = tf.zeros([2]), None
         for _ in range(steps):
-            totals += self.eval_step(next(iterator))
-        loss, correct, count, examples = self._cross_rank_sum(totals).numpy().tolist()
-        return {"val_loss": loss / max(examples, 1.0), "val_accuracy": correct / max(count, 1.0)}
+            sums, counts = self.eval_step(next(iterator))
+            totals, matrix = totals + sums, counts if matrix is None else matrix + counts
+        loss, examples = self._cross_rank_sum(totals).numpy().tolist()
+        return {"val_loss": loss / max(examples, 1.0), **metrics.from_confusion(self._cross_rank_sum(matrix))}
 
     def fit(self, train_iterator, *, validation: Callable[[], object] | None = None, initial_step: int = 0,
             on_epoch_end: Sequence[Callable[[int, dict], None]] = ()) -> list[dict]:
@@ -338,7 +359,7 @@ def format_epoch(logs: dict, epochs: int) -> str:
     """One line per epoch: `epoch 2/5 step 40: loss 0.41 val_loss 0.45 val_accuracy 0.83 | 812 examples/s,
     input stall 3.1%`."""
     parts = [f"epoch {logs['epoch']}/{epochs} step {logs['step']}: loss {logs['loss']:.4f}"]
-    for key in ("val_loss", "val_accuracy"):
+    for key in ("val_loss", "val_accuracy", "val_mean_iou"):
         if key in logs:
             parts.append(f"{key} {logs[key]:.4f}")
     return " ".join(parts) + (f" | {logs['examples_per_s']:.1f} examples/s, "

@@ -9,8 +9,10 @@ from harness.distribute.backend import BACKENDS
 from harness.errors import ConfigError
 
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
-               "shuffle_buffer", "seed"}
-_BOOL_FIELDS = {"augment", "profile", "check_sharding"}
+               "shuffle_buffer", "seed", "warmup_steps", "base_batch_size", "early_stopping"}
+_BOOL_FIELDS = {"augment", "profile", "check_sharding", "nesterov"}
+_FLOAT_FIELDS = {"brightness", "contrast", "min_delta", "focal_gamma", "learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
+                 "clip_norm"}
 
 
 def _check_option_types(options: "TrainOptions") -> None:
@@ -27,7 +29,10 @@ def _check_option_types(options: "TrainOptions") -> None:
             ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
         elif field.name in _BOOL_FIELDS:
             ok, want = isinstance(value, bool), "true or false"
-        elif field.name == "learning_rate":
+        elif field.name == "model_args":
+            ok, want = isinstance(value, dict) and all(isinstance(k, str) for k in value), \
+                "a mapping of keyword arguments"
+        elif field.name in _FLOAT_FIELDS:
             ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
         else:
             ok, want = isinstance(value, str), "a string"
@@ -65,9 +70,36 @@ class TrainOptions:
     backend: str = "tf"
     check_sharding: bool = False
     steps_per_loop: int | str = "auto"   # steps per tf.function call, or "auto" (`harness.train.loop`)
+    model: str | None = None            # MODULE:FUNCTION or path/to/file.py:FUNCTION (harness.train.user_model)
+    model_args: dict | None = None      # keyword arguments for the model function
+    init_from: str | None = None        # MODEL.keras or a run folder holding model.keras
+    optimizer: str = "adam"             # adam | adamw | sgd (harness.train.optim)
+    momentum: float | None = None       # sgd
+    nesterov: bool = False              # sgd
+    weight_decay: float | None = None   # decoupled; adamw's default 0.004
+    schedule: str = "constant"          # constant | cosine | step | exponential, after warm-up
+    warmup_steps: int | None = None
+    warmup_epochs: float | None = None
+    decay_epochs: float | None = None   # step / exponential: epochs per decay period (default 1)
+    decay_rate: float | None = None     # step / exponential: factor per period (default 0.1 / 0.5)
+    scale_lr: str = "none"              # none | linear | sqrt, against base_batch_size
+    base_batch_size: int | None = None
+    clip_norm: float | None = None      # global norm, after the cross-replica reduction and unscaling
+    loss: str = "crossentropy"          # crossentropy | focal | dice | crossentropy+dice | MODULE:FUNCTION
+    focal_gamma: float = 2.0
+    monitor: str | None = None          # a key of the epoch logs: keeps the best epoch's model (best/model.keras)
+    early_stopping: int | None = None   # patience in epochs (harness.train.control)
+    min_delta: float = 0.0
+    brightness: float = 0.0             # training inputs x U(1 - b, 1 + b) per example (harness.data.pipeline)
+    contrast: float = 0.0               # image bands around their mean x U(1 - c, 1 + c)
 
     def __post_init__(self):
+        from harness.train import optim
+
+        optim.refuse_built(self.optimizer, "optimizer")  # an object, before the type check calls it "not a string"
+        optim.refuse_built(self.schedule, "schedule")
         _check_option_types(self)
+        optim.check_options(self)
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.class_weights not in ("none", "balanced"):
@@ -77,6 +109,9 @@ class TrainOptions:
                               "one replica per process (start more processes: mpirun -np / horovodrun -np)")
         if self.global_batch_size is None and self.per_replica_batch_size is None:
             object.__setattr__(self, "per_replica_batch_size", 32)
+        for name in ("brightness", "contrast"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if not self.learning_rate > 0:

@@ -6,18 +6,31 @@ import os
 
 import tensorflow as tf
 
-SCALARS = ("loss", "val_loss", "val_accuracy", "examples_per_s", "input_stall_share")
+SCALARS = ("loss", "val_loss", "val_accuracy", "val_mean_iou", "examples_per_s", "input_stall_share")
 
 
 class EpochSummaries:
     """`on_epoch_end(epoch, logs)` callback: one scalar per key of `SCALARS` present in `logs`, at the global step.
 
     Only the chief creates a writer; on other workers the callback does nothing (the output folder is the
-    chief's)."""
+    chief's).
 
-    def __init__(self, output_dir: str, context):
+    Also a step hook (`Trainer(step_hooks=...)`) when given the optimizer's `schedule`: `learning_rate` at every
+    global step, the rate the update of that step used (`schedule(step - 1)`, the counter before the update)."""
+
+    def __init__(self, output_dir: str, context, schedule=None):
         self.writer = (tf.summary.create_file_writer(os.path.join(output_dir, "logs", "train"))
                        if context.is_chief else None)
+        self.schedule = schedule
+
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        if self.writer is None or self.schedule is None:
+            return
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("learning_rate", self.schedule(step - 1))
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         if self.writer is None:

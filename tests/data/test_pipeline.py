@@ -233,3 +233,38 @@ def test_memory_cache_of_parsed_read_batches_reshuffles_each_epoch(table, monkey
     epochs = [ids[i:i + 64] for i in range(0, 192, 64)]
     assert all(sorted(e) == every for e in epochs)  # the cache returns every record once per epoch
     assert epochs[0] != epochs[1] != epochs[2]
+
+
+def test_color_jitter_closed_form_inputs_only():
+    """Brightness scales every band by b, contrast moves each image band around its spatial mean by c, with
+    (b − 1, c − 1) = (0.2, 0.5) × the stateless uniform draws of the seed; tables get brightness alone."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, size=(3, 4, 4, 2)).astype(np.float32)
+    seed = tf.constant([5, 6], tf.int64)
+    u = tf.random.stateless_uniform([3, 2], seed=seed, minval=-1.0, maxval=1.0).numpy()
+    b, c = 1 + 0.2 * u[:, 0], 1 + 0.5 * u[:, 1]
+    scaled = x * b[:, None, None, None]
+    mean = scaled.mean(axis=(1, 2), keepdims=True)
+    want = mean + c[:, None, None, None] * (scaled - mean)
+    got = P.color_jitter(tf.constant(x), seed, brightness=0.2, contrast=0.5).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(got, x)
+    rows = rng.normal(size=(3, 4)).astype(np.float32)
+    np.testing.assert_allclose(P.color_jitter(tf.constant(rows), seed, brightness=0.2, contrast=0.5).numpy(),
+                               rows * b[:, None], rtol=1e-6)
+
+
+def test_training_dataset_jitters_inputs_not_labels(image):
+    """The 10 records in one training batch, matched to the evaluation pass by their (untouched) masks: the bands
+    are changed, by a brightness factor within [0.7, 1.3] of their mean (contrast keeps the mean)."""
+    found, spec = image
+    spec = spec.replace(crop_margin=True)
+    (x, y), = _all(_build(found, spec, 10, training=False))
+    (xj, yj), = _all(_build(found, spec, 10, training=True, seed=1, cache="none", brightness=0.3,
+                            contrast=0.3).take(1))
+    index = {m.tobytes(): i for i, m in enumerate(y)}
+    assert len(index) == 10 and sorted(index) == sorted(m.tobytes() for m in yj)  # the same masks, unchanged
+    for xe, ye in zip(xj, yj):
+        xo = x[index[ye.tobytes()]]
+        assert not np.allclose(xe, xo)
+        assert 0.7 - 1e-5 < xe.mean() / xo.mean() < 1.3 + 1e-5

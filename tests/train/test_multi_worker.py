@@ -34,8 +34,8 @@ def table_export(tmp_path_factory):
 def test_two_workers_same_loss_identical_weights_chief_only_writes(table_export, tmp_path):
     import io
     out = io.StringIO()
-    run_local([sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=2"], workers=2,
-              timeout_s=300, out=out)
+    run_local([sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=2", "scale_lr=linear",
+               "base_batch_size=32", "schedule=cosine", "warmup_steps=4"], workers=2, timeout_s=300, out=out)
     results = _results(out.getvalue())
     assert sorted(results) == [0, 1], out.getvalue()[-3000:]
     assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
@@ -52,7 +52,32 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes(table_export,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["worker0"]
     written = sorted(p.name for p in (tmp_path / "worker0").iterdir())
     assert written == ["backup", "logs", "model.keras", "summary.json"]
-    assert list((tmp_path / "worker0" / "logs" / "train").glob("events.out.tfevents.*"))
+    events = list((tmp_path / "worker0" / "logs" / "train").glob("events.out.tfevents.*"))
+    assert events
+    # --scale-lr linear on 2 workers: peak = 1e-2 x global 64 / base 32; the rate of every step in TensorBoard is
+    # the closed form of the schedule (a function of the global step).
+    from harness.train.optim import ScheduleConfig
+    cfg = results[0]["learning_rate"]
+    assert results[1]["learning_rate"] == cfg
+    assert cfg == {"peak": 0.02, "total_steps": 32, "warmup_steps": 4, "kind": "cosine", "decay_steps": 16,
+                   "decay_rate": 0.1}
+    logged = _scalars(events, "learning_rate")
+    assert sorted(logged) == list(range(1, 33))
+    import numpy as np
+    for step, value in logged.items():
+        assert value == np.float32(ScheduleConfig(**cfg).at(step - 1)), step
+
+
+def _scalars(events, tag: str) -> dict:
+    """{step: value} of one scalar tag in TensorBoard event files."""
+    import tensorflow as tf
+    found = {}
+    for path in events:
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for v in event.summary.value:
+                if v.tag == tag:
+                    found[event.step] = tf.make_ndarray(v.tensor).item() if v.HasField("tensor") else v.simple_value
+    return found
 
 
 def test_workers_that_resume_from_different_steps_fail_before_the_first_step(table_export, tmp_path):

@@ -21,7 +21,7 @@ import tf_keras  # noqa: E402
 from harness.cli import build_parser  # noqa: E402
 from harness.distribute import environment  # noqa: E402
 from harness.commands.train import options_from_args  # noqa: E402
-from harness.train import job, models, results  # noqa: E402
+from harness.train import job, models, results, user_model  # noqa: E402
 
 built, writes = [], {"backup": 0, "model": 0, "files": []}
 
@@ -46,6 +46,15 @@ def counting_open(path, mode="r", *args, **kwargs):
     return open(path, mode, *args, **kwargs)
 
 
+def capture_checked(fn):
+    """The model a user's function built (`--model`), as the job checks it."""
+    def wrapper(model, *args, **kwargs):
+        built.append(model)
+        return fn(model, *args, **kwargs)
+    return wrapper
+
+
+user_model.check_model = capture_checked(user_model.check_model)
 models.pixel_classifier = capture(models.pixel_classifier)
 models.unet = capture(models.unet)
 tf.train.CheckpointManager.save = counting(tf.train.CheckpointManager.save, "backup")

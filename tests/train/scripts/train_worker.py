@@ -45,7 +45,8 @@ def main():
         "rank": context.rank, "loss": summary["history"][-1]["loss"] if summary["history"] else None,
         "weights_sha256": summary["weights_sha256"], "optimizer_iterations": summary["optimizer_iterations"],
         "initial_step": summary["initial_step"], "final_step": summary["final_step"],
-        "epochs_run": [h["epoch"] for h in summary["history"]], "calls": calls}), flush=True)
+        "epochs_run": [h["epoch"] for h in summary["history"]], "calls": calls,
+        "learning_rate": summary.get("learning_rate")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,169 @@
+"""Training control: `--monitor METRIC` keeps the best epoch's model (`OUTPUT/best/model.keras`) and
+`--early-stopping PATIENCE [--min-delta D]` stops when the metric has not improved by more than D for PATIENCE
+epochs (as tf_keras.callbacks.EarlyStopping).
+
+The decision is taken from the epoch's logs, whose loss and validation metrics are already reduced over every
+replica, worker and rank (`harness.train.loop.Trainer.evaluate`), so every worker decides the same at the same
+epoch and none waits in a collective that another has left. It is an `on_epoch_end` callback that raises
+`StopTraining` (carrying the epochs run) after the backup of that epoch is written.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable, Optional
+
+from harness.errors import ConfigError
+
+
+class StopTraining(Exception):
+    """Raised by `EarlyStopping.on_epoch_end` to end `Trainer.fit`; `history` holds the epochs' logs run."""
+
+    def __init__(self, history: list, message: str):
+        super().__init__(message)
+        self.history = history
+
+
+def mode_of(monitor: str) -> str:
+    """"min" for losses and errors (names with loss, rmse or mae), "max" for accuracy, IoU, F1 and the rest."""
+    return "min" if any(word in monitor for word in ("loss", "rmse", "mae")) else "max"
+
+
+class EarlyStopping:
+    """`on_epoch_end(epoch, logs)`: track `monitor`, keep the best epoch's model, stop after `patience` epochs
+    without improvement.
+
+    Args:
+      monitor: a key of the epoch's logs (`loss`, `val_loss`, `val_accuracy`, `val_mean_iou`, ...).
+      patience: epochs without improvement before stopping; None: never stop (only keep the best model).
+      min_delta: the least change that counts as an improvement (in the metric's units).
+      save_best: called on every worker when an epoch improves on the best (saves the model on the chief).
+    """
+
+    def __init__(self, *, monitor: str, patience: Optional[int] = None, min_delta: float = 0.0,
+                 save_best: Callable[[int], None] = lambda epoch: None):
+        self.monitor, self.patience, self.min_delta, self.save_best = monitor, patience, min_delta, save_best
+        self.mode = mode_of(monitor)
+        self.best, self.best_epoch, self.wait, self.history = None, None, 0, []
+
+    def improved(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        if self.best is None:
+            return True
+        return value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        """Raises:
+          ConfigError: the monitored key is not in the logs (naming those that are).
+          StopTraining: after `patience` epochs without improvement.
+        """
+        self.history.append(dict(logs))
+        if self.monitor not in logs:
+            raise ConfigError(f"--monitor {self.monitor}: not in the epoch's logs; choose one of "
+                              f"{sorted(k for k, v in logs.items() if isinstance(v, (int, float)))}")
+        value = float(logs[self.monitor])
+        if self.improved(value):
+            self.best, self.best_epoch, self.wait = value, epoch, 0
+            self.save_best(epoch)
+            return
+        self.wait += 1
+        if self.patience is not None and self.wait >= self.patience:
+            raise StopTraining(self.history, f"early stopping at epoch {epoch}: {self.monitor} has not improved "
+                                             f"by more than {self.min_delta} for {self.wait} epochs (best "
+                                             f"{self.best:.4f} at epoch {self.best_epoch})")
+
+    def summary(self, best_path: Optional[str]) -> dict:
+        return {"monitor": self.monitor, "mode": self.mode, "value": self.best, "epoch": self.best_epoch,
+                "model": best_path}
+
+
+def make(options, model, context, save_model: Callable) -> Optional[EarlyStopping]:
+    """The run's `EarlyStopping` from `TrainOptions` (`monitor`, `early_stopping`, `min_delta`), or None.
+
+    `--early-stopping` alone monitors `val_loss` with validation data, else `loss`. The best model goes to
+    `OUTPUT/best/model.keras` (`save_model(model, folder, context)`, every worker calls it).
+
+    Raises:
+      ConfigError: a validation metric without validation data.
+    """
+    if not options.monitor and options.early_stopping is None:
+        return None
+    monitor = options.monitor or ("val_loss" if options.validation_data else "loss")
+    if monitor.startswith("val_") and not options.validation_data:
+        raise ConfigError(f"--monitor {monitor} is a validation metric: give --validation-data")
+    folder = os.path.join(options.output, "best")
+
+    def save_best(epoch: int) -> None:
+        if context.is_chief:
+            os.makedirs(folder, exist_ok=True)
+        save_model(model, folder, context)
+    return EarlyStopping(monitor=monitor, patience=options.early_stopping, min_delta=options.min_delta,
+                         save_best=save_best)
+
+
+# --- Keras callbacks through the Python API ------------------------------------------------------------------------
+REPLACED = {"ModelCheckpoint": "--monitor METRIC (keeps OUTPUT/best/model.keras; the final model is OUTPUT/model.keras)",
+            "BackupAndRestore": "the harness's own backup (OUTPUT/backup/, resumed by the same command)",
+            "EarlyStopping": "--early-stopping PATIENCE --monitor METRIC (decided on metrics reduced over all workers)"}
+WRITERS = ("CSVLogger", "TensorBoard")  # tf_keras callbacks that only write files: the chief's alone
+
+
+class KerasCallbacks:
+    """tf_keras callbacks (`harness.train.job.run(options, callbacks=[...])`) driven by the harness's loop:
+    `set_model` and `on_train_begin` before the first step, `on_epoch_end(epoch − 1, logs)` (Keras counts epochs
+    from 0; logs: the epoch's numbers, reduced over every worker), `on_train_end` after the last epoch.
+
+    Callbacks that write files (tf_keras `CSVLogger`, `TensorBoard`, or any with `harness_writes = True`) run on
+    the chief only; the rest on every worker, so that a callback that changes training state does so everywhere.
+
+    Raises (on construction):
+      UserCodeError: a Keras 3 callback, an object that is not a tf_keras Callback, or a tf_keras callback the
+        harness does itself (`REPLACED`, naming the flag to use).
+    """
+
+    def __init__(self, callbacks, model, context):
+        check_callbacks(callbacks)
+        chosen = []
+        for cb in callbacks:
+            name = type(cb).__name__
+            writes = getattr(cb, "harness_writes", name in WRITERS and type(cb).__module__.startswith("tf_keras"))
+            if writes and not context.is_chief:
+                continue
+            cb.set_model(model)
+            chosen.append(cb)
+        self.callbacks = chosen
+
+    def on_train_begin(self) -> None:
+        for cb in self.callbacks:
+            cb.on_train_begin({})
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k not in ("epoch", "step")}
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch - 1, dict(numbers))
+
+    def on_train_end(self) -> None:
+        for cb in self.callbacks:
+            cb.on_train_end({})
+
+
+def check_callbacks(callbacks) -> None:
+    """Refuse what `KerasCallbacks` cannot run, before any data is read.
+
+    Raises:
+      UserCodeError: a Keras 3 callback (`check_flavour`), not a tf_keras Callback, or one of `REPLACED`.
+    """
+    import tf_keras as keras
+
+    from harness.errors import UserCodeError
+    from harness.train.user_model import check_flavour
+
+    for cb in callbacks:
+        name = type(cb).__name__
+        check_flavour(cb, what=f"callback {name}")
+        if not isinstance(cb, keras.callbacks.Callback):
+            raise UserCodeError(f"callback {name}: not a tf_keras.callbacks.Callback")
+        if name in REPLACED and type(cb).__module__.startswith("tf_keras"):
+            raise UserCodeError(f"callback {name}: the harness does this itself under distribution; use "
+                                f"{REPLACED[name]}")

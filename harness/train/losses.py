@@ -1,0 +1,167 @@
+"""The training loss: `--loss crossentropy|focal|dice|crossentropy+dice|MODULE:FUNCTION` (`train.loss`).
+
+Every loss is per example: `fn(labels, logits, class_weights) -> [batch]` float32, the seam of
+`harness.train.loop.Trainer(loss_fn=...)`. The loop sums it and divides by the global batch (tf.distribute; under
+Horovod by the rank's batch before the tape averages), so the loss and its gradients do not depend on how the batch
+is split over replicas and ranks (tensorflow.org/tutorials/distribute/custom_training#define_the_loss_function).
+A per-pixel loss `[batch, H, W]` is averaged over each patch's pixels first. Logits reach every loss as float32,
+also under a mixed policy.
+
+A user's loss `MODULE:FUNCTION` (or `path/to/file.py:FUNCTION`) is `fn(labels, logits) -> [batch]` or
+`[batch, H, W]`: labels int32 `[batch]` / `[batch, H, W]`, logits float32 `[batch, classes]` /
+`[batch, H, W, classes]`. A stock tf_keras `Loss` object is accepted whatever its reduction: its unreduced
+`call` is used. A loss that returns a scalar is refused: a scalar is already a mean over one replica's share of
+the batch, which the harness cannot turn back into the global per-example mean.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from harness.errors import ConfigError, UserCodeError
+
+BUILTIN = ("crossentropy", "focal", "dice", "crossentropy+dice")
+DICE_SMOOTH = 1.0  # added to the numerator and denominator of each class's Dice ratio (empty classes score 1)
+
+
+def _crossentropy(labels, logits):
+    """Sparse softmax cross-entropy per example (per pixel for masks)."""
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def focal(labels, logits, gamma: float = 2.0):
+    """Focal loss per example/pixel (Lin et al. 2017, arXiv:1708.02002, eq. 4 without alpha):
+    `-(1 - p_t)^gamma log p_t`, p_t the softmax probability of the true class; gamma 0 is cross-entropy."""
+    ce = _crossentropy(labels, logits)
+    return tf.pow(1.0 - tf.exp(-ce), gamma) * ce
+
+
+def dice(labels, logits):
+    """Soft Dice loss per example (Milletari et al. 2016, arXiv:1606.04797), `[batch]`: 1 − the mean over
+    classes of (2·Σ p·y + s) / (Σ p + Σ y + s) over the example's pixels (s = DICE_SMOOTH), p the softmax
+    probabilities, y the one-hot labels."""
+    probs = tf.nn.softmax(logits)
+    onehot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=probs.dtype)
+    axes = list(range(1, logits.shape.rank - 1))  # pixel axes; none for tables
+    inter = tf.reduce_sum(probs * onehot, axis=axes) if axes else probs * onehot
+    total = tf.reduce_sum(probs + onehot, axis=axes) if axes else probs + onehot
+    return 1.0 - tf.reduce_mean((2.0 * inter + DICE_SMOOTH) / (total + DICE_SMOOTH), axis=-1)
+
+
+def per_example(losses):
+    """`[batch]` from `[batch]` or `[batch, ...]` (the mean over each example's pixels)."""
+    if losses.shape.rank > 1:
+        return tf.reduce_mean(tf.reshape(losses, [tf.shape(losses)[0], -1]), axis=1)
+    return losses
+
+
+def make_loss(name: str = "crossentropy", *, focal_gamma: float = 2.0,
+              user_fn: Optional[Callable] = None) -> Callable:
+    """The loop's loss `fn(labels, logits, class_weights) -> [batch]` float32.
+
+    Class weights (`[classes]`, or None) multiply each pixel's cross-entropy or focal term; Dice is a ratio over
+    the example and takes none.
+
+    Raises:
+      ConfigError: an unknown name.
+    """
+    if user_fn is not None:
+        def user(labels, logits, class_weights):
+            return per_example(checked_user_loss(user_fn(labels, tf.cast(logits, tf.float32)), labels, name))
+        return user
+    if name not in BUILTIN:
+        raise ConfigError(f"--loss must be one of {BUILTIN} or MODULE:FUNCTION, got {name!r}")
+
+    def loss(labels, logits, class_weights):
+        logits = tf.cast(logits, tf.float32)
+        total = 0.0
+        if name in ("crossentropy", "focal", "crossentropy+dice"):
+            pixel = focal(labels, logits, focal_gamma) if name == "focal" else _crossentropy(labels, logits)
+            if class_weights is not None:
+                pixel *= tf.gather(class_weights, labels)
+            total = per_example(pixel)
+        if name in ("dice", "crossentropy+dice"):
+            total += dice(labels, logits)
+        return total
+    return loss
+
+
+def checked_user_loss(losses, labels, origin: str):
+    """A user's loss value, checked when it is traced: `[batch]` or the labels' shape, float.
+
+    Raises:
+      UserCodeError: a scalar (with why per-example values are needed), or a shape that is neither.
+    """
+    losses = tf.convert_to_tensor(losses)
+    if losses.shape.rank == 0:
+        raise UserCodeError(
+            f"--loss {origin} returns a scalar; return the loss of every example, shape [batch] (or of every pixel, "
+            "[batch, H, W]). Under distribution each replica sees a share of the global batch: the harness sums the "
+            "per-example losses and divides by the global batch, so the loss and its gradients are those of the "
+            "whole batch; a mean taken inside your function is over one replica's share and would be "
+            "averaged again (for a tf_keras loss, pass the Loss object: its unreduced call is used)")
+    if losses.shape.rank not in (1, labels.shape.rank):
+        raise UserCodeError(f"--loss {origin} returns shape {losses.shape} for labels {labels.shape}: expected "
+                            "[batch] or the labels' shape")
+    return tf.cast(losses, tf.float32)
+
+
+def load_user_loss(text: str) -> Callable:
+    """`MODULE:FUNCTION` as a `fn(labels, logits)`: a function, or a tf_keras `Loss` object (its unreduced `call`,
+    whatever its reduction).
+
+    Raises:
+      UserCodeError: from `harness.train.user_model.load_function` (import failure, Keras 3 module).
+    """
+    import tf_keras as keras
+
+    from harness.train.user_model import check_flavour, load_function
+
+    fn = load_function(text, flag="--loss")
+    if isinstance(fn, type):
+        raise UserCodeError(f"--loss {text}: {fn.__name__} is a class; give an instance (e.g. `loss = "
+                            f"{fn.__name__}(from_logits=True)` in your module) or a function")
+    check_flavour(fn, what=f"--loss {text}")
+    if isinstance(fn, keras.losses.Loss):
+        return fn.call
+    return fn
+
+
+def resolve(options) -> Callable:
+    """The run's loss from `TrainOptions` (`loss`, `focal_gamma`, `class_weights`), resolved before any data is
+    read.
+
+    Raises:
+      ConfigError: an unknown built-in name; class weights with a user's loss.
+      UserCodeError: from `load_user_loss`.
+    """
+    if options.loss in BUILTIN:
+        return make_loss(options.loss, focal_gamma=options.focal_gamma)
+    if ":" not in options.loss:
+        raise ConfigError(f"--loss must be one of {BUILTIN} or MODULE:FUNCTION, got {options.loss!r}")
+    if options.class_weights != "none":
+        raise ConfigError(f"--class-weights {options.class_weights} weighs the built-in losses; weigh the classes "
+                          f"inside your loss {options.loss}")
+    return make_loss(options.loss, user_fn=load_user_loss(options.loss))
+
+
+def probe(loss_fn: Callable, label_shape: tuple, num_classes: int) -> None:
+    """Call `loss_fn` once on a zero batch of 2 (labels `[2, *label_shape]`, logits `[2, *label_shape, classes]`)
+    before the first step, so a user's loss that returns a scalar or a wrong shape is refused by name there and not
+    inside the traced step.
+
+    Raises:
+      UserCodeError: from `checked_user_loss`, or the user's function failing on these shapes (with its error).
+    """
+    labels = tf.zeros([2, *label_shape], tf.int32)
+    logits = tf.zeros([2, *label_shape, num_classes], tf.float32)
+    try:
+        out = loss_fn(labels, logits, None)
+    except UserCodeError:
+        raise
+    except Exception as e:  # the user's code may raise anything
+        raise UserCodeError(f"the loss failed on labels {labels.shape} int32 and logits {logits.shape} float32: "
+                            f"{type(e).__name__}: {e}") from e
+    if out.shape.rank != 1:
+        raise UserCodeError(f"the loss returned shape {out.shape}, expected [batch]")

@@ -1,0 +1,58 @@
+"""One SGD step of a Dense layer with an L2 regularizer on N logical CPU replicas (MirroredStrategy) through the
+harness's Trainer; prints `L2_STEP {json}` with the loss and the weights after the step.
+
+Usage: l2_step.py REPLICAS|horovod [CLIP_NORM]  (horovod: one replica per rank, under horovodrun; each rank takes
+its share of the batch)
+"""
+import json
+import sys
+
+import harness  # noqa: F401
+import numpy as np
+import tensorflow as tf
+
+mode = sys.argv[1]
+clip_norm = float(sys.argv[2]) if len(sys.argv) > 2 else None
+n = 1 if mode == "horovod" else int(mode)
+if mode == "horovod":
+    from harness.distribute import horovod
+    strategy, context = horovod.init()
+    seams = horovod.trainer_kwargs()
+else:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    seams = {}
+
+import tf_keras as keras  # noqa: E402
+
+from harness.distribute.context import WorkerContext  # noqa: E402
+from harness.train.loop import LoopConfig, Trainer  # noqa: E402
+
+if mode != "horovod":
+    strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if n == 1 else
+                tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)],
+                                               cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    context = WorkerContext.single(replicas_per_worker=n)
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(12, 3)).astype(np.float32), rng.integers(0, 2, 12).astype(np.int32)
+kernel = rng.normal(size=(3, 2)).astype(np.float32)
+with strategy.scope():
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L2(0.5),
+                                                   name="dense")(inputs))
+    model.get_layer("dense").set_weights([kernel, np.zeros(2, np.float32)])
+    opt = keras.optimizers.SGD(0.1)
+ranks = context.num_workers if mode == "horovod" else 1
+share = 12 // ranks  # Horovod: each rank its own rows, divided by its own batch (the tape averages)
+cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=12, loss_divisor=share)
+trainer = Trainer(model=model, optimizer=opt, strategy=strategy, context=context, config=cfg, clip_norm=clip_norm,
+                  **seams)
+if mode == "horovod":
+    batch = (tf.constant(x[context.rank * share:(context.rank + 1) * share]),
+             tf.constant(y[context.rank * share:(context.rank + 1) * share]))
+else:
+    batch = next(iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(12).repeat())))
+loss = float(trainer.train_step(batch))
+print("L2_STEP " + json.dumps({"rank": context.rank, "replicas": strategy.num_replicas_in_sync * ranks, "loss": loss,
+                               "weights": [w.tolist() for w in model.get_weights()]}), flush=True)

@@ -164,6 +164,8 @@ def read_records(shard: Shard, n: int) -> list[bytes]:
     """
     check_compression(shard)
     out: list[bytes] = []
+    if n < 1:
+        return out  # nothing asked for: nothing to read, and no record missing
     try:
         for r in dataset(shard).take(n):
             out.append(r.numpy())

@@ -54,3 +54,13 @@ def test_bytes_that_are_not_a_protobuf_are_refused():
     with pytest.raises(NotExampleError, match=r"^f\.tfrecord: record 7 is not a tf\.train\.Example \("):
         records.decode_example(b"\x0a\xff", path="f.tfrecord", index=7)  # field 1 with a length past the end
     assert records.decode_example(example(a=[2.0]).SerializeToString(), path="f", index=0) == example(a=[2.0])
+
+
+def test_reading_zero_records_of_a_good_shard_is_empty(tmp_path):
+    """`first_examples(shard, 0)` raised NotTFRecordError ("bytes but no complete record") on a good shard."""
+    from harness.data import records, synth
+    from harness.data.shards import discover_shards
+
+    synth.write_table_export(str(tmp_path), prefix="t", shards=1, records=3, seed=0)
+    shard = discover_shards([str(tmp_path)])[0]
+    assert records.first_examples(shard, 0) == [] and len(records.first_examples(shard, 2)) == 2

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from harness.data import scan
 from harness.data import spec as spec_lib
+from harness.data.shards import check_mixer
 from harness.data.source import ShardSet, open_shards
 from harness.distribute.context import WorkerContext
 from harness.distribute.sharding import contiguous_runs
@@ -125,11 +126,10 @@ def prepare(options: PredictOptions) -> Job:
         if shards.mixer is None:
             raise MixerError(f"{where}: no mixer.json beside the shards (give --mixer): Earth Engine needs it to "
                              "place the predicted patches")
-        records = sum(n for _, n in shards.counts)
-        if shards.mixer.total_patches != records:
-            raise MixerError(f"{shards.mixer.path}: totalPatches {shards.mixer.total_patches} but the shards hold "
-                             f"{records} records: the predictions would not fill the patch grid (a shard lost or "
-                             "added?); nothing written")
+        try:
+            check_mixer(shards.mixer, [n for _, n in shards.counts])
+        except MixerError as e:
+            raise MixerError(f"{e}: the predictions would not fill the patch grid; nothing written") from None
         spec = spec.replace(crop_margin=geometry.input_side == spec.patch_size and spec.kernel_margin > 0)
     task = options.task or (loaded.spec.task if loaded.spec else CLASSIFICATION)
     names = _band_names(options, task, geometry.channels)

@@ -191,5 +191,8 @@ def test_user_loss_gets_float32_logits_under_a_mixed_policy(dtype):
     out = fn(tf.constant([0, 1]), tf.constant([[1.0, 2.0], [3.0, 4.0]], dtype), None)
     assert seen == [(tf.int32, tf.float32)] and out.dtype == tf.float32
     np.testing.assert_array_equal(out, [3.0, 7.0])
-    for name in losses.BUILTIN:
+    for name in losses.CLASSIFICATION_LOSSES:
         assert losses.make_loss(name)(tf.constant([0, 1]), tf.zeros([2, 2], dtype), None).dtype == tf.float32
+    for name in losses.REGRESSION_LOSSES:
+        out = losses.make_loss(name, task="regression")(tf.constant([0.5, 1.0]), tf.zeros([2, 1], dtype), None)
+        assert out.dtype == tf.float32

@@ -81,7 +81,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
     trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context, config=config,
                       class_weights=inputs.class_weights, clip_norm=options.clip_norm, loss_fn=loss_fn,
-                      metrics=metrics.for_task(spec.task, inputs.num_classes), **hooks,
+                      metrics=metrics.for_task(spec.task, inputs.num_classes),
+                      before_evaluate=lambda: backend.align_model_state(model), **hooks,
                       **backend.trainer_kwargs())
     if initial_step >= options.epochs * plan.steps_per_epoch:
         say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "

@@ -118,6 +118,8 @@ class Trainer:
         default `_per_example_loss`. Summed and divided by `config.loss_divisor`; evaluation passes no weights.
       clip_norm: clip the gradients to this global norm after the cross-replica reduction and loss unscaling
         (`clip_after_reduction`); None: no clipping.
+      before_evaluate: called before each evaluation on every worker (the backend's `align_model_state`: every
+        replica scores with the model state that is saved).
       metrics: the evaluation's counts and ratios (`harness.train.metrics.Classification` / `Regression`);
         default: classification over the logits' last axis.
     """
@@ -126,7 +128,7 @@ class Trainer:
                  gradient_tape: Callable | None = None, cross_rank_sum: Callable | None = None,
                  after_first_step: Callable[[], None] | None = None, step_hooks: Sequence = (),
                  timer: StepTimer | None = None, clip_norm: float | None = None, loss_fn: Callable | None = None,
-                 metrics=None):
+                 metrics=None, before_evaluate: Callable[[], None] | None = None):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.context, self.config = context, config
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
@@ -140,6 +142,7 @@ class Trainer:
         self.clip_norm = clip_norm
         self._loss_fn = loss_fn or _per_example_loss
         self._metrics = metrics
+        self._before_evaluate = before_evaluate
         self.train_step = tf.function(self._train_step)
         self.train_loop = tf.function(self._train_loop)
         self.eval_step = tf.function(self._eval_step)
@@ -226,6 +229,8 @@ class Trainer:
 
         Accuracy and the matrix count pixels for image masks, examples for tables; nodata labels are not counted.
         """
+        if self._before_evaluate is not None:
+            self._before_evaluate()
         totals, matrix = tf.zeros([2]), None
         for _ in range(steps):
             sums, counts = self.eval_step(next(iterator))

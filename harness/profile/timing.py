@@ -27,6 +27,7 @@ class StepTime:
     compute_s: float
     examples: int
     warmup: bool = False
+    call_steps: int = 1   # steps in the tf.function call this step ran in (K)
 
     @property
     def step_s(self) -> float:
@@ -72,7 +73,8 @@ class StepTimer:
         for i, (wait, duration) in enumerate(zip(waits_s, durations_s)):
             wait = max(0.0, wait)
             compute = max(0.0, duration - wait) + (overhead if i == 0 else 0.0)
-            st = StepTime(first_step + i, start, wait, compute, examples, len(self.steps) < self.warmup_steps)
+            st = StepTime(first_step + i, start, wait, compute, examples, len(self.steps) < self.warmup_steps,
+                          len(durations_s))
             self.steps.append(st)
             recorded.append(st)
             start += st.step_s

@@ -14,9 +14,11 @@ Figures (warm-up steps excluded, counted apart):
   profiler input      the input-pipeline analyzer's "% of the total step time sampled is waiting for input" on
                       the trace window (`trace.profiler_input_analysis`; tensorflow.org/guide/profiler, section
                       "Input Pipeline Analyzer"), compared with the traced stall share, not the whole run's;
-  input cost          1 - real / synthetic examples/s: the run's rate outside the trace window against a short
-                      probe of the same model, batch and loop on synthetic batches on the device
-                      (`harness.train.probe`, `harness train --profile`); None without a probe.
+  input cost          1 - real / synthetic examples/s: the run's rate against a short probe of the same model,
+                      batch and loop on synthetic batches on the device (`harness.train.probe`, `harness train
+                      --profile`), both from the median call of K steps (`timing.median_call_rate`: the calls
+                      `auto` times before choosing K and the trace window's are not K-step calls); None without
+                      a probe.
 The job is as input-bound as its most input-bound worker (the others wait for it in the all-reduce, which they
 count as compute), so the verdict uses the largest worker share and names the worker.
 Thresholds are the TensorFlow profiler's: highly input-bound at >= 20% of step time, moderately at >= 5%. With a
@@ -35,6 +37,7 @@ import platform
 import socket
 from typing import Optional, Sequence
 
+from harness.profile import timing
 from harness.profile.sampler import NO_GPU, Sample, mean_in
 
 log = logging.getLogger(__name__)
@@ -84,16 +87,6 @@ def _share_and_rate(steps: Sequence[dict]) -> tuple[float, float]:
 def _traced(part: dict, step: dict) -> bool:
     first, last = (part.get("trace") or {}).get("steps") or (0, -1)
     return first <= step["step"] <= last
-
-
-def like_probe(steps: Sequence[dict], steps_per_loop: int) -> list[dict]:
-    """The timed steps that ran as the input-cost probe's do: in calls of `steps_per_loop` steps (not the one-step
-    calls `auto` times before it chooses K, nor the trace window's, nor an epoch's shorter last call); all timed
-    steps when none did. `steps`: `StepTime`s or their dicts, with `warmup` and `call_steps`."""
-    get = (lambda s, k, d=None: s.get(k, d)) if steps and isinstance(steps[0], dict) else \
-          (lambda s, k, d=None: getattr(s, k, d))
-    timed = [s for s in steps if not get(s, "warmup")] or list(steps)
-    return [s for s in timed if get(s, "call_steps", 1) == steps_per_loop] or timed
 
 
 def summarize_worker(part: dict, replicas_in_sync: int) -> dict:
@@ -224,9 +217,10 @@ def build_report(parts: Sequence[dict], *, kind: str, config: dict, replicas_in_
         "input_cost": None,
     }
     if probe:
-        real = [_share_and_rate([s for s in like_probe(p["steps"], probe["steps_per_loop"]) if not _traced(p, s)]
-                                or like_probe(p["steps"], probe["steps_per_loop"])) for p in parts]
-        real_stall, rate = max(r[0] for r in real), sum(r[1] for r in real) / len(real)
+        k = probe["steps_per_loop"]
+        calls = [timing.calls_of(p["steps"], k) for p in parts]
+        real_stall = max(_share_and_rate([s for c in cs for s in c])[0] for cs in calls)
+        rate = sum(timing.median_call_rate(cs) for cs in calls) / len(calls)
         summary.update(real_examples_per_s=rate, real_input_stall_share=real_stall,
                        synthetic_examples_per_s=probe["examples_per_s"], probe=probe,
                        input_cost=1.0 - rate / probe["examples_per_s"] if probe["examples_per_s"] > 0 else None)

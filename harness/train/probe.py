@@ -24,7 +24,7 @@ import math
 import time
 from typing import Callable
 
-from harness.profile.timing import StepTimer
+from harness.profile.timing import StepTimer, calls_of, median_call_rate
 from harness.train.loop import LoopConfig
 from harness.train.synthetic import Shapes, synthetic_batches
 
@@ -46,8 +46,9 @@ def probe_steps(steps_per_loop: int, step_s: float) -> tuple[int, int]:
 def synthetic_probe(make_trainer: Callable, *, strategy, shapes: Shapes, per_replica_batch: int,
                     global_batch: int, loss_divisor: int, steps_per_loop: int, step_s: float,
                     seed: int = 0) -> dict:
-    """Run the probe; returns `{"examples_per_s", "steps", "warmup_steps", "steps_per_loop", "seconds"}` (seconds:
-    the probe's whole wall time, model build and tracing included).
+    """Run the probe; returns `{"examples_per_s", "steps", "warmup_steps", "steps_per_loop", "seconds"}`
+    (examples/s: of the median call, `timing.median_call_rate`, as the report takes the run's; seconds: the
+    probe's whole wall time, model build and tracing included).
 
     Args:
       make_trainer: `fn(config: LoopConfig, timer: StepTimer) -> Trainer` over a fresh copy of the run's model and
@@ -67,6 +68,6 @@ def synthetic_probe(make_trainer: Callable, *, strategy, shapes: Shapes, per_rep
     with contextlib.redirect_stdout(io.StringIO()):  # the probe's epoch line is not one of the run's epochs
         trainer.fit(batches)
     summary = timer.summary()
-    return {"examples_per_s": summary["examples_per_s"], "steps": summary["steps"],
+    return {"examples_per_s": median_call_rate(calls_of(timer.steps, steps_per_loop)), "steps": summary["steps"],
             "warmup_steps": summary["warmup_steps"], "steps_per_loop": steps_per_loop,
             "seconds": time.perf_counter() - start}

@@ -30,11 +30,11 @@ def probe(make_trainer, trainer, backend, inputs) -> dict:
     from harness.train.probe import synthetic_probe
     from harness.train.synthetic import Shapes
 
-    from harness.profile.report import like_probe
+    from harness.profile.timing import calls_of
 
     plan = inputs.plan
     k = min(trainer.steps_per_loop or 1, plan.steps_per_epoch)
-    steps = like_probe(trainer.timer.steps, k)
+    steps = [s for call in calls_of(trainer.timer.steps, k) for s in call] or trainer.timer.steps
     return synthetic_probe(make_trainer, strategy=backend.strategy,
                            shapes=Shapes.from_spec(inputs.spec, inputs.num_classes),
                            per_replica_batch=plan.per_replica_batch_size, global_batch=plan.global_batch_size,

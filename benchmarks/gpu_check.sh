@@ -187,4 +187,4 @@ gpu = next((v["gpu"] for v in result.values() if isinstance(v, dict) and "gpu" i
 print(f"GPU: {gpu}")
 json.dump(result, open(os.path.join(out, "gpu_check.json"), "w"), indent=1)
 PYEOF
-say "done: $OUT/gpu_check.txt, $OUT/gpu_check.json, reports and plots under $OUT/{synthetic,gzip,resharded}/"
+say "done: $OUT/gpu_check.txt, $OUT/gpu_check.json, $OUT/fit_ratio.json, reports and plots under $OUT/{synthetic,gzip,resharded}/"

@@ -79,11 +79,20 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     tensorboard = summaries.EpochSummaries(options.output, context, schedule=schedule, class_names=spec.class_names)
     hooks = dict(profiler.trainer_kwargs()) if profiler else {}
     hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context, config=config,
-                      class_weights=inputs.class_weights, clip_norm=options.clip_norm, loss_fn=loss_fn,
-                      metrics=metrics.for_task(spec.task, inputs.num_classes),
-                      before_evaluate=lambda: backend.align_model_state(model), **hooks,
-                      **backend.trainer_kwargs())
+
+    def make_trainer(loop_config, model, optimizer, **kwargs):
+        return Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context,
+                       config=loop_config, class_weights=inputs.class_weights, clip_norm=options.clip_norm,
+                       loss_fn=loss_fn, metrics=metrics.for_task(spec.task, inputs.num_classes), **kwargs,
+                       **backend.trainer_kwargs())
+
+    def probe_trainer(loop_config, timer):  # the input-cost probe's: a fresh model and optimizer, same step
+        with backend.scope():
+            fresh = builder.build(inputs, policy)
+            fresh_optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
+        return make_trainer(loop_config, fresh, fresh_optimizer, timer=timer)
+
+    trainer = make_trainer(config, model, optimizer, before_evaluate=lambda: backend.align_model_state(model), **hooks)
     if initial_step >= options.epochs * plan.steps_per_epoch:
         say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
             "(raise --epochs to train on, or use a new --output)")
@@ -127,7 +136,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         best = os.path.join(options.output, "best", "model.keras")
         summary["best"] = stopper.summary(best if context.is_chief and stopper.best_epoch else None)
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
-        summary["profile"] = profiling.finish(profiler, options, context, inputs)
+        probe = profiling.probe(probe_trainer, trainer, backend, inputs)
+        summary["profile"] = profiling.finish(profiler, options, context, inputs, probe=probe)
     if context.is_chief:
         results.write_summary(summary, options.output)
     return summary

@@ -363,8 +363,10 @@ class Trainer:
 
 
 def _in_graph(iterator) -> bool:
-    """Whether `iterator` can be passed into a `tf.function` (a tf.data or tf.distribute iterator)."""
-    return isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
+    """Whether `iterator` can be passed into a `tf.function` (a tf.data or tf.distribute iterator, or one that says
+    so: `harness.train.synthetic.OnDeviceBatches`)."""
+    return (isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
+            or getattr(iterator, "in_graph", False))
 
 
 def format_epoch(logs: dict, epochs: int) -> str:

@@ -223,7 +223,8 @@ def build_report(parts: Sequence[dict], *, kind: str, config: dict, replicas_in_
         rate = sum(timing.median_call_rate(cs) for cs in calls) / len(calls)
         summary.update(real_examples_per_s=rate, real_input_stall_share=real_stall,
                        synthetic_examples_per_s=probe["examples_per_s"], probe=probe,
-                       input_cost=1.0 - rate / probe["examples_per_s"] if probe["examples_per_s"] > 0 else None)
+                       input_cost=1.0 - rate / probe["examples_per_s"] if probe["examples_per_s"] > 0 and rate > 0
+                       else None)  # rate 0: the run had no whole call of K steps to time, not an infinite cost
     summary["verdict"] = verdict(summary["input_stall_share"], summary["input_cost"])
     summary["disagreements"] = disagreements(summary)
     facts = dict(parts[0].get("facts") or {})
@@ -276,6 +277,10 @@ def input_line(s: dict) -> str:
              + (f" ({100 * traced:.1f}% on the traced steps)" if traced is not None else "")]
     if prof is not None:
         parts.append(f"profiler {prof:.1f}% on the traced steps")
+    if cost is None and s.get("probe") and not s.get("real_examples_per_s"):
+        k = s["probe"]["steps_per_loop"]
+        parts.append(f"input cost not measured (the run had no whole call of {k} steps outside the warm-up and the "
+                     "trace window to time against the probe: train more steps per epoch or more epochs)")
     if cost is not None:
         probe = s["probe"]
         parts.append(f"input cost {100 * cost:.1f}% ({s['real_examples_per_s']:.1f} examples/s against "

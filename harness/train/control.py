@@ -114,6 +114,37 @@ class EarlyStopping:
                 "model": best_path}
 
 
+# What `--monitor` can name, per task: the training loss and, with validation data, the validation metrics.
+MONITORS = {"classification": ("val_loss", "val_accuracy", "val_mean_iou"),
+            "regression": ("val_loss", "val_rmse", "val_mae", "val_r2")}
+
+
+def check(options, task: str = "classification") -> None:
+    """Refuse a `--monitor` / `--early-stopping` / `--min-delta` combination that cannot work, before any data is
+    read: a metric the task's epoch logs will not hold (`val_rmse` on classification, `val_mean_iou` on
+    regression, a typo), a validation metric without validation data, or `--min-delta` without `--monitor` or
+    `--early-stopping` (it would be ignored).
+
+    Raises:
+      ConfigError: naming the flag, the value and the metrics there are.
+    """
+    if options.min_delta and not options.monitor and options.early_stopping is None:
+        raise ConfigError(f"--min-delta {options.min_delta} given without --early-stopping or --monitor: it would "
+                          "be ignored")
+    if options.min_delta < 0:
+        raise ConfigError(f"--min-delta must be >= 0 (the least improvement that counts), got {options.min_delta}")
+    if not options.monitor:
+        return
+    known = ("loss", *MONITORS.get(task, ()))
+    if options.monitor not in known:
+        other = [t for t, names in MONITORS.items() if t != task and options.monitor in names]
+        why = f" (a {other[0]} metric)" if other else ""
+        raise ConfigError(f"--monitor {options.monitor}: not a metric of task {task}{why}; choose one of "
+                          f"{list(known)}")
+    if options.monitor.startswith("val_") and not options.validation_data:
+        raise ConfigError(f"--monitor {options.monitor} is a validation metric: give --validation-data")
+
+
 def make(options, model, context, save_model: Callable) -> Optional[EarlyStopping]:
     """The run's `EarlyStopping` from `TrainOptions` (`monitor`, `early_stopping`, `min_delta`), or None.
 

@@ -213,6 +213,22 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
     if spec.task == spec_lib.REGRESSION:
         return mean, variance, labels, declared or 1
     num_classes = declared or largest + 1
+    if declared:
+        source = ("--num-classes" if options.num_classes else "data.num_classes" if spec.num_classes else
+                  f"the {len(spec.class_names)} class_names {list(spec.class_names)}")
+        if options.num_classes and spec.class_names and len(spec.class_names) != options.num_classes:
+            raise ConfigError(f"--num-classes {options.num_classes} but {len(spec.class_names)} class_names "
+                              f"{list(spec.class_names)}: give one name per class")
+        if largest >= declared:
+            found = scan.first_bad_label(spec, list(train.shards), declared)
+            where = f" (first at {found[0]}: record {found[1]}, value {found[2]:g})" if found else ""
+            raise ConfigError(f"label {spec.label!r}: a shuffled sample of {labels.size} label values holds class "
+                              f"{largest}{where}, outside the {declared} classes [0, {declared}) of {source}; "
+                              f"declare {largest + 1} classes or more" + (" (one name each)" if spec.class_names else ""))
+    if spec.ignore_label is not None and 0 <= spec.ignore_label < num_classes:
+        say(f"warning: ignore_label {spec.ignore_label:g} is inside the classes [0, {num_classes}): class "
+            f"{spec.ignore_label:g} gets no loss and no metrics (its output is never trained); if it is a class, not "
+            "nodata, drop ignore_label")
     if not declared:
         say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} label values; "
             "declare --num-classes if a class is rarer than that)")

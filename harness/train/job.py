@@ -51,6 +51,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     declared = spec.to_config() if spec is not None else (data_config or {})  # task and nodata: declared, not inferred
     task = declared.get("task") or "classification"
     loss_fn = losses.resolve(options, task, ignore=declared.get("ignore_label") is not None)
+    control.check(options, task)  # --monitor of the task's metrics, --min-delta not ignored: before any data
     control.check_callbacks(callbacks)
     policy = precision.apply_policy(options.precision)
     inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say,

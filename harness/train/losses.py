@@ -115,6 +115,7 @@ def make_loss(name: str = "crossentropy", *, focal_gamma: float = 2.0, user_fn: 
                                     f"{labels.shape}: with ignore_label return the loss of every pixel (the labels' "
                                     "shape), so that the harness can leave the nodata pixels out")
             return per_example(_weighed(out, weights))
+        user.origin = name
         return user
     if name not in TASK_LOSSES.get(task, ()):
         raise ConfigError(f"--loss must be one of {TASK_LOSSES.get(task, BUILTIN)} for task {task} or "
@@ -214,7 +215,10 @@ def probe(loss_fn: Callable, label_shape: tuple, num_classes: int, task: str = "
     labels = tf.zeros([2, *label_shape], tf.float32 if task == "regression" else tf.int32)
     logits = tf.zeros([2, *label_shape, num_classes], tf.float32)
     try:
-        out = loss_fn(labels, logits, None)
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            out = loss_fn(labels, logits, None)
+        gradient = tape.gradient(out, logits) if out.dtype.is_floating else None
     except UserCodeError:
         raise
     except Exception as e:  # the user's code may raise anything
@@ -222,3 +226,7 @@ def probe(loss_fn: Callable, label_shape: tuple, num_classes: int, task: str = "
                             f"{logits.shape} float32: {type(e).__name__}: {e}") from e
     if out.shape.rank != 1:
         raise UserCodeError(f"the loss returned shape {out.shape}, expected [batch]")
+    if gradient is None:
+        raise UserCodeError(f"--loss {getattr(loss_fn, 'origin', 'the loss')} does not depend on the logits (no "
+                            "gradient reaches them: a constant, or an argmax / cast to int on the way): the model "
+                            "could not learn from it")

@@ -210,6 +210,8 @@ def resolve(options, model_fn: Optional[Callable] = None) -> ModelBuilder:
       UserCodeError: from `load_function` / `check_flavour`; a model object passed instead of a function.
     """
     args, init = getattr(options, "model_args", None), getattr(options, "init_from", None)
+    if init:
+        _check_init_from(init)
     if model_fn is not None and options.model:
         raise ConfigError(f"both model_fn ({getattr(model_fn, '__name__', model_fn)!r}) and --model "
                           f"{options.model!r} given: give one")
@@ -218,20 +220,71 @@ def resolve(options, model_fn: Optional[Callable] = None) -> ModelBuilder:
             raise UserCodeError(f"model_fn is a built model ({type(model_fn).__name__} {getattr(model_fn, 'name', '')!r}):"
                                 " pass the function that builds it; the harness calls it under the strategy's scope")
         check_flavour(model_fn, what=f"model_fn {getattr(model_fn, '__name__', model_fn)!r}")
-        return ModelBuilder(model_fn, getattr(model_fn, "__name__", repr(model_fn)), args, init)
+        origin = getattr(model_fn, "__name__", repr(model_fn))
+        _check_arguments(model_fn, origin, args)
+        return ModelBuilder(model_fn, origin, args, init)
     if options.model:
-        return ModelBuilder(load_function(options.model), options.model, args, init)
+        fn = load_function(options.model)
+        _check_arguments(fn, options.model, args)
+        return ModelBuilder(fn, options.model, args, init)
     if args:
         raise ConfigError(f"--model-args {args} given without --model: the built-in models take no arguments")
     return ModelBuilder(builtin, "built-in", None, init)
+
+
+def _check_arguments(fn: Callable, origin: str, model_args: Optional[dict]) -> None:
+    """Refuse `model_args` that `fn(ModelInputs, **model_args)` cannot take (an unknown or missing keyword), before
+    any data is read; a function whose signature cannot be read is left to the call.
+
+    Raises:
+      UserCodeError: naming the function, the arguments and what its signature takes.
+    """
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, **dict(model_args or {}))
+    except TypeError as e:
+        raise UserCodeError(f"model {origin}: cannot be called with ModelInputs and model_args {dict(model_args or {})}: "
+                            f"{e} (it takes {fn.__name__ if hasattr(fn, '__name__') else 'fn'}{signature})") from None
+
+
+def _check_init_from(source: str) -> None:
+    """`--init-from` names an existing `.keras` file or a run folder holding `model.keras`, checked before any data
+    is read (local or `gs://`).
+
+    Raises:
+      ModelError: naming the path looked for.
+    """
+    import tensorflow as tf
+
+    path = os.path.join(source, "model.keras") if tf.io.gfile.isdir(source) else source
+    if not tf.io.gfile.exists(path):
+        raise ModelError(f"--init-from {source}: no file {path} (give a .keras model or a run folder holding "
+                         "model.keras)")
 
 
 def builtin(inputs: ModelInputs):
     """The built-in model (`harness.train.models.builtin_model`) as a model function."""
     from harness.train import models
 
+    expected = 1 if inputs.kind == "table" else 3
+    if isinstance(inputs.input_shape, Mapping) or len(inputs.input_shape) != expected:
+        one = "[bands]" if inputs.kind == "table" else "[height, width, bands]"
+        raise ConfigError(f"the built-in {inputs.kind} model takes one input {one}; band_groups deliver "
+                          f"{_shape_text(inputs.input_shape)}: give --model (e.g. examples/temporal_pixel.py:build for "
+                          "a table export) or drop band_groups from the data config")
     return models.builtin_model(inputs.kind, inputs.input_shape, inputs.num_classes, mean=list(inputs.mean) or None,
                                 variance=list(inputs.variance) or None)
+
+
+def _shape_text(shape) -> str:
+    if isinstance(shape, Mapping):
+        return "{" + ", ".join(f"{g}: {list(s)}" for g, s in shape.items()) + "} (group_delivery: dict)"
+    return f"{list(shape)} (group_delivery: time)"
 
 
 def _zeros(shape, batch: int = 2):
@@ -270,10 +323,15 @@ def check_model(model, inputs: ModelInputs, *, origin: str = "model") -> None:
     if inputs.task != "classification" and not fits:
         fits = got == (*want, 1)
     if not fits:
-        labels = f"[batch{''.join(f', {d}' for d in inputs.label_shape)}]"
-        raise ModelError(f"model {origin}: output shape [batch, {', '.join(map(str, got))}] does not fit labels "
-                         f"{labels} with {inputs.num_classes} classes: expected [batch, "
-                         f"{', '.join(map(str, want))}] (logits, channels-last)")
+        def batch(shape) -> str:
+            return f"[batch{''.join(f', {d}' for d in shape)}]"
+        if inputs.task == "classification":
+            raise ModelError(f"model {origin}: output shape {batch(got)} does not fit labels "
+                             f"{batch(inputs.label_shape)} with {inputs.num_classes} classes: expected {batch(want)} "
+                             "(logits, channels-last)")
+        raise ModelError(f"model {origin}: output shape {batch(got)} does not fit regression labels "
+                         f"{batch(inputs.label_shape)}: expected {batch(want)} or {batch((*want, 1))} (one value per "
+                         f"{'pixel' if want else 'example'})")
     dtype = getattr(out.dtype, "name", str(out.dtype))
     if inputs.policy.startswith("mixed") and dtype != "float32":
         layer = getattr(getattr(out, "_keras_history", None), "layer", None) or model.layers[-1]
@@ -304,7 +362,9 @@ def init_weights(model, source: str) -> str:
     """
     import tf_keras as keras
 
-    path = os.path.join(source, "model.keras") if os.path.isdir(source) else source
+    import tensorflow as tf
+
+    path = os.path.join(source, "model.keras") if tf.io.gfile.isdir(source) else source
     try:
         saved = keras.models.load_model(path, compile=False)
     except Exception as e:  # missing file, custom objects, a Keras 3 file: name it

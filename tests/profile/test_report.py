@@ -41,3 +41,18 @@ def test_disagreements_say_which_figures_part_and_why():
     assert "12.0%" in lines[0] and "40.0%" in lines[0] and "uneven over the run" in lines[1]
     load = dict(base, real_input_stall_share=0.50, input_cost=0.10)
     assert "load changed" in report_lib.disagreements(load)[0]
+
+
+def test_no_whole_call_of_k_steps_is_no_input_cost_not_100_percent():
+    """A short run whose steps are all one-step calls (warm-up, trace window) has no K-step call to time: the input
+    cost is unmeasured (None, said so in the table), not 1 - 0 / synthetic = 100% with a "highly input-bound"
+    verdict."""
+    steps = [{"step": i + 1, "start_s": float(i), "input_wait_s": 0.0, "compute_s": 1.0, "examples": 8,
+              "warmup": i == 0, "step_s": 1.0, "call_steps": 1} for i in range(6)]
+    part = {"rank": 0, "host": "h", "pid": 1, "replicas": 1, "gpu": "no GPU", "gpu_available": False,
+            "sample_interval_s": 0.5, "steps": steps, "samples": [], "trace": None, "profiler": None, "facts": {}}
+    probe = {"examples_per_s": 1000.0, "steps": 64, "warmup_steps": 2, "steps_per_loop": 32, "seconds": 0.6}
+    s = report_lib.build_report([part], kind="test", config={}, replicas_in_sync=1, probe=probe)["summary"]
+    assert s["input_cost"] is None and s["real_examples_per_s"] == 0.0
+    assert s["verdict"] == "not input-bound"
+    assert "input cost not measured (the run had no whole call of 32 steps" in report_lib.input_line(s)

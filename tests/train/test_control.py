@@ -163,3 +163,30 @@ def test_a_run_killed_and_resumed_stops_where_an_uninterrupted_one_does(tmp_path
                               "value": first[0]["val_mean_iou"], "model": str(out / "best" / "model.keras")}
     assert "early stopping at epoch 3: val_mean_iou has not improved by more than 1.0 for 2 epochs" in resumed.stdout
     assert (out / "best" / "model.keras").read_bytes() == best_bytes  # epoch 1's model, not overwritten
+
+
+@pytest.mark.parametrize("task, flags, message", [
+    ("classification", dict(monitor="val_rmse", validation_data=["v"]),
+     "--monitor val_rmse: not a metric of task classification (a regression metric); choose one of ['loss', "
+     "'val_loss', 'val_accuracy', 'val_mean_iou']"),
+    ("regression", dict(monitor="val_mean_iou", validation_data=["v"]),
+     "--monitor val_mean_iou: not a metric of task regression (a classification metric); choose one of ['loss', "
+     "'val_loss', 'val_rmse', 'val_mae', 'val_r2']"),
+    ("classification", dict(monitor="val_bogus", validation_data=["v"]),
+     "--monitor val_bogus: not a metric of task classification; choose one of ['loss', 'val_loss', 'val_accuracy', "
+     "'val_mean_iou']"),
+    ("regression", dict(monitor="val_r2"), "--monitor val_r2 is a validation metric: give --validation-data"),
+    ("classification", dict(min_delta=0.1), "--min-delta 0.1 given without --early-stopping or --monitor: it would "
+                                            "be ignored"),
+    ("classification", dict(min_delta=-0.1, early_stopping=2), "--min-delta must be >= 0"),
+])
+def test_monitor_and_min_delta_are_checked_before_any_data(task, flags, message):
+    from harness.train import control
+    from harness.train.options import TrainOptions
+
+    with pytest.raises(ConfigError) as e:
+        control.check(TrainOptions(data=["d"], **flags), task)
+    assert str(e.value).startswith(message)
+    control.check(TrainOptions(data=["d"], monitor="val_rmse", validation_data=["v"], early_stopping=1, min_delta=0.1),
+                  "regression")
+    control.check(TrainOptions(data=["d"], monitor="loss"), "classification")

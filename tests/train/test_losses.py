@@ -276,3 +276,17 @@ def test_float16_logits_of_a_whole_patch_reach_dice_and_iou_as_float32():
     assert abs(float(losses.make_loss("dice")(labels, logits, None)[0])) <= 1e-6
     got = from_confusion(confusion_counts(labels, logits, 2))
     assert got["val_iou"][1] == 1.0 and got["val_mean_iou"] == 1.0 and got["val_accuracy"] == 1.0
+
+
+def test_a_loss_that_does_not_depend_on_the_logits_is_refused_by_name():
+    """A constant (or argmax-based) loss leaves no gradient: refused before the first step, naming --loss, not a
+    'No gradients provided' traceback from the optimizer."""
+    fn = losses.make_loss("mine.py:flat", user_fn=lambda labels, logits: tf.fill(tf.shape(labels), 1.0))
+    with pytest.raises(UserCodeError, match=r"^--loss mine.py:flat does not depend on the logits \(no gradient"):
+        losses.probe(fn, (), 3)
+    argmax = losses.make_loss("mine.py:hard", user_fn=lambda labels, logits: tf.cast(
+        tf.not_equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+    with pytest.raises(UserCodeError, match=r"^--loss mine.py:hard does not depend on the logits"):
+        losses.probe(argmax, (4, 4), 3)
+    losses.probe(losses.make_loss("crossentropy"), (4, 4), 3)  # the built-ins pass
+    losses.probe(losses.make_loss("mse", task="regression"), (), 1, "regression")

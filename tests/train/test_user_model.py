@@ -253,3 +253,47 @@ def test_user_model_and_loss_on_aces_points_two_horovod_ranks(shared_data, tmp_p
     assert last["val_accuracy"] > 0.6, summary["history"]
     matrix = np.array(last["val_confusion_matrix"])
     assert matrix.sum() == 2385 // 128 * 128 and last["val_accuracy"] == np.trace(matrix) / matrix.sum()
+
+
+# --- refused before any data is read (QA) ------------------------------------------------------------------------
+def test_model_args_the_function_cannot_take_are_refused_at_resolve(tmp_path):
+    path = _write(tmp_path, "m.py", "def build(inputs, depth=2):\n    pass\n")
+    with pytest.raises(UserCodeError) as e:
+        user_model.resolve(TrainOptions(data=["d"], model=f"{path}:build", model_args={"bogus": 1}))
+    assert str(e.value).startswith(f"model {path}:build: cannot be called with ModelInputs and model_args "
+                                   "{'bogus': 1}: got an unexpected keyword argument 'bogus' (it takes "
+                                   "build(inputs, depth=2))")
+    assert user_model.resolve(TrainOptions(data=["d"], model=f"{path}:build", model_args={"depth": 3})).model_args == {"depth": 3}
+
+
+def test_init_from_a_missing_path_is_refused_at_resolve(tmp_path):
+    with pytest.raises(ModelError, match=rf"^--init-from {tmp_path}/nope.keras: no file {tmp_path}/nope.keras "
+                                         r"\(give a .keras model or a run folder holding model.keras\)$"):
+        user_model.resolve(TrainOptions(data=["d"], init_from=str(tmp_path / "nope.keras")))
+    with pytest.raises(ModelError, match=rf"no file {tmp_path}/model.keras"):  # a run folder without its model
+        user_model.resolve(TrainOptions(data=["d"], init_from=str(tmp_path)))
+
+
+@pytest.mark.parametrize("shape, delivered", [((2, 4), "[2, 4] (group_delivery: time)"),
+                                              (MappingProxyType({"before": (4,), "during": (4,)}),
+                                               "{before: [4], during: [4]} (group_delivery: dict)")])
+def test_builtin_model_refuses_band_group_inputs_with_what_to_do(shape, delivered):
+    with pytest.raises(ConfigError) as e:
+        user_model.builtin(_inputs(shape=shape))
+    assert str(e.value) == (f"the built-in table model takes one input [bands]; band_groups deliver {delivered}: "
+                            "give --model (e.g. examples/temporal_pixel.py:build for a table export) or drop "
+                            "band_groups from the data config")
+
+
+def test_regression_output_of_the_wrong_shape_names_both_shapes_it_takes():
+    x = keras.Input((3,))
+    model = keras.Model(x, keras.layers.Dense(3, name="out")(x))
+    with pytest.raises(ModelError) as e:
+        check_model(model, dataclasses_replace(_inputs(classes=1), task="regression"), origin="m.py:build")
+    assert str(e.value) == ("model m.py:build: output shape [batch, 3] does not fit regression labels [batch]: "
+                            "expected [batch] or [batch, 1] (one value per example)")
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+    return dataclasses.replace(obj, **kw)

@@ -38,7 +38,9 @@ def synthetic_batches(strategy, shapes: Shapes, per_replica_batch: int, seed: in
     """An endless iterator repeating one distributed batch, generated once on each replica's device."""
     import tensorflow as tf
 
-    devices = strategy.extended.worker_devices  # this worker's replicas, in replica order
+    from harness.distribute.strategy import replica_devices
+
+    devices = replica_devices(strategy)  # this worker's replicas, in replica order
 
     def value_fn(ctx):
         with tf.device(devices[ctx.replica_id_in_sync_group % len(devices)]):

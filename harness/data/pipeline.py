@@ -3,8 +3,9 @@
 Order (tf.data performance guide, https://www.tensorflow.org/guide/data_performance):
   list files -> shard (harness.distribute.sharding.assign_nonempty) -> interleave (parallel; deterministic only for
   evaluation or record-level sharding) -> [record sharding: shard the records] -> [small records: parse each read
-  batch] -> cache (before any randomness) -> shuffle -> keep `records_per_epoch` -> repeat (training) -> batch
-  [large records: parse each record first] -> augment -> prefetch.
+  batch; large records, cached: parse each record] -> cache (before any randomness) -> shuffle -> keep
+  `records_per_epoch` -> repeat (training) -> batch [large records, uncached: parse each record first] -> augment
+  -> prefetch.
 
 Parse order, by the mean serialized record size (VECTORIZE_MAX_RECORD_BYTES):
   small records (tables, small patches) leave the file readers in read batches of ~256 kB (read_batch_size),
@@ -15,7 +16,10 @@ Parse order, by the mean serialized record size (VECTORIZE_MAX_RECORD_BYTES):
   alone, with no per-batch keep test: the stages after the cache are then those of a hand-written
   `cache -> shuffle -> batch` pipeline.
   large records (image patches, MB each) are parsed one by one in parallel and then batched, which keeps all
-  cores busy on the float-list decoding and does not hold a whole batch of serialized copies.
+  cores busy on the float-list decoding and does not hold a whole batch of serialized copies. When cached,
+  they are parsed before the cache (as a hand-written `map(parse) -> cache` pipeline does): later epochs parse
+  nothing, and a parsed float32 patch is no larger than its serialized float list. Uncached, only the records
+  an epoch keeps are parsed, after the shuffle.
 benchmarks/input_pipeline.py measures both choices against the other order and the raw read.
 """
 from __future__ import annotations
@@ -58,7 +62,7 @@ READ_BATCH_BYTES = 256 * 1024
 READ_BATCH_MAX = 4096
 # Bump whenever a change to this module changes what a file cache holds (the elements' structure, dtypes or
 # values): the version is part of every file cache's name, so an older pipeline's caches are not read.
-PIPELINE_VERSION = 1
+PIPELINE_VERSION = 2
 
 
 # --- parsing -----------------------------------------------------------------------------------------------------
@@ -284,9 +288,9 @@ def read_batch_size(mean_record_bytes: float) -> int:
 
 
 def decoded_record_bytes(spec: DataSpec) -> int:
-    """Bytes of one decoded example (float32 bands, int32 or float32 label): what a cache of decoded read
-    batches holds per record."""
-    n = spec.values_per_feature()
+    """Bytes of one decoded example as delivered (float32 bands, int32 or float32 label; images cropped and
+    resized to `output_size`): what a cache of parsed records holds per record."""
+    n = spec.output_size ** 2 if spec.kind == IMAGE else 1
     return 4 * n * (len(spec.bands) + (spec.label is not None))
 
 
@@ -328,8 +332,8 @@ class PipelineOptions:
       shuffle_buffer: records in the shuffle buffer; default min(records, ~256 MB of records, 16384).
       cache: "auto" (memory when the pipeline's records fit in half the available memory, else files under
         cache_dir, else none), "memory", "file" (needs cache_dir) or "none". The cache is filled before any
-        randomness: with parsed read batches for small records (sized as decoded float32), serialized records
-        for large ones.
+        randomness, with parsed tensors (sized as decoded float32: `decoded_record_bytes`): read batches for
+        small records, single records for large ones.
       cache_dir: folder of the file cache. Its name (cache_name) changes with the files, spec and pipeline version;
         one process at a time fills it, and what a killed run left is cleared (harness.data.filecache).
       augment: random flips and 90-degree rotations of image and mask together (training images only).
@@ -424,7 +428,7 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
             ds = ds.batch(read_batch)
     if read_batched:
         ds = ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        my_bytes = my_records * decoded_record_bytes(spec)  # the cache holds parsed tensors
+    my_bytes = my_records * decoded_record_bytes(spec)  # a cache holds parsed tensors
 
     may_use_files = o.cache_dir and o.cache in ("file", "auto")  # the name stats every file: only when needed
     name = cache_name(spec, assignment, compressions, read_batch=read_batch, training=training) if may_use_files \
@@ -432,6 +436,10 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
     choice = choose_cache(o.cache, my_bytes, cache_dir=o.cache_dir, name=name)
     log.info("input pipeline %d/%d: %d files, %d records, cache: %s (%s)", input_pipeline_id,
              num_input_pipelines, len(assignment.files), my_records, choice.kind, choice.reason)
+    parsed = read_batched
+    if per_record and choice.kind != "none":  # parse once, into the cache (uncached: only the records kept)
+        ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        parsed = True
     if choice.kind == "memory":
         ds = ds.cache()
     elif choice.kind == "file":
@@ -446,9 +454,9 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         buffer = o.shuffle_buffer or max(1, min(my_records, int(SHUFFLE_BUFFER_BYTES // max(mean_bytes, 1)),
                                               MAX_DEFAULT_SHUFFLE))
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        if records_per_epoch is not None and read_batched and records_per_epoch % per_replica_batch_size == 0:
-            # Parsed small records: batch each epoch's shuffled stream, then keep its first batches: the same
-            # batches as keeping the first records and batching after `repeat`, at no per-record cost.
+        if records_per_epoch is not None and parsed and records_per_epoch % per_replica_batch_size == 0:
+            # Parsed records: batch each epoch's shuffled stream, then keep its first batches: the same batches
+            # as keeping the first records and batching after `repeat`, at no per-record cost.
             ds = _keep_first_batches(ds, records_per_epoch, my_records, per_replica_batch_size)
             batched = True
         elif records_per_epoch is not None:
@@ -463,14 +471,13 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         if per_pass % per_replica_batch_size:
             log.info("evaluation drops the last %d records (drop_remainder)", per_pass % per_replica_batch_size)
 
-    if read_batched:  # parsed already
-        if batched and training:  # batched per epoch above
-            pass
-        elif batched:  # evaluation: regroup the parsed read batches across file boundaries
-            ds = ds.rebatch(per_replica_batch_size, drop_remainder=True)
-        else:
-            ds = ds.batch(per_replica_batch_size, drop_remainder=True)
-    else:  # large records: parse each, in parallel, then batch
+    if batched and training:  # batched per epoch above
+        pass
+    elif batched:  # evaluation: regroup the parsed read batches across file boundaries
+        ds = ds.rebatch(per_replica_batch_size, drop_remainder=True)
+    elif parsed:
+        ds = ds.batch(per_replica_batch_size, drop_remainder=True)
+    else:  # large records, not cached: parse each record kept, in parallel, then batch
         ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         ds = ds.batch(per_replica_batch_size, drop_remainder=True)
 

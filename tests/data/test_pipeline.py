@@ -309,3 +309,27 @@ def test_training_dataset_jitters_inputs_not_labels(image):
         xo = x[index[ye.tobytes()]]
         assert not np.allclose(xe, xo)
         assert 0.7 - 1e-5 < xe.mean() / xo.mean() < 1.3 + 1e-5
+
+
+def _cache_input_op(ds) -> str:
+    """The op of the dataset node feeding the cache in `ds`'s graph."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    nodes = {n.name: n for n in graph.node}
+    cache = next(n for n in graph.node if n.op.startswith("CacheDataset"))
+    return nodes[cache.input[0].split(":")[0]].op
+
+
+def test_cached_large_records_are_parsed_before_the_cache(image, monkeypatch):
+    """Large records cached: parsed once into the cache (later epochs parse nothing), each record once per epoch,
+    reshuffled; the same tensors as the uncached pipeline, which parses only the records kept."""
+    found, spec = image
+    monkeypatch.setattr(P, "VECTORIZE_MAX_RECORD_BYTES", -1)  # every record "large": parse per record
+    cached = _build(found, spec, 2, training=True, records_per_epoch=10, cache="memory", seed=4)
+    assert _cache_input_op(cached).startswith("ParallelMapDataset") and not _has_filter(cached)
+    batches = _all(cached.take(10))  # 2 epochs of 5 steps
+    flat = [x.tobytes() for b in batches for x in b[0]]
+    assert len(set(flat[:10])) == len(set(flat[10:])) == 10 and flat[:10] != flat[10:]
+    uncached = _all(_build(found, spec, 2, training=False, cache="none"))
+    assert set(flat[:10]) == set(flat[10:]) == {x.tobytes() for b in uncached for x in b[0]}

@@ -50,6 +50,7 @@ ACES = os.path.join(os.environ.get("HARNESS_SHARED_DATA", os.path.join(ROOT, "..
                     "gee-aces-points", "training.tfrecord.gz")
 KERAS_SPE = (1, 8, 32, 128)
 CASES = ("points", "unet", "mirrored", "horovod", "overhead")
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 CHILD_TIMEOUT_S = 1200  # the mirrored child and each horovodrun launch: killed (process group) past this
 
 
@@ -323,7 +324,7 @@ def overhead_case(backend, steps: int, rounds: int) -> None:
 def horovod_launch(args, timeout_s: float = CHILD_TIMEOUT_S) -> list[dict]:
     """One `horovodrun -np 2 --gloo` run of this script's `--horovod-rank` mode; each rank's result."""
     with tempfile.TemporaryDirectory() as folder:
-        cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2", "-H", "localhost:2",
+        cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2",
                "--gloo", sys.executable, os.path.abspath(__file__), "--horovod-rank", folder, "--data", args.data,
                "--epochs", str(args.epochs)]
         out = _run_group(cmd, timeout_s)
@@ -334,9 +335,10 @@ def horovod_launch(args, timeout_s: float = CHILD_TIMEOUT_S) -> list[dict]:
 
 
 def _run_group(cmd: list, timeout_s: float) -> str:
-    """Run `cmd` in its own process group and return its stdout; on timeout kill the group (every rank) and
-    raise, with the tail of stderr."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    """Run `cmd` in its own process group, on the CPU (no GPU visible: the replicas and ranks compared here are
+    CPU ones), and return its stdout; on timeout kill the group (every rank) and raise, with stderr's tail."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               CUDA_VISIBLE_DEVICES="")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
@@ -398,7 +400,10 @@ def run_cases(args, cases: list, backend, patches: str | None) -> None:
     if unet is not None:
         fit_case(unet, backend, args.rounds, "mirrored, U-Net" if mirrored else "U-Net")
     if "horovod" in cases and os.path.exists(args.data):
-        horovod_case(points, args, backend)
+        if os.path.exists(HOROVODRUN):
+            horovod_case(points, args, backend)
+        else:
+            print(f"\nno {HOROVODRUN} (Horovod not installed: tools/install_horovod.sh): skipping horovod")
     if "overhead" in cases:
         overhead_case(backend, args.overhead_steps, args.rounds)
 

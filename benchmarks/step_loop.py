@@ -7,7 +7,8 @@ Cases (`--cases`, comma-separated; default all):
             on a hand-written `TFRecordDataset -> map(parse) -> cache -> shuffle -> batch` pipeline, at
             `steps_per_execution` 1 and the best of 1, 8, 32, 128 (targets: >= 1.0 and >= 0.9). Beside them, to
             tell the loop from the input: the harness loop on the hand-written pipeline, and each pipeline drawn
-            alone (a plain Python `next()` per batch, no training).
+            alone (a plain Python `next()` per batch, no training); and the harness under `OneDeviceStrategy`,
+            what one device ran under before.
   unet      64x64x8 float GZIP patches written by `harness.data.synth` (`--unet-records`, 4 classes), the
             built-in U-Net, global batch 16, one device: harness against fit at spe=1 (target >= 1.0).
   mirrored  both cases above under `MirroredStrategy` over 2 logical CPU devices (`make_strategy("mirrored",
@@ -282,6 +283,7 @@ def points_case(case: Case, backend, rounds: int) -> None:
                 "harness steps_per_loop=1": lambda: harness_run(case, backend, 1)}
     for spe in KERAS_SPE:
         variants[f"fit spe={spe}"] = lambda spe=spe: keras_run(case, inputs, spe, strategy)
+    variants["harness auto, OneDeviceStrategy"] = lambda: harness_run(case, one_device_backend(), "auto")
     variants["harness loop, hand-written input"] = lambda: harness_run(
         case, backend, "auto", train_iterator=lambda i: iter(hand_written_pipeline(case, i.spec, case.batch)))
     variants["harness pipeline alone"] = lambda: pipeline_alone(
@@ -293,6 +295,7 @@ def points_case(case: Case, backend, rounds: int) -> None:
     print(_ratio(med, "harness auto", "fit spe=1", 1.0))
     print(_ratio(med, "harness auto", best, 0.9) + "  (the best fit)")
     print(_ratio(med, "harness steps_per_loop=1", "fit spe=1"))
+    print(_ratio(med, "harness auto", "harness auto, OneDeviceStrategy") + "  (the default strategy's gain)")
     print(_ratio(med, "harness loop, hand-written input", best))
     print(_ratio(med, "harness pipeline alone", "hand-written pipeline alone"))
 
@@ -369,6 +372,16 @@ def horovod_case(case: Case, args, backend) -> None:
     figures.update({f"horovod rank {r}": v for r, v in sorted(per_rank.items())})
     med = _report("examples/s (global; per rank: its share)", figures)
     print(_ratio(med, "horovod 2 ranks, all", "tf one device"))
+
+
+def one_device_backend():
+    """The tf backend under `OneDeviceStrategy("/cpu:0")`, what one device ran under before the default strategy."""
+    import tensorflow as tf
+
+    from harness.distribute.backend import make_backend
+    from harness.distribute.context import WorkerContext
+
+    return make_backend("tf", distribution=(tf.distribute.OneDeviceStrategy("/cpu:0"), WorkerContext.single()))
 
 
 def strategy_name(strategy) -> str:

@@ -4,8 +4,8 @@ Strategies (https://www.tensorflow.org/guide/distributed_training):
   - `single`: the default strategy (`tf.distribute.get_strategy()`, what Keras `fit` runs under without a
     scope): one replica, ops placed by TensorFlow's default placement (GPU 0 when there is one, else the CPU).
     `OneDeviceStrategy` would pin the same device but wraps every step in a distributed-values layer: on the ACES
-    points it cost ~2x per step of a small model (benchmarks/step_loop.py, "keras fit spe=128, OneDevice"), and
-    its distributed iterator ~3x per batch drawn; the default strategy's datasets are plain `tf.data` ones.
+    points it cost ~2x per step of a small model (benchmarks/step_loop.py, "harness auto, OneDeviceStrategy"),
+    and its distributed iterator ~3x per batch drawn; the default strategy's datasets are plain `tf.data` ones.
     It has no `extended.worker_devices`: ask `replica_devices`.
   - `mirrored`: `tf.distribute.MirroredStrategy` over the local GPUs, or over `num_cpu_replicas` logical CPU
     devices when there is no GPU (for tests: one host, several replicas).
@@ -121,6 +121,8 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
 
 
 def _default_strategy() -> tf.distribute.Strategy:
+    """TensorFlow's default strategy, also inside another strategy's scope (where `get_strategy()` answers that
+    one); private in TF 2.18, as is its class."""
     from tensorflow.python.distribute import distribute_lib
 
     return distribute_lib._get_default_strategy()

@@ -161,3 +161,10 @@ def test_single_device_runs_under_the_default_strategy():
     assert float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.5)), axis=None)) == 2.5
     x, y = next(synthetic_batches(strategy, Shapes("image", (4, 4, 3), 5), per_replica_batch=2))
     assert x.shape == (2, 4, 4, 3) and y.shape == (2, 4, 4) and int(tf.reduce_max(y)) < 5
+
+
+def test_single_inside_another_strategys_scope_is_refused(mirrored):
+    from harness.distribute.strategy import make_strategy
+
+    with mirrored[0].scope(), pytest.raises(ClusterConfigError, match="inside the scope of MirroredStrategy"):
+        make_strategy("single")

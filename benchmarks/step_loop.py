@@ -440,7 +440,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds of every variant, in alternating order")
     p.add_argument("--epochs", type=int, default=5, help="epochs per points variant; the first is not timed")
     p.add_argument("--unet-epochs", type=int, default=3, help="epochs per U-Net variant; the first is not timed")
-    p.add_argument("--unet-records", type=int, default=128, help="64x64x8 patches written for the U-Net case")
+    p.add_argument("--unet-records", type=int, default=256, help="64x64x8 patches written for the U-Net case")
     p.add_argument("--overhead-steps", type=int, default=2000, help="steps per epoch of the one-weight model")
     p.add_argument("--mirrored-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--horovod-rank", help=argparse.SUPPRESS)  # a folder for this rank's result

@@ -5,9 +5,13 @@
 #   1. synthetic  harness bench train --data synthetic --like DATA   batches generated on the GPU: compute ceiling
 #   2. gzip       harness bench train --data DATA                    the export as Earth Engine writes it
 #   3. resharded  harness reshard DATA, then bench train on it       uncompressed shards, more parallel reads
-# each with a tf.profiler window, NVML sampling, report.json + timeline.png under OUTDIR/<run>/, then prints and
-# writes OUTDIR/gpu_check.txt and OUTDIR/gpu_check.json: input-stall share, GPU utilization (NVML), examples/s, the
-# profiler's input figure, and the gap to the synthetic ceiling. Budget: under 8 minutes (each run is capped).
+# each with a tf.profiler window, NVML sampling, report.json + timeline.png under OUTDIR/<run>/; then
+#   4. fit ratio  benchmarks/fit_ratio.py on DATA: the harness loop against Keras model.fit, same U-Net, precision,
+#                 batch and pipeline (fit at steps_per_execution 1 and at the harness's K), FIT_ROUNDS rounds
+# then prints and writes OUTDIR/gpu_check.txt and OUTDIR/gpu_check.json: input-stall share, GPU utilization (NVML),
+# examples/s, the profiler's input figure, the device's idle share (the profiler's overview page,
+# device_idle_time_percent, over the trace window, whose steps run one per call with the batch drawn on the host),
+# the gap to the synthetic ceiling and the harness/fit ratio. Budget: under 10 minutes (each run is capped).
 #
 # What it needs on the GPU machine (Python 3.12, CUDA driver, no network):
 #   - TensorFlow 2.18 with GPU support, PREINSTALLED. Its wheels cannot be carried: tensorflow 2.18.1 for cp312 is
@@ -40,6 +44,8 @@ STEPS=${STEPS:-150}          # timed steps per run
 WARMUP=${WARMUP:-15}
 BATCH=${BATCH:-64}           # per replica
 RUN_LIMIT=${RUN_LIMIT:-120}  # seconds per training run
+FIT_STEPS=${FIT_STEPS:-40}   # fit ratio: steps per epoch (3 epochs, the first untimed)
+FIT_ROUNDS=${FIT_ROUNDS:-2}
 PRECISION=${PRECISION:-mixed_float16}
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
 export HARNESS_CACHE_DIR="$OUT/.harness-cache"
@@ -122,6 +128,16 @@ run synthetic --data synthetic --like "$DATA"
 run gzip --data "$DATA"
 run resharded --data "$OUT/data/resharded"
 
+say "fit ratio: harness loop vs Keras fit, $PRECISION"
+set +e
+timeout --signal=TERM --kill-after=15 $((2 * RUN_LIMIT)) $PY "$HERE/benchmarks/fit_ratio.py" --data "$DATA" \
+    --precision "$PRECISION" --batch "$BATCH" --steps "$FIT_STEPS" --epochs 3 --rounds "$FIT_ROUNDS" \
+    --output "$OUT/fit" --json "$OUT/fit_ratio.json" > "$OUT/fit_ratio.log" 2>&1
+rc=$?
+set -e
+grep -E '^(round|harness/fit)' "$OUT/fit_ratio.log" || true
+[ $rc -eq 0 ] || say "fit ratio exited with $rc (see $OUT/fit_ratio.log)"
+
 # --- the comparison ---------------------------------------------------------------------------------------------
 $PY - "$OUT" <<'PYEOF' | tee "$OUT/gpu_check.txt"
 import json, os, sys
@@ -136,14 +152,17 @@ for name in ("synthetic", "gzip", "resharded"):
     s = r["summary"]
     busy = s["accelerator_busy_share"]
     result[name] = {k: s.get(k) for k in ("examples_per_s", "input_stall_share", "accelerator_busy_share", "gpu",
-                                          "cpu_percent", "profiler_input_percent", "verdict", "steps")}
+                                          "cpu_percent", "profiler_input_percent", "profiler_device_idle_percent",
+                                          "verdict", "steps")}
     result[name]["advice"] = r["advice"]
     result[name]["traces_missing"] = r.get("traces", {}).get("missing")
-    prof = s.get("profiler_input_percent")
+    prof, idle = s.get("profiler_input_percent"), s.get("profiler_device_idle_percent")
     rows.append(f"{name:<10} {s['examples_per_s']:>11.1f} {100 * s['input_stall_share']:>11.1f}% "
                 f"{'no GPU' if busy is None else f'{100 * busy:.1f}%':>9} "
-                f"{'-' if prof is None else f'{prof:.1f}%':>15}  {s['verdict']}")
-print(f"{'run':<10} {'examples/s':>11} {'input stall':>12} {'GPU util':>9} {'profiler input':>15}  verdict")
+                f"{'-' if prof is None else f'{prof:.1f}%':>15} "
+                f"{'no device' if idle is None else f'{idle:.1f}%':>12}  {s['verdict']}")
+print(f"{'run':<10} {'examples/s':>11} {'input stall':>12} {'GPU util':>9} {'profiler input':>15} "
+      f"{'device idle':>12}  verdict")
 print("\n".join(rows))
 if "synthetic" in result:
     ceiling = result["synthetic"]["examples_per_s"]
@@ -154,8 +173,18 @@ if "synthetic" in result:
             print(f"{name}: {rate / ceiling:.0%} of the synthetic ceiling ({ceiling:.1f} examples/s)")
 if "gzip" in result and "resharded" in result:
     print(f"reshard gain: {result['resharded']['examples_per_s'] / result['gzip']['examples_per_s']:.2f}x examples/s")
-gpu = next((v["gpu"] for v in result.values()), "?")
+fit_path = os.path.join(out, "fit_ratio.json")
+if os.path.exists(fit_path):
+    fit = result["fit_ratio"] = json.load(open(fit_path))
+    print(f"harness/fit ratio ({fit['model']}, {fit['precision']}, batch {fit['global_batch']}): "
+          f"{fit['ratio_fit_spe1']:.2f} vs steps_per_execution 1, {fit['ratio_fit_speK']:.2f} vs "
+          f"steps_per_execution {fit['steps_per_loop']}")
+else:
+    print("harness/fit ratio: not measured (see fit_ratio.log)")
+print("device idle: the profiler's device_idle_time_percent over each run's trace window (one host-fed step per "
+      "call there); 'no device' on a CPU-only run")
+gpu = next((v["gpu"] for v in result.values() if isinstance(v, dict) and "gpu" in v), "?")
 print(f"GPU: {gpu}")
 json.dump(result, open(os.path.join(out, "gpu_check.json"), "w"), indent=1)
 PYEOF
-say "done: $OUT/gpu_check.txt, $OUT/gpu_check.json, reports and plots under $OUT/{synthetic,gzip,resharded}/"
+say "done: $OUT/gpu_check.txt, $OUT/gpu_check.json, $OUT/fit_ratio.json, reports and plots under $OUT/{synthetic,gzip,resharded}/"

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
     import tf_keras as keras
 
-    from harness.bench.train import Shapes, synthetic_batches
+    from harness.train.synthetic import Shapes, synthetic_batches
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession
     from harness.train import models

@@ -91,6 +91,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixer", default=S, help="mixer.json when not beside the shards as <prefix>-mixer.json")
     p.add_argument("--label", default=S, help="label feature (class ids, stored as float by Earth Engine)")
     p.add_argument("--bands", nargs="+", default=S, help="input bands (default: every feature but the label)")
+    p.add_argument("--task", choices=["classification", "regression"], default=S,
+                   help="default classification (class ids); regression: the label is a number per pixel/row")
+    p.add_argument("--ignore-label", type=float, default=S, metavar="VALUE",
+                   help="the label's nodata value: those pixels are left out of the loss and every metric")
+    p.add_argument("--class-names", nargs="+", default=S, metavar="NAME",
+                   help="one name per class, in class-id order (names the per-class metrics)")
     p.add_argument("--epochs", type=int, default=S, help="default 5")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--global-batch-size", type=int, default=S, help="examples per step over all replicas")
@@ -156,13 +162,15 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--clip-norm", type=float, default=S,
                    help="clip gradients by global norm after the cross-replica reduction (default: none)")
     lo = p.add_argument_group("loss", "per example, reduced by the global batch (the same on any number of replicas)")
-    lo.add_argument("--loss", default=S, metavar="crossentropy|focal|dice|crossentropy+dice|MODULE:FUNCTION",
-                    help="default crossentropy; a function(labels, logits) returns [batch] or [batch, H, W]")
+    lo.add_argument("--loss", default=S, metavar="crossentropy|focal|dice|crossentropy+dice|mse|mae|MODULE:FUNCTION",
+                    help="default crossentropy (regression: mse); a function(labels, logits) returns [batch] or "
+                         "[batch, H, W]")
     lo.add_argument("--focal-gamma", type=float, default=S, help="focal loss gamma (default 2)")
     c = p.add_argument_group("training control", "decided on metrics reduced over every worker: all stop together")
     c.add_argument("--monitor", default=S, metavar="METRIC",
                    help="keep the best epoch's model in OUTPUT/best/model.keras: loss, val_loss, val_accuracy, "
-                        "val_mean_iou (default with --early-stopping: val_loss, or loss without validation)")
+                        "val_mean_iou, val_rmse, val_mae, val_r2 (default with --early-stopping: val_loss, or loss "
+                        "without validation)")
     c.add_argument("--early-stopping", type=POSITIVE, default=S, metavar="PATIENCE",
                    help="stop after PATIENCE epochs without improvement of --monitor")
     c.add_argument("--min-delta", type=float, default=S, help="the least change that counts as improvement (default 0)")

@@ -1,7 +1,8 @@
 """`harness bench train`: training throughput on synthetic batches (the compute ceiling) or on real shards, profiled.
 
 As tf_cnn_benchmarks' and Horovod's synthetic benchmarks: with `--data synthetic` one random batch per replica is
-generated once on the replica's device and fed to every step, so no input pipeline runs and the figure is what the
+generated once on the replica's device and fed to every step (`harness.train.synthetic`, which `harness train
+--profile`'s input-cost probe uses too), so no input pipeline runs and the figure is what the
 model, the precision and the all-reduce allow. With `--data PATH` the harness input pipeline feeds the same model
 (`--like PATH` gives a synthetic run the shapes of real shards); the gap between the two is the input pipeline's
 cost. Warm-up steps run first and are excluded; then `--steps` timed steps. Several workers come from the
@@ -12,7 +13,6 @@ report.json) adds the scaling efficiency: job examples/s / (replicas x the basel
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import logging
 import os
@@ -23,35 +23,6 @@ from harness.errors import ConfigError
 log = logging.getLogger(__name__)
 
 SYNTHETIC = "synthetic"
-
-
-@dataclasses.dataclass(frozen=True)
-class Shapes:
-    """What one example looks like: image `[height, width, bands]` with a `[height, width]` mask, or a table row."""
-
-    kind: str
-    input_shape: tuple[int, ...]
-    num_classes: int
-
-
-def synthetic_batches(strategy, shapes: Shapes, per_replica_batch: int, seed: int = 0):
-    """An endless iterator repeating one distributed batch, generated once on each replica's device."""
-    import tensorflow as tf
-
-    from harness.distribute.strategy import replica_devices
-
-    devices = replica_devices(strategy)  # this worker's replicas, in replica order
-
-    def value_fn(ctx):
-        with tf.device(devices[ctx.replica_id_in_sync_group % len(devices)]):
-            g = tf.random.Generator.from_seed(seed + ctx.replica_id_in_sync_group)
-            x = g.uniform([per_replica_batch, *shapes.input_shape])
-            pixels = list(shapes.input_shape[:-1]) if shapes.kind == "image" else []
-            y = g.uniform([per_replica_batch, *pixels], maxval=shapes.num_classes, dtype=tf.int32)
-        return x, y
-
-    batch = strategy.experimental_distribute_values_from_function(value_fn)
-    return itertools.repeat(batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +100,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     from harness.profile.trace import parse_step_window
     from harness.train import models, precision
     from harness.train.loop import LoopConfig, Trainer
+    from harness.train.synthetic import Shapes, synthetic_batches
 
     strategy, context = make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
     backend = TrainingBackend(strategy, context)
@@ -136,7 +108,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     policy = precision.apply_policy(options.precision)
     synthetic = options.synthetic
     real = _real_inputs(options, backend) if not synthetic or options.like else None
-    shapes = (Shapes(real.spec.kind, tuple(real.spec.input_shape), real.num_classes) if real
+    shapes = (Shapes.from_spec(real.spec, real.num_classes) if real
               else Shapes("image", (options.patch_size, options.patch_size, options.bands), options.classes))
     global_batch = options.per_replica_batch_size * context.replicas_in_sync
     with strategy.scope():

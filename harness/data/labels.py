@@ -5,6 +5,10 @@ Earth Engine stores class ids as floats (3.0; `../shared/GEE_FORMAT.md`), so the
 values before they are cast to int32. The input pipeline applies it to every batch (`harness.data.pipeline`), the
 job to the first records of every shard before training (`check_first_labels`), and the scan that names a failing
 record applies it again (`harness.data.scan.first_bad_label`): the same function each time.
+
+A declared `ignore_label` (nodata) is not a class id but passes the rule; the pipeline delivers it as `IGNORED`
+(classification) or NaN (regression) — one value whatever the export wrote — and the loss and the metrics leave
+those pixels out (`valid`).
 """
 from __future__ import annotations
 
@@ -17,14 +21,39 @@ from harness.errors import LabelValueError
 
 # The assertion a batch with a label that is not a class id fails with (see harness.data.pipeline.decode).
 LABEL_CHECK_MESSAGE = "harness: class labels must be integers in [0, num_classes)"
+IGNORED = -1  # an ignored (nodata) classification label as delivered by the pipeline, int32
 
 
-def is_class_id(values, num_classes: Optional[int] = None) -> tf.Tensor:
-    """Elementwise: is each value a class id? Works in a `tf.function` and eagerly on numpy arrays.
+def valid(labels) -> tf.Tensor:
+    """Elementwise bool: is each delivered label a target (not nodata)? Class ids: `>= 0` (`IGNORED` is -1);
+    regression values: finite (nodata is NaN)."""
+    labels = tf.convert_to_tensor(labels)
+    return tf.math.is_finite(labels) if labels.dtype.is_floating else labels >= 0
+
+
+def deliver(values, task: str, ignore_label=None) -> tf.Tensor:
+    """Stored label values (float or int64, already checked) as the pipeline delivers them: int32 class ids, or
+    float32 regression values; values equal to `ignore_label` become `IGNORED` / NaN."""
+    values = tf.convert_to_tensor(values)
+    if task == "classification":
+        out = tf.cast(values, tf.int32)
+        if ignore_label is None:
+            return out
+        return tf.where(tf.equal(values, tf.cast(ignore_label, values.dtype)), IGNORED, out)
+    out = tf.cast(values, tf.float32)
+    if ignore_label is None:
+        return out
+    return tf.where(tf.equal(values, tf.cast(ignore_label, values.dtype)), float("nan"), out)
+
+
+def is_class_id(values, num_classes: Optional[int] = None, ignore_label=None) -> tf.Tensor:
+    """Elementwise: is each value a class id (or the declared nodata value)? Works in a `tf.function` and eagerly
+    on numpy arrays.
 
     Args:
       values: label values of any shape, float or integer dtype (a numpy array or a tensor).
       num_classes: when given, values must also be < num_classes.
+      ignore_label: a value that passes too (the spec's `ignore_label`), or None.
     Returns:
       bool tensor of the shape of `values`.
     """
@@ -35,6 +64,8 @@ def is_class_id(values, num_classes: Optional[int] = None) -> tf.Tensor:
         ok = values >= 0
     if num_classes:
         ok &= values < tf.cast(num_classes, values.dtype)
+    if ignore_label is not None:
+        ok |= tf.equal(values, tf.cast(ignore_label, values.dtype))
     return ok
 
 
@@ -70,7 +101,7 @@ def check_first_labels(spec, shards: Sequence, records: int = 16) -> None:
         examples = first_examples(shard, records if not checked else 1)
         for i, ex in enumerate(examples):
             values = np.asarray(ex.features.feature[spec.label].float_list.value, np.float64)
-            bad = np.flatnonzero(~is_class_id(values).numpy())
+            bad = np.flatnonzero(~is_class_id(values, None, spec.ignore_label).numpy())
             if bad.size:
                 value = float(values[bad[0]])
                 raise not_a_class_id_error(f"{shard.path}: record {i}", spec.label, value, None)

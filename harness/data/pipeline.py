@@ -35,7 +35,7 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from harness.data import filecache, index
-from harness.data.labels import LABEL_CHECK_MESSAGE, is_class_id
+from harness.data.labels import LABEL_CHECK_MESSAGE, deliver, is_class_id
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard
 from harness.data.source import ShardSet
@@ -135,12 +135,14 @@ def decode(spec: DataSpec, serialized: tf.Tensor):
     label = parsed[spec.label]
     if spec.task == CLASSIFICATION:
         # Earth Engine stores class ids as floats (3.0): cast (GEE_FORMAT.md), after checking that every value is a
-        # class id (harness.data.labels); a failing batch is traced to its record by harness.data.scan.
-        check = tf.debugging.Assert(tf.reduce_all(is_class_id(label, spec.num_classes)), [LABEL_CHECK_MESSAGE])
+        # class id or the nodata value (harness.data.labels); a failing batch is traced to its record by
+        # harness.data.scan.
+        check = tf.debugging.Assert(tf.reduce_all(is_class_id(label, spec.num_classes, spec.ignore_label)),
+                                    [LABEL_CHECK_MESSAGE])
         with tf.control_dependencies([check]):
-            label = tf.cast(label, tf.int32)
+            label = deliver(label, spec.task, spec.ignore_label)
     else:
-        label = tf.cast(label, tf.float32)
+        label = deliver(label, spec.task, spec.ignore_label)
     if spec.kind == IMAGE:
         s = spec.stored_size
         label = _spatial(spec, tf.reshape(label, [-1, s, s]), mask=True)

@@ -88,7 +88,7 @@ def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
         for batch in records.dataset(shard).batch(SCAN_BATCH):
             labels = tf.io.parse_example(batch, description)[spec.label].numpy().astype(np.float64)
             labels = labels.reshape(labels.shape[0], -1)  # [records, values per record]
-            bad = ~is_class_id(labels, num_classes).numpy()
+            bad = ~is_class_id(labels, num_classes, spec.ignore_label).numpy()
             rows = np.flatnonzero(bad.any(axis=1))
             if rows.size:
                 row = int(rows[0])

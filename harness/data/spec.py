@@ -70,6 +70,10 @@ class DataSpec:
         or [batch, time, c]; every group must then have the same number of bands).
       num_classes: number of label classes, when known.
       task: "classification" (label cast to int32) or "regression" (label float32).
+      ignore_label: the label value that marks nodata: those pixels (examples) are delivered as
+        `harness.data.labels.IGNORED` (-1) for classification, NaN for regression, and left out of the loss and of
+        every metric; they are not class ids (the class-id rule lets them pass, the class count ignores them).
+      class_names: one name per class, in class-id order (names the per-class metrics), or empty.
     """
 
     kind: str
@@ -84,12 +88,15 @@ class DataSpec:
     group_delivery: str = DICT
     num_classes: Optional[int] = None
     task: str = CLASSIFICATION
+    ignore_label: Optional[float] = None
+    class_names: tuple[str, ...] = ()
 
     def __post_init__(self):
         def fix(name, value):
             object.__setattr__(self, name, value)
 
         fix("bands", tuple(self.bands))
+        fix("class_names", tuple(self.class_names))
         fix("dtypes", dict(self.dtypes))
         fix("band_groups", {str(g): tuple(b) for g, b in dict(self.band_groups).items()})
         if self.band_groups:
@@ -116,6 +123,18 @@ class DataSpec:
             raise SpecError(f"label {self.label!r}: a bytes label is not supported (declare float or int64)")
         if self.task not in (CLASSIFICATION, REGRESSION):
             raise SpecError(f"task must be 'classification' or 'regression', got {self.task!r}")
+        if self.ignore_label is not None and not (isinstance(self.ignore_label, numbers.Real)
+                                                  and not isinstance(self.ignore_label, bool)
+                                                  and math.isfinite(self.ignore_label)):
+            raise SpecError(f"ignore_label must be a finite number, got {self.ignore_label!r}")
+        if self.task == CLASSIFICATION and self.ignore_label is not None and self.ignore_label != round(
+                self.ignore_label):
+            raise SpecError(f"ignore_label {self.ignore_label!r}: a classification label is an integer; give the "
+                            "integer your export writes for nodata")
+        if self.class_names and self.task != CLASSIFICATION:
+            raise SpecError("class_names are for task classification")
+        if self.class_names and self.num_classes and len(self.class_names) != self.num_classes:
+            raise SpecError(f"class_names has {len(self.class_names)} names for num_classes {self.num_classes}")
         if self.group_delivery not in (DICT, TIME):
             raise SpecError(f"group_delivery must be 'dict' or 'time', got {self.group_delivery!r}")
         if self.group_delivery == TIME and self.band_groups:
@@ -151,13 +170,16 @@ class DataSpec:
           group_delivery: dict | time     (default dict)
           num_classes: int
           task: classification | regression (default classification)
+          ignore_label: number            (the label's nodata value: left out of loss and metrics)
+          class_names: [names]            (one per class, in class-id order: names the per-class metrics)
 
         Raises:
           SpecError: if `config` is not a mapping; for an unknown key (naming the closest known one); for a value
             of the wrong type or out of range (the message names `data.<key>`, the value and what was expected:
             a positive integer for patch_size, resize and num_classes, an integer >= 0 for kernel_margin, a list
             of band names for bands and each band_groups value, true/false for crop_margin, a string for label,
-            one of the allowed words for kind, dtype(s), group_delivery and task); or for an inconsistent spec.
+            one of the allowed words for kind, dtype(s), group_delivery and task, a finite number for ignore_label (an
+            integer for classification), a list of strings for class_names); or for an inconsistent spec.
         """
         if config is None:
             config = {}
@@ -180,7 +202,9 @@ class DataSpec:
                    crop_margin=_flag(config, "crop_margin"), resize=_count(config, "resize", minimum=1),
                    band_groups=groups, group_delivery=_choice(config, "group_delivery", (DICT, TIME), DICT),
                    num_classes=_count(config, "num_classes", minimum=1),
-                   task=_choice(config, "task", (CLASSIFICATION, REGRESSION), CLASSIFICATION))
+                   task=_choice(config, "task", (CLASSIFICATION, REGRESSION), CLASSIFICATION),
+                   ignore_label=_number(config, "ignore_label"),
+                   class_names=_names(config["class_names"], "class_names", "class") if config.get("class_names") else ())
 
     def to_config(self) -> dict:
         """The `data:` section that from_config reads back into an equal spec (defaults left out)."""
@@ -208,6 +232,10 @@ class DataSpec:
             out["num_classes"] = self.num_classes
         if self.task != CLASSIFICATION:
             out["task"] = self.task
+        if self.ignore_label is not None:
+            out["ignore_label"] = self.ignore_label
+        if self.class_names:
+            out["class_names"] = list(self.class_names)
         return out
 
     def replace(self, **changes) -> "DataSpec":
@@ -261,7 +289,8 @@ class DataSpec:
 
 # --- reading the `data:` config section: each value checked for type and range, errors naming `data.<key>` -------
 _CONFIG_KEYS = frozenset({"kind", "bands", "label", "dtype", "dtypes", "patch_size", "kernel_margin", "crop_margin",
-                          "resize", "band_groups", "group_delivery", "num_classes", "task"})
+                          "resize", "band_groups", "group_delivery", "num_classes", "task",
+                          "ignore_label", "class_names"})
 
 
 def _got(value) -> str:
@@ -277,6 +306,16 @@ def _count(config: Mapping, key: str, *, minimum: int) -> Optional[int]:
         expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise SpecError(f"data.{key}: expected {expected}, got {_got(value)}")
     return int(value)
+
+
+def _number(config: Mapping, key: str) -> Optional[float]:
+    """config[key] as a finite int or float, or None when absent or null (YAML `true` is refused)."""
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise SpecError(f"data.{key}: expected a finite number, got {_got(value)}")
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _choice(config: Mapping, key: str, allowed: Sequence[str], default: str) -> str:
@@ -301,16 +340,16 @@ def _label(value) -> Optional[str]:
     return value
 
 
-def _names(value, where: str) -> tuple[str, ...]:
-    """A list of band names; a bare string is refused rather than split into characters."""
+def _names(value, where: str, what: str = "band") -> tuple[str, ...]:
+    """A list of band (or class) names; a bare string is refused rather than split into characters."""
     leaf = where.rpartition(".")[2]
     if isinstance(value, str):
-        raise SpecError(f"data.{where}: expected a list of band names, got {_got(value)}; write {leaf}: [{value}]")
+        raise SpecError(f"data.{where}: expected a list of {what} names, got {_got(value)}; write {leaf}: [{value}]")
     if not isinstance(value, (list, tuple)):
-        raise SpecError(f"data.{where}: expected a list of band names, got {_got(value)}")
+        raise SpecError(f"data.{where}: expected a list of {what} names, got {_got(value)}")
     for i, name in enumerate(value):
         if not isinstance(name, str) or not name:
-            raise SpecError(f"data.{where}[{i}]: expected a band name (a string; quote names YAML reads as "
+            raise SpecError(f"data.{where}[{i}]: expected a {what} name (a string; quote names YAML reads as "
                             f"numbers), got {_got(name)}")
     return tuple(value)
 

@@ -10,7 +10,8 @@ a float_list of one value.
 
 The bands are smooth random fields of the pixel position on the export's grid (so overlapping margins agree
 between neighbours), and the label is the argmax over classes of a fixed linear function of the bands at each
-pixel: learnable from the bands alone, by a 1x1 convolution as by a small U-Net.
+pixel: learnable from the bands alone, by a 1x1 convolution as by a small U-Net. With `regression=True` the label
+is instead the value of a fixed linear function of the bands (the first class's weights): a float per pixel or row.
 """
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ class _Field:
 
     def classes(self, values: np.ndarray) -> np.ndarray:
         return np.argmax(values @ self.weights.T, axis=-1)
+
+    def target(self, values: np.ndarray, regression: bool) -> np.ndarray:
+        """The label: class ids, or (regression) the first class's linear score, float32."""
+        return (values @ self.weights[0] if regression else self.classes(values)).astype(np.float32)
 
 
 def _store(values: np.ndarray, dtype: str) -> tf.train.Feature:
@@ -98,7 +103,7 @@ def _write(path: str, examples, compressed: bool) -> None:
 def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4, records: int = 16,
                        bands: Sequence[str] = ("B2", "B3", "B4", "B8"), label: Optional[str] = "landcover",
                        classes: int = 4, patch_size: int = 64, kernel_size: int = 0, dtype: str = FLOAT,
-                       compressed: bool = True, seed: int = 0) -> list[str]:
+                       compressed: bool = True, seed: int = 0, regression: bool = False) -> list[str]:
     """Write an image export of `records` patches over `shards` shards, with its mixer.
 
     Args:
@@ -107,6 +112,7 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
         kernelSize) store no margin, otherwise k must be even.
       dtype: band storage, "float" | "int64" | "bytes" (label always float, as Earth Engine writes it).
       label: label band name, or None for no label.
+      regression: a continuous label (a linear function of the bands) instead of class ids.
 
     Returns:
       the shard paths in order, then the mixer path.
@@ -132,7 +138,7 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
         values = field.values(rows, cols)  # [S, S, bands]
         feats = {b: _store(values[..., j], dtype) for j, b in enumerate(bands)}
         if label:
-            cls = field.classes(values).astype(np.float32).reshape(-1)
+            cls = field.target(values, regression).reshape(-1)
             feats[label] = tf.train.Feature(float_list=tf.train.FloatList(value=cls))
         return tf.train.Example(features=tf.train.Features(feature=feats))
 
@@ -153,8 +159,10 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
 
 def write_table_export(out_dir: str, *, prefix: str = "export", shards: int = 1, records: int = 256,
                        bands: Sequence[str] = ("B2", "B3", "B4", "B8"), label: Optional[str] = "class",
-                       classes: int = 4, dtype: str = FLOAT, compressed: bool = True, seed: int = 0) -> list[str]:
-    """Write a table export (points): one Example per row, each band one value, label a float class id.
+                       classes: int = 4, dtype: str = FLOAT, compressed: bool = True, seed: int = 0,
+                       regression: bool = False) -> list[str]:
+    """Write a table export (points): one Example per row, each band one value, label a float class id (or, with
+    `regression`, a linear function of the bands).
 
     One file `<prefix>.tfrecord.gz` as Earth Engine writes table exports; `<prefix>-0000i...` when shards > 1.
 
@@ -173,7 +181,7 @@ def write_table_export(out_dir: str, *, prefix: str = "export", shards: int = 1,
     ext = ".tfrecord.gz" if compressed else ".tfrecord"
     points = rng.uniform(0, 1000, size=(records, 2))
     values = field.values(points[:, 0], points[:, 1])  # [records, bands]
-    cls = field.classes(values)
+    cls = field.target(values, regression)
 
     def example(i: int) -> tf.train.Example:
         feats = {b: _store(values[i, j:j + 1], dtype) for j, b in enumerate(bands)}

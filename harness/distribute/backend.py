@@ -111,6 +111,20 @@ class TrainingBackend:
         """Nothing to align: tf.distribute aggregates non-trainable state when it saves."""
         return []
 
+    def align_model_state(self, model) -> None:
+        """Give every replica the model state that is saved: each on-read variable with MEAN aggregation (a Keras
+        BatchNormalization's moving mean and variance, updated by each replica from its own batches) set to its
+        mean over all replicas and workers (its read in cross-replica context, an all-reduce). Called before each
+        evaluation, so that every replica scores with the statistics of the saved model, not its own. Every worker
+        must call it at the same point."""
+        import tensorflow as tf
+
+        with self.strategy.scope():
+            for v in model.non_trainable_variables:
+                if (getattr(v, "synchronization", None) == tf.VariableSynchronization.ON_READ
+                        and getattr(v, "aggregation", None) == tf.VariableAggregation.MEAN):
+                    v.assign(v.read_value())
+
 
 class HorovodBackend(TrainingBackend):
     """Horovod: one process (rank) per device, the default strategy, `hvd.DistributedGradientTape`; rank 0's
@@ -163,6 +177,10 @@ class HorovodBackend(TrainingBackend):
 
     def epoch_end_callbacks(self, model) -> list:
         return [self._hvd.epoch_end_sync(model)]
+
+    def align_model_state(self, model) -> None:
+        """Each rank's non-trainable state (BatchNormalization statistics) averaged over the ranks."""
+        self._hvd.average_model_state(model)
 
 
 def make_backend(name: str = "tf", *, strategy: str = "auto", cpu_replicas: Optional[int] = None,

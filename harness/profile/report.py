@@ -10,9 +10,21 @@ Figures (warm-up steps excluded, counted apart):
                       "no GPU" (None in JSON) where NVML sees none, never 0;
   examples/s          global batch x timed steps / timed seconds (steps are synchronous, so every worker sees the
                       job's rate); per replica: divided by the replicas in sync.
+  traced stall share  the same ratio over the steps inside the trace window only: the steps the profiler saw;
+  profiler input      the input-pipeline analyzer's "% of the total step time sampled is waiting for input" on
+                      the trace window (`trace.profiler_input_analysis`; tensorflow.org/guide/profiler, section
+                      "Input Pipeline Analyzer"), compared with the traced stall share, not the whole run's;
+  input cost          1 - real / synthetic examples/s: the run's rate against a short probe of the same model,
+                      batch and loop on synthetic batches on the device (`harness.train.probe`, `harness train
+                      --profile`), both from the median call of K steps (`timing.median_call_rate`: the calls
+                      `auto` times before choosing K and the trace window's are not K-step calls); None without
+                      a probe.
 The job is as input-bound as its most input-bound worker (the others wait for it in the all-reduce, which they
 count as compute), so the verdict uses the largest worker share and names the worker.
-Thresholds are the TensorFlow profiler's: highly input-bound at >= 20% of step time, moderately at >= 5%.
+Thresholds are the TensorFlow profiler's: highly input-bound at >= 20% of step time, moderately at >= 5%. With a
+probe the verdict's figure is the larger of the stall share and the input cost: a step that never waits for its
+batch is still slowed by a pipeline that takes CPU cores from it, and only the input cost shows that.
+`disagreements` says in words where the three figures part by more than `AGREE` and why.
 """
 from __future__ import annotations
 
@@ -25,16 +37,19 @@ import platform
 import socket
 from typing import Optional, Sequence
 
+from harness.profile import timing
 from harness.profile.sampler import NO_GPU, Sample, mean_in
 
 log = logging.getLogger(__name__)
 
 HIGHLY, MODERATELY = 0.20, 0.05
+AGREE = 0.10   # figures within 10 points of each other agree
 REPORT_NAME, PLOT_NAME = "report.json", "timeline.png"
 
 
-def verdict(share: float) -> str:
-    """The profiler's wording for an input-stall share."""
+def verdict(share: float, cost: Optional[float] = None) -> str:
+    """The profiler's wording for an input-stall share, or for the input cost where it is larger."""
+    share = max(share, cost or 0.0)
     if share >= HIGHLY:
         return "highly input-bound"
     if share >= MODERATELY:
@@ -61,19 +76,35 @@ def _samples(part: dict) -> list[Sample]:
     return [Sample(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()}) for s in part["samples"]]
 
 
+def _share_and_rate(steps: Sequence[dict]) -> tuple[float, float]:
+    """(input-stall share, examples/s) over `steps`."""
+    total = sum(s["step_s"] for s in steps)
+    if total <= 0:
+        return 0.0, 0.0
+    return sum(s["input_wait_s"] for s in steps) / total, sum(s["examples"] for s in steps) / total
+
+
+def _traced(part: dict, step: dict) -> bool:
+    first, last = (part.get("trace") or {}).get("steps") or (0, -1)
+    return first <= step["step"] <= last
+
+
 def summarize_worker(part: dict, replicas_in_sync: int) -> dict:
-    """Timing and utilization of one worker's timed (post-warm-up) steps."""
+    """Timing and utilization of one worker's timed (post-warm-up) steps, and the stall share of the traced steps
+    (those the profiler saw)."""
     steps = part["steps"]
     timed = [s for s in steps if not s["warmup"]] or steps
     wait = sum(s["input_wait_s"] for s in timed)
     total = sum(s["step_s"] for s in timed)
     examples = sum(s["examples"] for s in timed)
     rate = examples / total if total > 0 else 0.0
+    traced = [s for s in timed if _traced(part, s)]
     out = {"rank": part["rank"], "host": part["host"], "steps": len(timed), "warmup_steps": len(steps) - len(timed),
            "input_stall_share": wait / total if total > 0 else 0.0, "input_wait_s": wait,
            "compute_s": total - wait, "mean_step_s": total / len(timed) if timed else 0.0,
            "examples_per_s": rate, "examples_per_s_per_replica": rate / max(replicas_in_sync, 1),
-           "gpu": part["gpu"], "accelerator_busy_share": None, "cpu_percent": None}
+           "gpu": part["gpu"], "accelerator_busy_share": None, "cpu_percent": None,
+           "traced_input_stall_share": _share_and_rate(traced)[0] if traced else None}
     if timed:
         start = timed[0]["start_s"]
         end = timed[-1]["start_s"] + timed[-1]["step_s"]
@@ -83,22 +114,55 @@ def summarize_worker(part: dict, replicas_in_sync: int) -> dict:
             out["accelerator_busy_share"] = util["gpu_util_percent"] / 100.0
     prof = part.get("profiler") or {}
     out["profiler_input_percent"] = prof.get("input_percent")
+    out["profiler_device_idle_percent"] = prof.get("device_idle_percent")
     return out
+
+
+def disagreements(summary: dict) -> list[str]:
+    """Where the stall share, the profiler's input figure and the input cost part by more than `AGREE`, and why."""
+    stall, traced = summary["input_stall_share"], summary.get("traced_input_stall_share")
+    prof, cost = summary.get("profiler_input_percent"), summary.get("input_cost")
+    lines = []
+    if prof is not None and traced is not None and abs(prof / 100 - traced) > AGREE:
+        lines.append(f"on the traced steps the profiler counts {prof:.1f}% of step time as input and the harness "
+                     f"{traced:.1%}: they time different spans (the profiler the iterator's ops inside its step "
+                     "markers, the harness the whole next(iterator) call on the host)")
+    if traced is not None and abs(stall - traced) > AGREE:
+        lines.append(f"the traced steps stalled {traced:.1%}, all timed steps {stall:.1%}: the profiler saw only its "
+                     "window, whose steps run one per call under the tracer; the stall is uneven over the run")
+    if cost is None:
+        return lines
+    real_stall, k = summary["real_input_stall_share"], summary["probe"]["steps_per_loop"]
+    if cost - real_stall > AGREE:
+        lines.append(f"the steps run {k} per call waited {real_stall:.1%} of their time for input, yet ran {cost:.0%} "
+                     "slower than on synthetic batches: the pipeline's work takes CPU time from the step (they "
+                     "share the cores), which neither the stall share nor the profiler's input figure counts")
+    if real_stall - cost > AGREE:
+        lines.append(f"the steps run {k} per call waited {real_stall:.1%} of their time for input, but synthetic "
+                     f"batches ran only {max(cost, 0):.0%} faster: the machine's load changed between the run and "
+                     "the probe (which runs after training); rerun on a quiet machine")
+    return lines
 
 
 def advice(summary: dict, workers: Sequence[dict], facts: dict) -> list[str]:
     """Concrete next steps for the verdict, from the measured figures and the pipeline's facts
     (`compression`, `files_per_worker`, `cpu_count`, `cache`, `data_service`, `synthetic`)."""
     share, tips = summary["input_stall_share"], []
+    cost = summary.get("input_cost")
     if facts.get("synthetic"):
         return ["synthetic batches on the device: this is the compute ceiling; run the same command with "
                 "--data PATH to measure your input pipeline's cost against it"]
-    if share < MODERATELY:
+    if max(share, cost or 0.0) < MODERATELY:
         busy = summary.get("accelerator_busy_share")
         tips.append("the input pipeline keeps up: speed up the step itself (mixed precision, a larger per-replica "
                     "batch, XLA)" + (f"; the accelerator is busy {busy:.0%} of the time" if busy is not None else ""))
         return tips
     cores, files = facts.get("cpu_count") or 0, facts.get("files_per_worker")
+    if cost is not None and cost - summary["real_input_stall_share"] >= MODERATELY:
+        tips.append(f"the pipeline slows the step beyond its stalls ({cost:.0%} input cost, "
+                    f"{summary['real_input_stall_share']:.0%} stall on the same steps): "
+                    f"it competes with the step for {cores or 'the'} CPU cores; cut its work per example (decode "
+                    "once and cache it, resize at export) or move it off this host (--data-service)")
     if facts.get("compression") == "GZIP":
         tips.append("GZIP shards are decompressed by one thread per file: `harness reshard` them into uncompressed "
                     "shards (a multiple of the workers) before training")
@@ -127,8 +191,9 @@ def advice(summary: dict, workers: Sequence[dict], facts: dict) -> list[str]:
 
 
 def build_report(parts: Sequence[dict], *, kind: str, config: dict, replicas_in_sync: int,
-                 trace_logdir: Optional[str] = None) -> dict:
-    """The whole report from every worker's part (ordered by rank)."""
+                 trace_logdir: Optional[str] = None, probe: Optional[dict] = None) -> dict:
+    """The whole report from every worker's part (ordered by rank); `probe`: the chief's synthetic probe
+    (`harness.train.probe.synthetic_probe`), for the input cost."""
     from harness.profile.trace import missing_traces, tensorboard_command
 
     parts = sorted(parts, key=lambda p: p["rank"])
@@ -147,15 +212,29 @@ def build_report(parts: Sequence[dict], *, kind: str, config: dict, replicas_in_
         "cpu_percent": sum(cpu) / len(cpu) if cpu else None,
         "examples_per_s": total, "examples_per_s_per_replica": total / max(replicas_in_sync, 1),
         "profiler_input_percent": worst.get("profiler_input_percent"),
+        "traced_input_stall_share": worst.get("traced_input_stall_share"),
+        "profiler_device_idle_percent": worst.get("profiler_device_idle_percent"),
+        "input_cost": None,
     }
-    summary["verdict"] = verdict(summary["input_stall_share"])
+    if probe:
+        k = probe["steps_per_loop"]
+        calls = [timing.calls_of(p["steps"], k) for p in parts]
+        real_stall = max(_share_and_rate([s for c in cs for s in c])[0] for cs in calls)
+        rate = sum(timing.median_call_rate(cs) for cs in calls) / len(calls)
+        summary.update(real_examples_per_s=rate, real_input_stall_share=real_stall,
+                       synthetic_examples_per_s=probe["examples_per_s"], probe=probe,
+                       input_cost=1.0 - rate / probe["examples_per_s"] if probe["examples_per_s"] > 0 else None)
+    summary["verdict"] = verdict(summary["input_stall_share"], summary["input_cost"])
+    summary["disagreements"] = disagreements(summary)
     facts = dict(parts[0].get("facts") or {})
     report = {"kind": kind, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": versions(), "config": config, "summary": summary, "verdict": summary["verdict"],
               "advice": advice(summary, workers, facts), "workers": workers, "parts": list(parts)}
     if trace_logdir is not None:
         traces = [p["trace"] for p in parts if p.get("trace")]
+        window = next((t["steps"] for t in traces if t.get("steps")), None)
         report["traces"] = {"logdir": trace_logdir, "tensorboard": tensorboard_command(trace_logdir),
+                            "window": list(window) if window else None,
                             "files": {t["rank"]: t["xplane"] for t in traces},
                             "missing": missing_traces(traces, len(parts)),
                             "viewer": sorted({line for t in traces for line in t.get("viewer") or ()}),
@@ -189,6 +268,26 @@ def _pct(x: Optional[float]) -> str:
     return "no GPU" if x is None else f"{100 * x:.1f}%"
 
 
+def input_line(s: dict) -> str:
+    """The three input figures side by side."""
+    traced = s.get("traced_input_stall_share")
+    prof, cost = s.get("profiler_input_percent"), s.get("input_cost")
+    parts = [f"input: stall {100 * s['input_stall_share']:.1f}% of step time"
+             + (f" ({100 * traced:.1f}% on the traced steps)" if traced is not None else "")]
+    if prof is not None:
+        parts.append(f"profiler {prof:.1f}% on the traced steps")
+    if cost is not None:
+        probe = s["probe"]
+        parts.append(f"input cost {100 * cost:.1f}% ({s['real_examples_per_s']:.1f} examples/s against "
+                     f"{s['synthetic_examples_per_s']:.1f} on synthetic batches: a {probe['seconds']:.1f} s probe of "
+                     f"{probe['steps']} steps at {probe['steps_per_loop']} per call)")
+    return "; ".join(parts)
+
+
+WINDOW_NOTE = ("there each call runs one step, its batch drawn on the host (steps_per_loop is 1 inside the window), so "
+               "that the profiler's input-pipeline analyzer finds every step; elsewhere K steps run per call")
+
+
 def format_table(report: dict) -> str:
     """The short table printed at the end of a run."""
     s = report["summary"]
@@ -207,8 +306,10 @@ def format_table(report: dict) -> str:
                  f"(worker {s['input_stall_worker']}), accelerator busy {_pct(s['accelerator_busy_share'])}, "
                  f"{s['warmup_steps']} warm-up steps excluded")
     prof = s.get("profiler_input_percent")
+    lines.append(input_line(s))
     lines.append(f"verdict: {s['verdict']} (profiler thresholds: >= {HIGHLY:.0%} highly, >= {MODERATELY:.0%} "
                  f"moderately)" + (f"; the profiler measured {prof:.1f}% input" if prof is not None else ""))
+    lines += [f"  ! {line}" for line in s.get("disagreements", ())]
     if "scaling_efficiency" in s:
         lines.append(f"scaling efficiency vs one replica: {s['scaling_efficiency']:.0%}")
     lines += [f"  - {tip}" for tip in report["advice"]]
@@ -220,6 +321,8 @@ def format_table(report: dict) -> str:
             lines.append(f"TENSORBOARD BROKEN: {line}")
         for line in traces.get("analysis", []):
             lines.append(f"PROFILER ANALYSIS FAILED: {line}")
+        lines.append(f"trace window: steps {traces['window'][0]}-{traces['window'][1]}; {WINDOW_NOTE}"
+                     if traces.get("window") else f"trace window: {WINDOW_NOTE}")
         lines.append(f"traces: {traces['tensorboard']}")
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from harness.profile import report as report_lib
 from harness.profile.gather import gather_to_chief
 from harness.profile.sampler import DEFAULT_INTERVAL_S, UtilizationSampler
-from harness.profile.trace import ProfileWindow, profiler_input_analysis
+from harness.profile.trace import ProfileWindow, profiler_device_idle, profiler_input_analysis
 from harness.profile.timing import StepTimer
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class ProfileSession:
             self.window.close()
 
     def finish(self, *, kind: str, config: dict, facts: Optional[dict] = None, plot: bool = True,
-               amend: Optional[Callable[[dict], None]] = None) -> Optional[dict]:
+               amend: Optional[Callable[[dict], None]] = None, probe: Optional[dict] = None) -> Optional[dict]:
         """Stop sampling, check this worker's trace and read it with the profiler's analyzer, gather every worker's
         part to the chief; the chief writes `report.json` and `timeline.png` into `output` and prints the table.
 
@@ -93,7 +93,7 @@ class ProfileSession:
             result = self.window.close()
             trace = result.to_dict()
             if result.ok:
-                profiler = profiler_input_analysis(result.xplane)
+                profiler = {**profiler_input_analysis(result.xplane), **profiler_device_idle(result.xplane)}
         part = report_lib.worker_part(rank=self.context.rank, replicas=self.context.replicas_per_worker,
                                       timer=self.timer, sampler=self.sampler, trace=trace, profiler=profiler,
                                       facts=facts)
@@ -102,7 +102,7 @@ class ProfileSession:
             return None
         report = report_lib.build_report(parts, kind=kind, config=config,
                                          replicas_in_sync=self.context.replicas_in_sync,
-                                         trace_logdir=self.logdir if self.window else None)
+                                         trace_logdir=self.logdir if self.window else None, probe=probe)
         if amend is not None:
             amend(report)
         paths = report_lib.write_report(report, self.output, plot=plot)

@@ -27,6 +27,7 @@ class StepTime:
     compute_s: float
     examples: int
     warmup: bool = False
+    call_steps: int = 1   # steps in the tf.function call this step ran in (K)
 
     @property
     def step_s(self) -> float:
@@ -72,7 +73,8 @@ class StepTimer:
         for i, (wait, duration) in enumerate(zip(waits_s, durations_s)):
             wait = max(0.0, wait)
             compute = max(0.0, duration - wait) + (overhead if i == 0 else 0.0)
-            st = StepTime(first_step + i, start, wait, compute, examples, len(self.steps) < self.warmup_steps)
+            st = StepTime(first_step + i, start, wait, compute, examples, len(self.steps) < self.warmup_steps,
+                          len(durations_s))
             self.steps.append(st)
             recorded.append(st)
             start += st.step_s
@@ -96,3 +98,27 @@ class StepTimer:
             "input_wait_s": wait,
             "compute_s": total - wait,
         }
+
+
+def _get(step, key, default=None):
+    return step.get(key, default) if isinstance(step, dict) else getattr(step, key, default)
+
+
+def calls_of(steps, steps_per_loop: int) -> list[list]:
+    """The timed calls of `steps_per_loop` steps among `steps` (`StepTime`s or their dicts, in order), each a list
+    of its steps: not the one-step calls `auto` times before it chooses K, nor the trace window's, nor an epoch's
+    shorter last call, nor a call holding a warm-up step. Steps of K-step calls come in whole blocks of K."""
+    same = [s for s in steps if _get(s, "call_steps", 1) == steps_per_loop]
+    blocks = [same[i:i + steps_per_loop] for i in range(0, len(same), steps_per_loop)]
+    return [b for b in blocks if len(b) == steps_per_loop and not any(_get(s, "warmup") for s in b)]
+
+
+def median_call_rate(calls: list[list]) -> float:
+    """Examples/s of the median call (by wall time) of `calls` (`calls_of`); 0.0 when there is none. A median, not
+    a total: on a shared machine another process taking the cores for a while slows some calls, not the median."""
+    if not calls:
+        return 0.0
+    timed = sorted((sum(_get(s, "step_s") for s in c),
+                    sum(_get(s, "examples") for s in c)) for c in calls)
+    seconds, examples = timed[(len(timed) - 1) // 2]
+    return examples / seconds if seconds > 0 else 0.0

@@ -232,6 +232,33 @@ def profiler_input_analysis(xplane: str) -> dict:
             "hardware_type": props.get("hardware_type"), "steps": len(rows)}
 
 
+def profiler_device_idle(xplane: str) -> dict:
+    """The profiler's overview page of one trace: how much of the traced time the device sat idle.
+
+    Returns:
+      `{"device_idle_percent", "device_type"}`: XProf's `OverviewPageAnalysis.device_idle_time_percent`, the
+      device's idle time between its ops as a share of the traced time (the "device idle" of TensorBoard's
+      Profile overview page; tensorflow.org/guide/profiler, section "Overview page"), None where the trace has no
+      device (a CPU-only run: the overview counts no device time). On failure: `{"device_idle_error": ...}`.
+    """
+    try:
+        convert = _converter()
+        from tensorboard_plugin_profile.protobuf import overview_page_pb2
+
+        # The JSON the converter makes for TensorBoard leaves device_idle_time_percent out: parse the proto.
+        raw, ok = convert._pywrap_profiler.xspace_to_tools_data([xplane], "overview_page")
+        if not ok:
+            raise RuntimeError(raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw))
+        page = overview_page_pb2.OverviewPage()
+        page.ParseFromString(raw)
+    except Exception as e:  # ImportError, or the converter's own failures: report, never fail the run
+        return {"device_idle_error": f"overview_page failed on {xplane}: {type(e).__name__}: {e}"}
+    device = page.run_environment.device_type
+    has_device = bool(device) and device.upper() not in ("CPU", "CPU_ONLY")
+    return {"device_idle_percent": page.analysis.device_idle_time_percent if has_device else None,
+            "device_type": device}
+
+
 def _float(value) -> Optional[float]:
     try:
         return float(value)

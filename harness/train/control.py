@@ -4,8 +4,8 @@ epochs (as tf_keras.callbacks.EarlyStopping).
 
 The decision is taken from the epoch's logs, whose loss and validation metrics are already reduced over every
 replica, worker and rank (`harness.train.loop.Trainer.evaluate`), so every worker decides the same at the same
-epoch and none waits in a collective that another has left. It is an `on_epoch_end` callback that raises
-`StopTraining` (carrying the epochs run) after the backup of that epoch is written.
+epoch and none waits in a collective that another has left. It decides before the epoch's backup is written (the
+backup holds its state) and raises `StopTraining` (carrying the epochs run) after.
 """
 from __future__ import annotations
 
@@ -30,11 +30,18 @@ def mode_of(monitor: str) -> str:
 
 
 class EarlyStopping:
-    """`on_epoch_end(epoch, logs)`: track `monitor`, keep the best epoch's model, stop after `patience` epochs
-    without improvement.
+    """Track `monitor`, keep the best epoch's model, stop after `patience` epochs without improvement.
+
+    Two epoch-end callbacks, around the backup: `record(epoch, logs)` before it (decides, saves the best model),
+    `stop_if_done(epoch, logs)` after it (raises `StopTraining`), so the backup of an epoch holds that epoch's
+    decision and a stop happens only once the epoch is backed up. `on_epoch_end` does both (no backup between).
+
+    The state (best value, best epoch, epochs without improvement) lives in `state`, a `tf.Module` of variables
+    that the job's backup saves and restores (and broadcasts under Horovod), so a resumed run stops at the epoch an
+    uninterrupted one would and keeps the same best model: the wait is not reset by a restart.
 
     Args:
-      monitor: a key of the epoch's logs (`loss`, `val_loss`, `val_accuracy`, `val_mean_iou`, ...).
+      monitor: a key of the epoch's logs (`loss`, `val_loss`, `val_accuracy`, `val_mean_iou`, `val_rmse`, ...).
       patience: epochs without improvement before stopping; None: never stop (only keep the best model).
       min_delta: the least change that counts as an improvement (in the metric's units).
       save_best: called on every worker when an epoch improves on the best (saves the model on the chief).
@@ -42,9 +49,27 @@ class EarlyStopping:
 
     def __init__(self, *, monitor: str, patience: Optional[int] = None, min_delta: float = 0.0,
                  save_best: Callable[[int], None] = lambda epoch: None):
+        import tensorflow as tf
+
         self.monitor, self.patience, self.min_delta, self.save_best = monitor, patience, min_delta, save_best
         self.mode = mode_of(monitor)
-        self.best, self.best_epoch, self.wait, self.history = None, None, 0, []
+        self.history = []
+        self.state = tf.Module(name="early_stopping")
+        self.state.best = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="best")
+        self.state.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="best_epoch")  # 0: none yet
+        self.state.wait = tf.Variable(0, dtype=tf.int64, trainable=False, name="wait")
+
+    @property
+    def best_epoch(self) -> Optional[int]:
+        return int(self.state.best_epoch.numpy()) or None
+
+    @property
+    def best(self) -> Optional[float]:
+        return float(self.state.best.numpy()) if self.best_epoch else None
+
+    @property
+    def wait(self) -> int:
+        return int(self.state.wait.numpy())
 
     def improved(self, value: float) -> bool:
         if math.isnan(value):
@@ -53,10 +78,9 @@ class EarlyStopping:
             return True
         return value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
 
-    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+    def record(self, epoch: int, logs: dict) -> None:
         """Raises:
           ConfigError: the monitored key is not in the logs (naming those that are).
-          StopTraining: after `patience` epochs without improvement.
         """
         self.history.append(dict(logs))
         if self.monitor not in logs:
@@ -64,14 +88,26 @@ class EarlyStopping:
                               f"{sorted(k for k, v in logs.items() if isinstance(v, (int, float)))}")
         value = float(logs[self.monitor])
         if self.improved(value):
-            self.best, self.best_epoch, self.wait = value, epoch, 0
+            self.state.best.assign(value)
+            self.state.best_epoch.assign(epoch)
+            self.state.wait.assign(0)
             self.save_best(epoch)
-            return
-        self.wait += 1
+        else:
+            self.state.wait.assign_add(1)
+
+    def stop_if_done(self, epoch: int, logs: dict) -> None:
+        """Raises:
+          StopTraining: after `patience` epochs without improvement.
+        """
         if self.patience is not None and self.wait >= self.patience:
             raise StopTraining(self.history, f"early stopping at epoch {epoch}: {self.monitor} has not improved "
                                              f"by more than {self.min_delta} for {self.wait} epochs (best "
                                              f"{self.best:.4f} at epoch {self.best_epoch})")
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        """`record` then `stop_if_done`."""
+        self.record(epoch, logs)
+        self.stop_if_done(epoch, logs)
 
     def summary(self, best_path: Optional[str]) -> dict:
         return {"monitor": self.monitor, "mode": self.mode, "value": self.best, "epoch": self.best_epoch,

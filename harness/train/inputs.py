@@ -36,7 +36,8 @@ class Inputs:
       spec: the checked `DataSpec`.
       plan, validation_plan: the epoch plans (`harness.distribute.plan.Plan`): each worker's shard assignment,
         batch sizes and steps.
-      num_classes: classes of the label (declared, else the largest label + 1 in a shuffled sample).
+      num_classes: classes of the label (declared, else the largest label + 1 in a shuffled sample, nodata left
+        out); for regression the outputs per pixel (1 unless declared).
       mean, variance: per-band float32 `[bands]` statistics of a sample, for the model's Normalization layer.
       class_weights: `[num_classes]` loss weights, or None.
     """
@@ -192,18 +193,25 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
         train, spec, pipeline_lib.PipelineOptions(per_replica_batch_size=plan.per_replica_batch_size, training=True,
                                                   cache="none", seed=options.seed, validate=False),
         assignment=every_file).take(SAMPLE_BATCHES)
-    declared = options.num_classes or spec.num_classes
+    declared = options.num_classes or spec.num_classes or len(spec.class_names) or None
     try:
         mean, variance = models.band_moments(sample, batches=SAMPLE_BATCHES)
         labels = tf.concat([y for _, y in sample], axis=0).numpy()
     except tf.errors.InvalidArgumentError as e:
         raise scan.named_error(e, spec, declared or 0, list(train.shards)) from e
-    largest = int(labels.max())
+    if spec.task == spec_lib.REGRESSION:
+        labels = labels[np.isfinite(labels)]  # nodata (NaN) left out
+        largest = 0  # one output per pixel: num_classes 1
+    else:
+        labels = labels[labels >= 0]  # nodata (IGNORED) is not a class
+        largest = int(labels.max()) if labels.size else 0
     if backend.context.num_workers > 1:
         rows = backend.allgather([largest, *np.ravel(mean), *np.ravel(variance)])
         largest, n = int(rows[:, 0].max()), np.size(mean)
         mean = rows[0, 1:1 + n].reshape(np.shape(mean)).astype(np.asarray(mean).dtype)
         variance = rows[0, 1 + n:].reshape(np.shape(variance)).astype(np.asarray(variance).dtype)
+    if spec.task == spec_lib.REGRESSION:
+        return mean, variance, labels, declared or 1
     num_classes = declared or largest + 1
     if not declared:
         say(f"classes: {num_classes} (largest label + 1 in a shuffled sample of {labels.size} label values; "

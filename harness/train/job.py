@@ -39,8 +39,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     """
     import tensorflow as tf
 
-    from harness.train import (checkpoint, control, inputs as inputs_lib, losses, optim, precision, profiling, results,
-                               summaries, user_model)
+    from harness.train import (checkpoint, control, inputs as inputs_lib, losses, metrics, optim, precision, profiling,
+                               results, summaries, user_model)
     from harness.train.loop import LoopConfig, Trainer
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
@@ -48,21 +48,24 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     context, say = backend.context, backend.say
     say(f"worker: {context}")
     builder = user_model.resolve(options, model_fn)  # an import failure or a Keras 3 function: before any data
-    loss_fn = losses.resolve(options)
+    declared = spec.to_config() if spec is not None else (data_config or {})  # task and nodata: declared, not inferred
+    task = declared.get("task") or "classification"
+    loss_fn = losses.resolve(options, task, ignore=declared.get("ignore_label") is not None)
     control.check_callbacks(callbacks)
     policy = precision.apply_policy(options.precision)
     inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say,
                                 on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
     plan, spec = inputs.plan, inputs.spec
-    losses.probe(loss_fn, spec.label_shape, inputs.num_classes)
+    losses.probe(loss_fn, spec.label_shape, inputs.num_classes, spec.task)
     train_ds, val_ds = inputs.datasets(backend)
 
     with backend.scope():
         model = builder.build(inputs, policy, say)
         schedule = optim.make_schedule(optim.schedule_config(options, plan))  # of optimizer.iterations only
         optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
+        stopper = control.make(options, model, context, checkpoint.save_model)  # its state is backed up
         backup = checkpoint.Backup(options.output, context, fingerprint=_fingerprint(plan, spec, policy),
-                                   model=model, optimizer=optimizer)
+                                   model=model, optimizer=optimizer, **({"stopping": stopper.state} if stopper else {}))
         backend.prepare_restore(model, optimizer)
         check_same_step(backend, backup.latest_step())  # before the restore, itself a collective
         initial_step = backup.restore()
@@ -73,12 +76,23 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                         validation_steps=inputs.validation_plan.steps_per_epoch if inputs.validation_plan else 0,
                         steps_per_loop=options.loop_steps)
     profiler = profiling.session(options, backend, config, plan)
-    tensorboard = summaries.EpochSummaries(options.output, context, schedule=schedule)
+    tensorboard = summaries.EpochSummaries(options.output, context, schedule=schedule, class_names=spec.class_names)
     hooks = dict(profiler.trainer_kwargs()) if profiler else {}
     hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context, config=config,
-                      class_weights=inputs.class_weights, clip_norm=options.clip_norm, loss_fn=loss_fn, **hooks,
-                      **backend.trainer_kwargs())
+
+    def make_trainer(loop_config, model, optimizer, **kwargs):
+        return Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context,
+                       config=loop_config, class_weights=inputs.class_weights, clip_norm=options.clip_norm,
+                       loss_fn=loss_fn, metrics=metrics.for_task(spec.task, inputs.num_classes), **kwargs,
+                       **backend.trainer_kwargs())
+
+    def probe_trainer(loop_config, timer):  # the input-cost probe's: a fresh model and optimizer, same step
+        with backend.scope():
+            fresh = builder.build(inputs, policy)
+            fresh_optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
+        return make_trainer(loop_config, fresh, fresh_optimizer, timer=timer)
+
+    trainer = make_trainer(config, model, optimizer, before_evaluate=lambda: backend.align_model_state(model), **hooks)
     if initial_step >= options.epochs * plan.steps_per_epoch:
         say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
             "(raise --epochs to train on, or use a new --output)")
@@ -87,10 +101,10 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         # Backups are written at epoch ends; a step count between them means the plan changed.
         raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
                           f"{plan.steps_per_epoch} steps: the data or batch size changed since; use a new --output")
-    stopper = control.make(options, model, context, checkpoint.save_model)  # last: the epoch is backed up first
     users = control.KerasCallbacks(callbacks, model, context)
-    on_epoch_end = [*backend.epoch_end_callbacks(model), backup.on_epoch_end, tensorboard.on_epoch_end,
-                    users.on_epoch_end, *([stopper.on_epoch_end] if stopper else [])]
+    # The stopper decides before the backup (which then holds its state) and stops after it.
+    on_epoch_end = [*backend.epoch_end_callbacks(model), *([stopper.record] if stopper else []), backup.on_epoch_end,
+                    tensorboard.on_epoch_end, users.on_epoch_end, *([stopper.stop_if_done] if stopper else [])]
     users.on_train_begin()
     if profiler:
         profiler.start()
@@ -115,11 +129,15 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                "history": history, "timing": trainer.timer.summary(), "model": model_path,
                "spec": spec.replace(num_classes=inputs.num_classes).to_config()}  # what `harness predict` reads
     summary["ranks"] = results.rank_stats(backend, plan, summary, say)  # None but on Horovod's rank 0
+    if spec.task == "classification" and history and "val_iou" in history[-1]:
+        summary["class_names"] = list(spec.class_names) or [str(c) for c in range(inputs.num_classes)]
+        summary["per_class"] = metrics.by_class(history[-1], summary["class_names"])
     if stopper:
         best = os.path.join(options.output, "best", "model.keras")
         summary["best"] = stopper.summary(best if context.is_chief and stopper.best_epoch else None)
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
-        summary["profile"] = profiling.finish(profiler, options, context, inputs)
+        probe = profiling.probe(probe_trainer, trainer, backend, inputs)
+        summary["profile"] = profiling.finish(profiler, options, context, inputs, probe=probe)
     if context.is_chief:
         results.write_summary(summary, options.output)
     return summary

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from harness.errors import NonFiniteLossError
 from harness.profile.timing import StepTimer
-from harness.train import metrics
+from harness.train import metrics as metrics_lib
 
 log = logging.getLogger(__name__)
 
@@ -118,12 +118,17 @@ class Trainer:
         default `_per_example_loss`. Summed and divided by `config.loss_divisor`; evaluation passes no weights.
       clip_norm: clip the gradients to this global norm after the cross-replica reduction and loss unscaling
         (`clip_after_reduction`); None: no clipping.
+      before_evaluate: called before each evaluation on every worker (the backend's `align_model_state`: every
+        replica scores with the model state that is saved).
+      metrics: the evaluation's counts and ratios (`harness.train.metrics.Classification` / `Regression`);
+        default: classification over the logits' last axis.
     """
 
     def __init__(self, *, model, optimizer, strategy, context, config: LoopConfig, class_weights=None,
                  gradient_tape: Callable | None = None, cross_rank_sum: Callable | None = None,
                  after_first_step: Callable[[], None] | None = None, step_hooks: Sequence = (),
-                 timer: StepTimer | None = None, clip_norm: float | None = None, loss_fn: Callable | None = None):
+                 timer: StepTimer | None = None, clip_norm: float | None = None, loss_fn: Callable | None = None,
+                 metrics=None, before_evaluate: Callable[[], None] | None = None):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.context, self.config = context, config
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
@@ -136,6 +141,8 @@ class Trainer:
         self.step_hooks = tuple(step_hooks)
         self.clip_norm = clip_norm
         self._loss_fn = loss_fn or _per_example_loss
+        self._metrics = metrics
+        self._before_evaluate = before_evaluate
         self.train_step = tf.function(self._train_step)
         self.train_loop = tf.function(self._train_loop)
         self.eval_step = tf.function(self._eval_step)
@@ -206,7 +213,8 @@ class Trainer:
         logits = self.model(inputs, training=False)
         loss = tf.reduce_sum(self._loss_fn(labels, logits, None))
         examples = tf.cast(tf.shape(labels)[0], tf.float32)
-        return tf.stack([loss, examples]), metrics.confusion_counts(labels, logits, logits.shape[-1])
+        counting = self._metrics or metrics_lib.Classification(logits.shape[-1])
+        return tf.stack([loss, examples]), counting.counts(labels, logits)
 
     def _eval_step(self, batch):
         per_replica = self.strategy.run(self._replica_eval_step, args=batch)
@@ -214,18 +222,22 @@ class Trainer:
 
     # --- loops ----------------------------------------------------------------------------------------------
     def evaluate(self, iterator, steps: int) -> dict:
-        """Run `steps` evaluation steps; returns `val_loss` and the metrics of one int64 confusion matrix summed
-        over all replicas, workers and ranks (`harness.train.metrics.from_confusion`: val_accuracy, val_mean_iou,
-        per-class val_precision/val_recall/val_f1/val_iou, val_confusion_matrix).
+        """Run `steps` evaluation steps; returns `val_loss` and the metrics of counts summed over all replicas,
+        workers and ranks: for classification one int64 confusion matrix (`harness.train.metrics.from_confusion`:
+        val_accuracy, val_mean_iou, per-class val_precision/val_recall/val_f1/val_iou, val_confusion_matrix), for
+        regression val_rmse, val_mae, val_r2.
 
-        Accuracy and the matrix count pixels for image masks, examples for tables.
+        Accuracy and the matrix count pixels for image masks, examples for tables; nodata labels are not counted.
         """
+        if self._before_evaluate is not None:
+            self._before_evaluate()
         totals, matrix = tf.zeros([2]), None
         for _ in range(steps):
             sums, counts = self.eval_step(next(iterator))
             totals, matrix = totals + sums, counts if matrix is None else matrix + counts
         loss, examples = self._cross_rank_sum(totals).numpy().tolist()
-        return {"val_loss": loss / max(examples, 1.0), **metrics.from_confusion(self._cross_rank_sum(matrix))}
+        results = self._metrics.results if self._metrics else metrics_lib.from_confusion
+        return {"val_loss": loss / max(examples, 1.0), **results(self._cross_rank_sum(matrix))}
 
     def fit(self, train_iterator, *, validation: Callable[[], object] | None = None, initial_step: int = 0,
             on_epoch_end: Sequence[Callable[[int, dict], None]] = ()) -> list[dict]:
@@ -351,15 +363,17 @@ class Trainer:
 
 
 def _in_graph(iterator) -> bool:
-    """Whether `iterator` can be passed into a `tf.function` (a tf.data or tf.distribute iterator)."""
-    return isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
+    """Whether `iterator` can be passed into a `tf.function` (a tf.data or tf.distribute iterator, or one that says
+    so: `harness.train.synthetic.OnDeviceBatches`)."""
+    return (isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
+            or getattr(iterator, "in_graph", False))
 
 
 def format_epoch(logs: dict, epochs: int) -> str:
     """One line per epoch: `epoch 2/5 step 40: loss 0.41 val_loss 0.45 val_accuracy 0.83 | 812 examples/s,
     input stall 3.1%`."""
     parts = [f"epoch {logs['epoch']}/{epochs} step {logs['step']}: loss {logs['loss']:.4f}"]
-    for key in ("val_loss", "val_accuracy", "val_mean_iou"):
+    for key in ("val_loss", "val_accuracy", "val_mean_iou", "val_rmse", "val_mae", "val_r2"):
         if key in logs:
             parts.append(f"{key} {logs[key]:.4f}")
     return " ".join(parts) + (f" | {logs['examples_per_s']:.1f} examples/s, "

@@ -85,7 +85,8 @@ class TrainOptions:
     scale_lr: str = "none"              # none | linear | sqrt, against base_batch_size
     base_batch_size: int | None = None
     clip_norm: float | None = None      # global norm, after the cross-replica reduction and unscaling
-    loss: str = "crossentropy"          # crossentropy | focal | dice | crossentropy+dice | MODULE:FUNCTION
+    loss: str | None = None             # crossentropy | focal | dice | crossentropy+dice | mse | mae | MODULE:FUNCTION;
+                                        # None: crossentropy (classification), mse (regression)
     focal_gamma: float = 2.0
     monitor: str | None = None          # a key of the epoch logs: keeps the best epoch's model (best/model.keras)
     early_stopping: int | None = None   # patience in epochs (harness.train.control)
@@ -185,7 +186,8 @@ def merge_options(config: dict, given: dict) -> tuple[TrainOptions, dict]:
 
     Args:
       config: `{"data": {...}, "train": {...}}` (either may be absent).
-      given: option name -> value for the flags given (`label` and `bands` go to the data section).
+      given: option name -> value for the flags given (`label`, `bands`, `task`, `ignore_label` and
+        `class_names` go to the data section).
     Returns:
       `(TrainOptions, data section)`; the data section refines the inferred spec (`DataSpec.from_config` keys).
     Raises:
@@ -194,7 +196,7 @@ def merge_options(config: dict, given: dict) -> tuple[TrainOptions, dict]:
     train = dict(config.get("train") or {})
     data = dict(config.get("data") or {})
     given = dict(given)
-    for key in ("label", "bands"):
+    for key in ("label", "bands", "task", "ignore_label", "class_names"):  # the spec's (`DataSpec.from_config`)
         if key in given:
             data[key] = given.pop(key)
     train.update(given)

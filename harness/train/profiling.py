@@ -1,4 +1,5 @@
-"""`harness train --profile`: the profile session around a training run, and its report at the end."""
+"""`harness train --profile`: the profile session around a training run, the input-cost probe after it, and the
+report at the end (the stall share, the profiler's input figure and the input cost side by side)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,27 @@ def session(options, backend, config, plan):
                           trace_steps=window, logdir=options.profile_dir, warmup_steps=config.warmup_steps)
 
 
-def finish(profiler, options, context, inputs) -> Optional[dict]:
+def probe(make_trainer, trainer, backend, inputs) -> dict:
+    """The input-cost probe (`harness.train.probe`) of the run's model, batch and K (as the run's calls had it: no
+    more than an epoch's steps): `make_trainer(config, timer)` builds a `Trainer` over a fresh copy of the run's
+    model and optimizer. Every worker runs it."""
+    from harness.train.probe import synthetic_probe
+    from harness.train.synthetic import Shapes
+
+    from harness.profile.timing import calls_of
+
+    plan = inputs.plan
+    k = min(trainer.steps_per_loop or 1, plan.steps_per_epoch)
+    steps = [s for call in calls_of(trainer.timer.steps, k) for s in call] or trainer.timer.steps
+    return synthetic_probe(make_trainer, strategy=backend.strategy,
+                           shapes=Shapes.from_spec(inputs.spec, inputs.num_classes),
+                           per_replica_batch=plan.per_replica_batch_size, global_batch=plan.global_batch_size,
+                           loss_divisor=backend.loss_divisor(plan),
+                           steps_per_loop=k, step_s=sum(s.step_s for s in steps) / max(len(steps), 1))
+
+
+def finish(profiler, options, context, inputs, probe: Optional[dict] = None) -> Optional[dict]:
     """Gather every worker's steps and write the profile report; its summary on the chief, None elsewhere."""
     config = dict(dataclasses.asdict(options), plan=inputs.plan.to_dict(), context=str(context))
-    report = profiler.finish(kind="train", config=config, facts=inputs.worker_facts(context.rank))
+    report = profiler.finish(kind="train", config=config, facts=inputs.worker_facts(context.rank), probe=probe)
     return report["summary"] if report else None

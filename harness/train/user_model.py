@@ -44,7 +44,8 @@ class ModelInputs:
       patch_size: the delivered patch side in pixels (after crop of the kernel margin or resize); None for tables.
       bands: every input band, in delivery order.
       band_groups: group name -> its bands (empty without groups).
-      num_classes: classes of the label (the output's last axis).
+      num_classes: classes of the label (the output's last axis); for regression the outputs per pixel (1: the
+        model returns `[batch, *label_shape]` or `[batch, *label_shape, 1]`).
       task: "classification" or "regression".
       kind: "image" or "table".
       label_shape: the label's shape without the batch axis: `(height, width)` for masks, `()` for tables.

@@ -45,3 +45,34 @@ def test_pipeline_scan_and_job_check_agree(tmp_path):
     assert scan.first_bad_label(spec, shards, None) == (path, 0, float("inf"))
     with pytest.raises(LabelValueError, match=r"record 0: label 'class' holds inf"):
         labels.check_first_labels(spec, shards)
+
+
+def test_declared_nodata_passes_the_rule_and_is_delivered_as_ignored(tmp_path):
+    """Labels 255 (nodata) in a table export of 4 classes: outside the classes unless declared `ignore_label: 255`;
+    then the job's check and the scan pass them and the pipeline delivers them as IGNORED (-1), never as class 255. A
+    regression label's nodata is delivered as NaN."""
+    import tensorflow as tf
+
+    synth.write_table_export(str(tmp_path), prefix="t", shards=1, records=8, seed=0)
+    shards = discover_shards([str(tmp_path)])
+    path = shards[0].path
+    records = [tf.train.Example.FromString(r)
+               for r in tf.data.TFRecordDataset(path, compression_type="GZIP").as_numpy_iterator()]
+    stored = [ex.features.feature["class"].float_list.value[0] for ex in records]
+    for i in (1, 4):
+        records[i].features.feature["class"].float_list.value[:] = [255.0]
+    with tf.io.TFRecordWriter(path, "GZIP") as w:
+        for ex in records:
+            w.write(ex.SerializeToString())
+    shards = discover_shards([str(tmp_path)])
+    spec = infer_spec(shards, label="class")
+    assert scan.first_bad_label(spec, shards, 4) == (path, 1, 255.0)  # undeclared: class 255, not one of 4
+    spec = spec.replace(ignore_label=255, num_classes=4)
+    labels.check_first_labels(spec, shards)
+    assert scan.first_bad_label(spec, shards, 4) is None
+    options = pipeline.PipelineOptions(per_replica_batch_size=8, training=False)
+    (_, got), = list(pipeline.build_dataset(shards, spec, options))
+    want = [labels.IGNORED if i in (1, 4) else int(v) for i, v in enumerate(stored)]
+    assert got.numpy().tolist() == want and got.dtype == tf.int32
+    (_, values), = list(pipeline.build_dataset(shards, spec.replace(task="regression", num_classes=None), options))
+    assert np.isnan(values.numpy()[[1, 4]]).all() and np.isfinite(np.delete(values.numpy(), [1, 4])).all()

@@ -161,3 +161,22 @@ def test_declared_margin_without_mixer_keeps_the_stored_side(tmp_path):
     assert SP.refine(inferred, {"patch_size": 64}).kernel_margin == 8
     with pytest.raises(SpecError, match="kernel_margin: 72 does not fit the stored patch side 72"):
         SP.refine(inferred, {"kernel_margin": 72})
+
+
+def test_ignore_label_and_class_names_in_the_config():
+    spec = SP.DataSpec.from_config({"bands": ["a", "b"], "label": "lc", "ignore_label": 255,
+                                    "class_names": ["water", "crop"], "num_classes": 2})
+    assert spec.ignore_label == 255 and spec.class_names == ("water", "crop")
+    assert SP.DataSpec.from_config(spec.to_config()) == spec
+    regression = SP.DataSpec.from_config({"bands": ["a"], "label": "y", "task": "regression", "ignore_label": -9999.5})
+    assert regression.ignore_label == -9999.5
+    for config, match in [({"ignore_label": "255"}, r"data.ignore_label: expected a finite number, got '255' \(str\)"),
+                          ({"ignore_label": True}, r"data.ignore_label: expected a finite number, got True"),
+                          ({"ignore_label": 2.5}, r"ignore_label 2.5: a classification label is an integer"),
+                          ({"class_names": "water"}, r"data.class_names: expected a list of class names, got "
+                                                     r"'water' \(str\); write class_names: \[water\]"),
+                          ({"class_names": ["a", "b", "c"], "num_classes": 2},
+                           "class_names has 3 names for num_classes 2"),
+                          ({"class_names": ["a"], "task": "regression"}, "class_names are for task classification")]:
+        with pytest.raises(SpecError, match=match):
+            SP.DataSpec.from_config({"bands": ["a"], "label": "y", **config})

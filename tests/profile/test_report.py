@@ -21,3 +21,23 @@ def test_advice_is_concrete():
         assert words in text
     calm = report_lib.advice({"input_stall_share": 0.01, "accelerator_busy_share": 0.93}, [worker], {})
     assert "busy 93%" in calm[0]
+
+
+def test_verdict_takes_the_input_cost_where_it_is_larger():
+    assert report_lib.verdict(0.01, 0.45) == "highly input-bound"
+    assert report_lib.verdict(0.30, 0.02) == "highly input-bound"
+    assert report_lib.verdict(0.01, None) == report_lib.verdict(0.01, -0.1) == "not input-bound"
+
+
+def test_disagreements_say_which_figures_part_and_why():
+    base = {"input_stall_share": 0.02, "traced_input_stall_share": 0.03, "profiler_input_percent": 1.0,
+            "input_cost": 0.45, "real_input_stall_share": 0.02, "probe": {"steps_per_loop": 8}}
+    (line,) = report_lib.disagreements(base)
+    assert "ran 45% slower than on synthetic batches" in line and "share the cores" in line
+    agree = dict(base, input_cost=0.04)
+    assert report_lib.disagreements(agree) == []
+    apart = dict(base, traced_input_stall_share=0.40, profiler_input_percent=12.0, input_cost=None)
+    lines = report_lib.disagreements(apart)
+    assert "12.0%" in lines[0] and "40.0%" in lines[0] and "uneven over the run" in lines[1]
+    load = dict(base, real_input_stall_share=0.50, input_cost=0.10)
+    assert "load changed" in report_lib.disagreements(load)[0]

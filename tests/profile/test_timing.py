@@ -51,3 +51,15 @@ def test_summary_of_warmup_steps_only_uses_them():
     assert (s["steps"], s["warmup_steps"]) == (2, 0)
     assert s["input_stall_share"] == pytest.approx(1 / 8) and s["examples_per_s"] == pytest.approx(1.0)
     assert StepTimer().summary([])["examples_per_s"] == 0.0
+
+
+def test_calls_of_k_steps_and_their_median_rate():
+    def st(step, k, seconds, warmup=False):
+        return StepTime(step, 0.0, 0.0, seconds, 10, warmup, k)
+    steps = [st(1, 1, 0.5, True), st(2, 1, 0.4), st(3, 1, 0.4),             # auto's one-step calls
+             *[st(4 + i, 2, 0.1) for i in range(2)], *[st(6 + i, 2, 0.2) for i in range(2)],
+             *[st(8 + i, 2, 1.0) for i in range(2)], st(10, 1, 0.3)]         # a burst of load; an epoch's last
+    calls = timing.calls_of(steps, 2)
+    assert [[s.step for s in c] for c in calls] == [[4, 5], [6, 7], [8, 9]]
+    assert timing.median_call_rate(calls) == pytest.approx(20 / 0.4)        # the burst is not the median
+    assert timing.median_call_rate([]) == 0.0

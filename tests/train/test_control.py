@@ -2,6 +2,7 @@
 with the best epoch's model kept."""
 import json
 import math
+import pathlib
 import subprocess
 import sys
 
@@ -123,3 +124,42 @@ def test_keras_callbacks_through_the_python_api(tmp_path):
     chosen = control.KerasCallbacks([Recorder(), keras.callbacks.CSVLogger(str(tmp_path / "w.csv"))],
                                     keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]), worker)
     assert [type(c).__name__ for c in chosen.callbacks] == ["Recorder"]  # the writer runs on the chief only
+
+
+def _early_stop_run(tmp_path, output, kill_at):
+    script = pathlib.Path(__file__).parent / "scripts" / "early_stop_worker.py"
+    return subprocess.run([sys.executable, str(script), str(output), str(tmp_path / "train"), str(tmp_path / "val"),
+                           str(kill_at)], capture_output=True, text=True, timeout=300)
+
+
+def _lines(text, tag):
+    return [json.loads(line.split(tag, 1)[1]) for line in text.splitlines() if line.startswith(tag)]
+
+
+def test_a_run_killed_and_resumed_stops_where_an_uninterrupted_one_does(tmp_path):
+    """Patience 2, min-delta 1.0 on mean IoU: only epoch 1 improves, so a run stops after epoch 3 of 6. A run killed
+    (SIGKILL) right after the backup of epoch 2 and started again resumes at epoch 3 with the best value, its epoch
+    and the wait of 1 from the backup: it stops after epoch 3 too, and keeps epoch 1's best model (a restarted
+    wait would find epoch 3 "better" than no best, overwrite best/model.keras and run to epoch 5)."""
+    synth.write_table_export(str(tmp_path / "train"), prefix="t", shards=2, records=256, seed=1)
+    synth.write_table_export(str(tmp_path / "val"), prefix="v", shards=1, records=64, seed=2)
+    straight = _early_stop_run(tmp_path, tmp_path / "straight", 0)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    (result,) = _lines(straight.stdout, "RESULT ")
+    assert result["epochs"] == [1, 2, 3] and result["best"]["epoch"] == 1
+
+    out = tmp_path / "killed"
+    killed = _early_stop_run(tmp_path, out, 2)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    first = _lines(killed.stdout, "EPOCH ")
+    assert [e["epoch"] for e in first] == [1, 2]
+    best_bytes = (out / "best" / "model.keras").read_bytes()
+    resumed = _early_stop_run(tmp_path, out, 0)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (result,) = _lines(resumed.stdout, "RESULT ")
+    steps = result["final_step"] // 3
+    assert result["initial_step"] == 2 * steps and result["epochs"] == [3]
+    assert result["best"] == {"monitor": "val_mean_iou", "mode": "max", "epoch": 1,
+                              "value": first[0]["val_mean_iou"], "model": str(out / "best" / "model.keras")}
+    assert "early stopping at epoch 3: val_mean_iou has not improved by more than 1.0 for 2 epochs" in resumed.stdout
+    assert (out / "best" / "model.keras").read_bytes() == best_bytes  # epoch 1's model, not overwritten

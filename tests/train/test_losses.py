@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from harness.data.labels import IGNORED
 from harness.distribute.context import WorkerContext
 from harness.errors import ConfigError, UserCodeError
 from harness.train import losses, models
@@ -48,6 +49,8 @@ LOSSES = {
         f"{EXAMPLES}/losses.py:smoothed_crossentropy")),
     "tf_keras loss, reduction sum": _stock("sum"),
     "tf_keras loss, reduction sum_over_batch_size": _stock("sum_over_batch_size"),
+    "crossentropy, nodata": losses.make_loss("crossentropy", ignore=True),
+    "crossentropy+dice, nodata": losses.make_loss("crossentropy+dice", ignore=True),
 }
 
 
@@ -65,6 +68,8 @@ def test_first_step_loss_on_two_replicas_equals_one_device(cpu_mirrored, kind, n
             x = inputs = keras.Input((8, 8, 2))
             x = keras.layers.Conv2D(4, 3, padding="same", activation="relu")(x)
             return keras.Model(inputs, keras.layers.Conv2D(3, 1, dtype="float32")(x))
+    if "nodata" in name:  # a third of the labels (pixels) are nodata, delivered as IGNORED
+        y.reshape(-1)[::3] = IGNORED
     reference = build()
     # The closed form: the mean over the whole batch of each example's loss (pixels averaged per example).
     expected = float(tf.reduce_mean(LOSSES[name](tf.constant(y), reference(x, training=True), None)))
@@ -90,6 +95,68 @@ def test_builtin_losses_closed_forms():
     onehot = np.eye(2)[[0, 1]]
     want = 1 - ((2 * probs * onehot + 1) / (probs + onehot + 1)).mean(1)
     np.testing.assert_allclose(losses.dice(labels, logits), want, rtol=1e-6)
+
+
+def _loss_and_grads(fn, labels, logits):
+    logits = tf.Variable(logits)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(fn(tf.constant(labels), logits, None))  # summed / global batch, as the loop does
+    return float(loss), tape.gradient(loss, logits).numpy()
+
+
+@pytest.mark.parametrize("name, task, scale", [("crossentropy", "classification", 2.0),
+                                               ("focal", "classification", 2.0),
+                                               ("dice", "classification", 1.0),
+                                               ("mse", "regression", 2.0), ("mae", "regression", 2.0)])
+def test_nodata_half_gives_the_valid_half_alone(name, task, scale):
+    """Patches whose right half is nodata: the loss and the gradients of the valid half are those of the left half
+    alone, scaled by valid / all pixels (1/2; Keras sample-weight semantics, the divisor stays the global pixel
+    count) for per-pixel losses, equal for Dice (a ratio over each example's valid pixels); the ignored pixels get
+    no gradient, whatever their logits."""
+    rng = np.random.default_rng(7)
+    classes = 3 if task == "classification" else 1
+    logits = rng.normal(size=(4, 6, 8, classes)).astype(np.float32)
+    if task == "classification":
+        labels = rng.integers(0, 3, (4, 6, 8)).astype(np.int32)
+        nodata = IGNORED
+    else:
+        labels = rng.normal(size=(4, 6, 8)).astype(np.float32)
+        nodata = np.nan
+    fn = losses.make_loss(name, task=task, ignore=True)
+    half_loss, half_grads = _loss_and_grads(fn, labels[:, :, :4], logits[:, :, :4])
+    masked = labels.copy()
+    masked[:, :, 4:] = nodata
+    loss, grads = _loss_and_grads(fn, masked, logits)
+    assert loss * scale == pytest.approx(half_loss, rel=1e-6)
+    np.testing.assert_allclose(grads[:, :, :4] * scale, half_grads, rtol=1e-5, atol=1e-8)
+    assert not grads[:, :, 4:].any()
+    scrambled = logits.copy()
+    scrambled[:, :, 4:] = 100 * rng.normal(size=scrambled[:, :, 4:].shape)
+    assert _loss_and_grads(fn, masked, scrambled)[0] == pytest.approx(loss, rel=1e-6)
+    # Without ignore the nodata value is a label like any other: a NaN regression label gives a NaN loss.
+    if task == "regression":
+        assert np.isnan(_loss_and_grads(losses.make_loss(name, task=task), masked, logits)[0])
+
+
+def test_nodata_with_a_per_example_user_loss_is_refused(tmp_path):
+    fn = losses.make_loss("f.py:f", user_fn=lambda labels, logits: tf.reduce_mean(logits, axis=[1, 2, 3]),
+                          ignore=True)
+    with pytest.raises(UserCodeError, match=r"--loss f.py:f returns one value per example \(2,\) for labels "
+                                            r"\(2, 4, 4\): with ignore_label return the loss of every pixel"):
+        losses.probe(fn, (4, 4), 3)
+    per_pixel = losses.make_loss("g", user_fn=lambda labels, logits: tf.reduce_sum(logits, -1), ignore=True)
+    out = per_pixel(tf.constant([[0, IGNORED]]), tf.ones([1, 2, 3]), None)
+    np.testing.assert_allclose(out, [3.0 / 2])  # the ignored pixel weighs 0, the divisor stays 2 pixels
+
+
+def test_losses_of_the_other_task_are_refused():
+    with pytest.raises(ConfigError, match=r"--loss must be one of \('mse', 'mae'\) for task regression or "
+                                          r"MODULE:FUNCTION, got 'crossentropy'"):
+        losses.resolve(TrainOptions(data=("x",), loss="crossentropy"), "regression")
+    with pytest.raises(ConfigError, match="--class-weights balanced weighs classes; task regression has none"):
+        losses.resolve(TrainOptions(data=("x",), class_weights="balanced"), "regression")
+    mse = losses.resolve(TrainOptions(data=("x",)), "regression")  # the default for regression
+    np.testing.assert_allclose(mse(tf.constant([1.0, 2.0]), tf.constant([[0.0], [4.0]]), None), [1.0, 4.0])
 
 
 def _l2_expected(clip_norm=None):
@@ -191,5 +258,21 @@ def test_user_loss_gets_float32_logits_under_a_mixed_policy(dtype):
     out = fn(tf.constant([0, 1]), tf.constant([[1.0, 2.0], [3.0, 4.0]], dtype), None)
     assert seen == [(tf.int32, tf.float32)] and out.dtype == tf.float32
     np.testing.assert_array_equal(out, [3.0, 7.0])
-    for name in losses.BUILTIN:
+    for name in losses.CLASSIFICATION_LOSSES:
         assert losses.make_loss(name)(tf.constant([0, 1]), tf.zeros([2, 2], dtype), None).dtype == tf.float32
+    for name in losses.REGRESSION_LOSSES:
+        out = losses.make_loss(name, task="regression")(tf.constant([0.5, 1.0]), tf.zeros([2, 1], dtype), None)
+        assert out.dtype == tf.float32
+
+
+def test_float16_logits_of_a_whole_patch_reach_dice_and_iou_as_float32():
+    """A 256x256 patch of class 1 predicted right with float16 logits: Dice is 0 to 1e-6 and IoU 1.0. In float16
+    the patch's sums (Σp + Σy = 131072) would pass float16's largest value, 65504, and give inf."""
+    from harness.train.metrics import confusion_counts, from_confusion
+
+    labels = tf.ones([1, 256, 256], tf.int32)
+    logits = tf.cast(tf.stack([tf.fill([1, 256, 256], -20.0), tf.fill([1, 256, 256], 20.0)], -1), tf.float16)
+    assert float(tf.reduce_sum(tf.cast(tf.ones([256, 256]), tf.float16) * 2)) == float("inf")
+    assert abs(float(losses.make_loss("dice")(labels, logits, None)[0])) <= 1e-6
+    got = from_confusion(confusion_counts(labels, logits, 2))
+    assert got["val_iou"][1] == 1.0 and got["val_mean_iou"] == 1.0 and got["val_accuracy"] == 1.0

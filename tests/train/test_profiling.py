@@ -20,3 +20,12 @@ def test_train_profile_writes_report(tmp_path, capsys):
     assert report["parts"][0]["facts"]["compression"] == "GZIP"
     printed = capsys.readouterr().out
     assert "verdict:" in printed and "tensorboard --logdir" in printed
+    # The input-cost probe ran the same model and batch on synthetic batches, bounded, after the run.
+    s = report["summary"]
+    probe = s["probe"]
+    assert s["synthetic_examples_per_s"] == probe["examples_per_s"] > 0 and s["real_examples_per_s"] > 0
+    assert s["input_cost"] == 1 - s["real_examples_per_s"] / s["synthetic_examples_per_s"]
+    assert probe["steps"] >= 20 and probe["steps"] % probe["steps_per_loop"] == 0 and probe["seconds"] < 30
+    assert f"input cost {100 * s['input_cost']:.1f}%" in printed and "on synthetic batches" in printed
+    assert summary["profile"]["input_cost"] == s["input_cost"]
+    assert len(report["parts"][0]["steps"]) == 32          # the probe's steps are not the run's

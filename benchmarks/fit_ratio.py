@@ -1,0 +1,134 @@
+"""The harness training loop against Keras `Model.fit` on one model, precision, batch and dataset: the harness/fit
+ratio that `benchmarks/gpu_check.sh` prints for the U-Net with mixed_float16.
+
+Both sides build the built-in model (`harness.train.models.builtin_model`: the U-Net for image exports) under the
+same strategy, with Adam 1e-3 and the policy of --precision, and read the same dataset: the harness's own input
+pipeline (`harness.train.inputs.prepare`, as `harness train` builds it). The harness side is `Trainer.fit` at
+`steps_per_loop: auto`; the Keras side is `model.compile(..., steps_per_execution=N); model.fit(ds,
+steps_per_epoch=S)` at N = 1 and at the K the harness chose. A figure is examples/s from the end of the first
+epoch (tracing, cache fill) to the end of the last; variants alternate for --rounds rounds; printed: each figure,
+then the ratios of the medians.
+
+  python benchmarks/fit_ratio.py --data DIR [--precision mixed_float16] [--batch 64] [--steps 30] [--epochs 3]
+                                 [--rounds 2] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
+
+
+def _setup(args):
+    from harness.distribute.backend import TrainingBackend
+    from harness.distribute.strategy import make_strategy
+    from harness.train import precision
+    from harness.train.inputs import prepare
+    from harness.train.options import TrainOptions
+
+    strategy, context = make_strategy("auto")
+    backend = TrainingBackend(strategy, context)
+    policy = precision.apply_policy(args.precision)
+    options = TrainOptions(data=(args.data,), per_replica_batch_size=args.batch, precision=args.precision,
+                           output=os.path.join(args.output, "run"))
+    return backend, policy, prepare(options, backend)
+
+
+def _model(backend, policy, inputs, *, wrap: bool):
+    import tf_keras as keras
+
+    from harness.train import models, precision
+
+    with backend.scope():
+        model = models.builtin_model(inputs.spec.kind, tuple(inputs.spec.input_shape), inputs.num_classes,
+                                     mean=inputs.mean, variance=inputs.variance)
+        optimizer = keras.optimizers.Adam(1e-3)
+        return model, precision.wrap_optimizer(optimizer, policy) if wrap else optimizer
+
+
+def harness_rate(args, backend, policy, inputs) -> tuple[float, int]:
+    """(examples/s, the K that auto chose) of the harness Trainer."""
+    from harness.train.loop import LoopConfig, Trainer
+
+    model, optimizer = _model(backend, policy, inputs, wrap=True)
+    batch = inputs.plan.global_batch_size
+    config = LoopConfig(epochs=args.epochs, steps_per_epoch=args.steps, global_batch_size=batch,
+                        loss_divisor=batch)
+    trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=backend.context,
+                      config=config)
+    ends = []
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.fit(iter(backend.distribute(inputs.dataset_fn(True))),
+                    on_epoch_end=[lambda *_: ends.append(time.perf_counter())])
+    k = min(trainer.steps_per_loop or 1, args.steps)   # a call never crosses an epoch's end
+    return batch * args.steps * (len(ends) - 1) / (ends[-1] - ends[0]), k
+
+
+def fit_rate(args, backend, policy, inputs, steps_per_execution: int) -> float:
+    """examples/s of Keras `fit` (its mixed-precision compile wraps the optimizer itself)."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    model, optimizer = _model(backend, policy, inputs, wrap=False)
+    with backend.scope():
+        model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=steps_per_execution)
+    ends = []
+    dataset = inputs.dataset_fn(True)(tf.distribute.InputContext())
+    model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps, verbose=0,
+              callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: ends.append(time.perf_counter()))])
+    return inputs.plan.global_batch_size * args.steps * (len(ends) - 1) / (ends[-1] - ends[0])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", required=True, help="an image export (or a table export) to train on")
+    p.add_argument("--precision", default="mixed_float16")
+    p.add_argument("--batch", type=int, default=64, help="per-replica batch")
+    p.add_argument("--steps", type=int, default=30, help="steps per epoch")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per variant; the first is not timed")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of every variant, in alternating order")
+    p.add_argument("--output", default="runs/fit_ratio", help="scratch folder")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+
+    backend, policy, inputs = _setup(args)
+    rates = {"harness": [], "fit_spe1": [], "fit_speK": []}
+    k = 1
+    for round_ in range(args.rounds):
+        # the harness first in round 1: fit at K needs its K
+        order = ("harness", "fit_spe1", "fit_speK") if round_ % 2 == 0 else ("fit_speK", "fit_spe1", "harness")
+        for name in order:
+            if name == "harness":
+                rate, k = harness_rate(args, backend, policy, inputs)
+            else:
+                rate = fit_rate(args, backend, policy, inputs, 1 if name == "fit_spe1" else k)
+            rates[name].append(rate)
+            print(f"round {round_ + 1} {name:<9} {rate:10.1f} examples/s" + (f" (K={k})" if name != "fit_spe1"
+                                                                                  else ""), flush=True)
+    med = {name: statistics.median(r) for name, r in rates.items()}
+    result = {"precision": policy, "model": "unet" if inputs.spec.kind == "image" else "pixel_classifier",
+              "global_batch": inputs.plan.global_batch_size, "steps_per_loop": k, "examples_per_s": rates,
+              "ratio_fit_spe1": med["harness"] / med["fit_spe1"], "ratio_fit_speK": med["harness"] / med["fit_speK"]}
+    print(f"harness/fit ratio ({result['model']}, {policy}, batch {result['global_batch']}): "
+          f"{result['ratio_fit_spe1']:.2f} against steps_per_execution 1, {result['ratio_fit_speK']:.2f} against "
+          f"steps_per_execution {k} (medians of {args.rounds} rounds)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,32 +1,43 @@
 """Training throughput of the harness loop against Keras `Model.fit`, and the per-step overhead of each.
 
-1. The ACES points (`--data`, label `class`, the pixel classifier, global batch 64, Adam 1e-3, float32, one CPU
-   replica): the harness Trainer fed by the harness pipeline (`harness.train.inputs.prepare`, as `harness train`
-   builds it, without the per-epoch backup) against `model.compile(...); model.fit(ds)` on a hand-written
-   `TFRecordDataset -> map(parse) -> cache -> shuffle -> batch` pipeline, at `steps_per_execution` 1 and the
-   best of 8, 32 and 128 (Keras docs: `Model.compile(steps_per_execution=...)`). The same model builder,
-   optimizer and batch on both sides.
-   Beside them, to tell the loop from the input: the harness loop fed by the hand-written pipeline, each
-   pipeline drawn alone (no training), and fit at 128 under the harness's OneDeviceStrategy (fit's own figures
-   run under the default strategy).
-2. The per-step overhead: a model with one weight on batches of one example from a cached in-memory dataset,
-   where a step's compute is negligible: µs per step of the harness loop and of Keras fit.
+Cases (`--cases`, comma-separated; default all):
+  points    the ACES points (`--data`, label `class`), the pixel classifier, global batch 64, one CPU device (the
+            default strategy): the harness Trainer fed by the harness pipeline (`harness.train.inputs.prepare`, as
+            `harness train` builds it, without the per-epoch backup) against `model.compile(...); model.fit(ds)`
+            on a hand-written `TFRecordDataset -> map(parse) -> cache -> shuffle -> batch` pipeline, at
+            `steps_per_execution` 1 and the best of 1, 8, 32, 128 (targets: >= 1.0 and >= 0.9). Beside them, to
+            tell the loop from the input: the harness loop on the hand-written pipeline, and each pipeline drawn
+            alone (a plain Python `next()` per batch, no training); and the harness under `OneDeviceStrategy`,
+            what one device ran under before.
+  unet      64x64x8 float GZIP patches written by `harness.data.synth` (`--unet-records`, 4 classes), the
+            built-in U-Net, global batch 16, one device: harness against fit at spe=1 (target >= 1.0).
+  mirrored  both cases above under `MirroredStrategy` over 2 logical CPU devices (`make_strategy("mirrored",
+            num_cpu_replicas=2)`), the same global batches, harness against fit under the same strategy object
+            (target >= 1.0). Run in a child process: logical devices are fixed before TensorFlow starts.
+  horovod   the points under `horovodrun -np 2 --gloo` (global batch 64: 32 per rank), examples/s per rank and in
+            all, against the tf backend on one device at the same global batch (printed, no target).
+  overhead  a model with one weight on batches of one example from a cached in-memory dataset, where a step's
+            compute is negligible: µs per step of the harness loop and of fit.
+The same model builder, Adam 1e-3 (SGD 0.01 for the one-weight model), batch, data and epochs on both sides.
 
 Each variant is a fresh model and pipeline trained for --epochs epochs; its figure is examples/s (wall clock from
 the end of the first epoch, which traces and fills the cache, to the end of the last). Variants run in
 alternating order for --rounds rounds (2 cores shared with other work: figures are noisy); printed: the median
-and range over rounds, and the ratios of medians harness / Keras (targets: >= 1.0 at steps_per_execution 1,
->= 0.9 of the best).
+and range over rounds and the ratios of medians, with the load average before and after.
 
-  python benchmarks/step_loop.py [--rounds 3] [--epochs 5] [--data .../training.tfrecord.gz]
+  python benchmarks/step_loop.py [--cases points,unet,mirrored,horovod,overhead] [--rounds 3] [--epochs 5]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
+import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +50,20 @@ import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 ACES = os.path.join(os.environ.get("HARNESS_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")),
                     "gee-aces-points", "training.tfrecord.gz")
 KERAS_SPE = (1, 8, 32, 128)
+CASES = ("points", "unet", "mirrored", "horovod", "overhead")
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+CHILD_TIMEOUT_S = 1200  # the mirrored child and each horovodrun launch: killed (process group) past this
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One training comparison: data (a file or an export folder), its label, global batch and epochs."""
+
+    name: str
+    data: str
+    label: str
+    batch: int
+    epochs: int
 
 
 class EpochClock:
@@ -55,70 +80,96 @@ class EpochClock:
         return examples_per_epoch * (len(self.ends) - 1) / (self.ends[-1] - self.ends[0])
 
 
-def harness_aces(data: str, batch: int, epochs: int, steps_per_loop, strategy, backend) -> float:
-    """examples/s of the harness Trainer on the harness pipeline (what `harness train` runs)."""
-    import tf_keras as keras
-
-    from harness.train import inputs as inputs_lib, models
-    from harness.train.loop import LoopConfig, Trainer
+# --- the harness side --------------------------------------------------------------------------------------------
+def prepare(case: Case, backend, epochs: int = 1, steps_per_loop="auto"):
+    """`harness.train.inputs.prepare` for the case (counting, spec, plan, statistics), as `harness train` does."""
+    from harness.train import inputs as inputs_lib
     from harness.train.options import TrainOptions
 
     with tempfile.TemporaryDirectory() as out:
-        options = TrainOptions(data=(data,), epochs=epochs, global_batch_size=batch, output=out,
+        options = TrainOptions(data=(case.data,), epochs=epochs, global_batch_size=case.batch, output=out,
                                steps_per_loop=steps_per_loop)
-        inputs = inputs_lib.prepare(options, backend, data_config={"label": "class"}, say=lambda *_: None,
-                                    on_plan=lambda *_: None)
-        train_ds, _ = inputs.datasets(backend)
-        with strategy.scope():
-            model = models.builtin_model("table", inputs.spec.input_shape, inputs.num_classes, mean=inputs.mean,
-                                         variance=inputs.variance)
-            optimizer = keras.optimizers.Adam(1e-3)
-        plan = inputs.plan
-        config = LoopConfig(epochs=epochs, steps_per_epoch=plan.steps_per_epoch, global_batch_size=batch,
-                            loss_divisor=batch, steps_per_loop=options.loop_steps)
-        trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=backend.context,
-                          config=config)
-        clock = EpochClock()
-        with contextlib.redirect_stdout(io.StringIO()):
-            trainer.fit(iter(train_ds), on_epoch_end=[clock.mark])
-        return clock.examples_per_s(plan.steps_per_epoch * batch), inputs
+        return inputs_lib.prepare(options, backend, data_config={"label": case.label}, say=lambda *_: None,
+                                  on_plan=lambda *_: None)
 
 
-def hand_written_pipeline(data: str, batch: int, bands, label: str = "class"):
-    """`TFRecordDataset -> map(parse) -> cache -> shuffle -> batch`, repeated: what a Keras user writes."""
-    import tensorflow as tf
-
-    bands = list(bands)
-    schema = {name: tf.io.FixedLenFeature([1], tf.float32) for name in bands + [label]}
-
-    def parse(record):
-        f = tf.io.parse_single_example(record, schema)
-        return tf.concat([f[b] for b in bands], 0), tf.cast(f[label][0], tf.int32)
-
-    return (tf.data.TFRecordDataset(data, compression_type="GZIP").map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-            .cache().shuffle(8192, seed=0).batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE))
-
-
-def harness_loop_on_hand_written(data: str, batch: int, epochs: int, strategy, context, inputs) -> float:
-    """examples/s of the harness Trainer (auto steps per loop) fed by the hand-written pipeline: the loop alone,
-    without the harness pipeline."""
+def build_model(inputs, strategy):
+    """The built-in model of the data (pixel classifier or U-Net) and Adam 1e-3, under the strategy's scope."""
     import tf_keras as keras
 
     from harness.train import models
-    from harness.train.loop import LoopConfig, Trainer
 
     with strategy.scope():
-        model = models.builtin_model("table", inputs.spec.input_shape, inputs.num_classes, mean=inputs.mean,
-                                     variance=inputs.variance)
-        optimizer = keras.optimizers.Adam(1e-3)
-    steps = inputs.plan.steps_per_epoch
-    config = LoopConfig(epochs=epochs, steps_per_epoch=steps, global_batch_size=batch, loss_divisor=batch)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config)
+        model = models.builtin_model(inputs.spec.kind, inputs.spec.input_shape, inputs.num_classes,
+                                     mean=inputs.mean, variance=inputs.variance)
+        return model, keras.optimizers.Adam(1e-3)
+
+
+def harness_run(case: Case, backend, steps_per_loop="auto", train_iterator=None) -> float:
+    """examples/s (global) of the harness Trainer on the harness pipeline (what `harness train` runs), or on
+    `train_iterator(inputs)` when given."""
+    from harness.train.loop import LoopConfig, Trainer
+
+    inputs = prepare(case, backend, case.epochs, steps_per_loop)
+    plan = inputs.plan
+    model, optimizer = build_model(inputs, backend.strategy)
+    config = LoopConfig(epochs=case.epochs, steps_per_epoch=plan.steps_per_epoch,
+                        global_batch_size=plan.global_batch_size, loss_divisor=backend.loss_divisor(plan),
+                        steps_per_loop=inputs.options.loop_steps)
+    trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=backend.context,
+                      config=config, **backend.trainer_kwargs())
+    iterator = train_iterator(inputs) if train_iterator else iter(inputs.datasets(backend)[0])
     clock = EpochClock()
-    ds = strategy.experimental_distribute_dataset(hand_written_pipeline(data, batch, inputs.spec.bands))
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.fit(iter(ds), on_epoch_end=[clock.mark])
-    return clock.examples_per_s(steps * batch)
+        trainer.fit(iterator, on_epoch_end=[clock.mark])
+    return clock.examples_per_s(plan.steps_per_epoch * plan.global_batch_size)
+
+
+# --- the Keras side ----------------------------------------------------------------------------------------------
+def data_files(path: str) -> list[str]:
+    """The TFRecord files of a file or an export folder (the mixer left out)."""
+    if os.path.isfile(path):
+        return [path]
+    return sorted(os.path.join(path, f) for f in os.listdir(path) if ".tfrecord" in f)
+
+
+def hand_written_pipeline(case: Case, spec, batch: int):
+    """`TFRecordDataset -> map(parse_single_example) -> cache -> shuffle -> batch`, repeated: what a Keras user
+    writes. Table rows -> float32 `[bands]`, int32 label; patches -> float32 `[S, S, bands]`, int32 `[S, S]`."""
+    import tensorflow as tf
+
+    bands, label = list(spec.bands), case.label
+    n = spec.values_per_feature()
+    image = spec.kind == "image"
+    schema = {name: tf.io.FixedLenFeature([n] if image else [1], tf.float32) for name in bands + [label]}
+
+    def parse(record):
+        f = tf.io.parse_single_example(record, schema)
+        if not image:
+            return tf.concat([f[b] for b in bands], 0), tf.cast(f[label][0], tf.int32)
+        s = spec.stored_size
+        x = tf.reshape(tf.stack([f[b] for b in bands], -1), [s, s, len(bands)])
+        return x, tf.cast(tf.reshape(f[label], [s, s]), tf.int32)
+
+    files = data_files(case.data)
+    return (tf.data.TFRecordDataset(files, compression_type="GZIP").map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+            .cache().shuffle(8192, seed=0).batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE))
+
+
+def keras_run(case: Case, inputs, spe: int, strategy) -> float:
+    """examples/s of `Model.fit` (model and optimizer built and compiled under `strategy`) on the hand-written
+    pipeline of the same data, same model, optimizer, global batch and epochs."""
+    import tf_keras as keras
+
+    model, optimizer = build_model(inputs, strategy)
+    with strategy.scope():
+        model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=spe)
+    clock = EpochClock()
+    steps = inputs.plan.steps_per_epoch
+    model.fit(hand_written_pipeline(case, inputs.spec, case.batch), epochs=case.epochs, steps_per_epoch=steps,
+              verbose=0, callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=clock.mark)])
+    return clock.examples_per_s(steps * case.batch)
 
 
 def pipeline_alone(dataset, steps: int, epochs: int, batch: int) -> float:
@@ -131,39 +182,7 @@ def pipeline_alone(dataset, steps: int, epochs: int, batch: int) -> float:
     return clock.examples_per_s(steps * batch)
 
 
-def harness_aces_dataset(data: str, batch: int, backend):
-    """The harness training pipeline of the ACES points, distributed as `harness train` does."""
-    from harness.train import inputs as inputs_lib
-    from harness.train.options import TrainOptions
-
-    with tempfile.TemporaryDirectory() as out:
-        options = TrainOptions(data=(data,), global_batch_size=batch, output=out)
-        inputs = inputs_lib.prepare(options, backend, data_config={"label": "class"}, say=lambda *_: None,
-                                    on_plan=lambda *_: None)
-        return inputs.datasets(backend)[0]
-
-
-def keras_aces(data: str, batch: int, epochs: int, spe: int, inputs, strategy=None) -> float:
-    """examples/s of `Model.fit` on a hand-written pipeline of the same file (same model, optimizer, batch), under
-    the default strategy, or `strategy` (the harness's OneDeviceStrategy) when given."""
-    import tensorflow as tf
-    import tf_keras as keras
-
-    from harness.train import models
-
-    ds = hand_written_pipeline(data, batch, inputs.spec.bands)
-    with (strategy or tf.distribute.get_strategy()).scope():
-        model = models.builtin_model("table", inputs.spec.input_shape, inputs.num_classes, mean=inputs.mean,
-                                     variance=inputs.variance)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=spe)
-    clock = EpochClock()
-    steps = inputs.plan.steps_per_epoch
-    model.fit(ds, epochs=epochs, steps_per_epoch=steps, verbose=0,
-              callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=clock.mark)])
-    return clock.examples_per_s(steps * batch)
-
-
+# --- per-step overhead -------------------------------------------------------------------------------------------
 def one_weight_model():
     """Logits `[x w, -x w]` of a `[batch, 1]` input: one trainable weight, next to no compute."""
     import tensorflow as tf
@@ -188,17 +207,18 @@ def _tiny_dataset():
     return tf.data.Dataset.from_tensor_slices((x, y)).cache().repeat().batch(1).prefetch(tf.data.AUTOTUNE)
 
 
-def harness_overhead_us(steps: int, epochs: int, steps_per_loop, strategy, context) -> float:
+def harness_overhead_us(steps: int, epochs: int, steps_per_loop, backend) -> float:
     """µs per step of the harness loop on the one-weight model, batch 1."""
     import tf_keras as keras
 
     from harness.train.loop import LoopConfig, Trainer
 
+    strategy = backend.strategy
     with strategy.scope():
         model, optimizer = one_weight_model(), keras.optimizers.SGD(0.01)
     config = LoopConfig(epochs=epochs, steps_per_epoch=steps, global_batch_size=1, loss_divisor=1,
                         steps_per_loop=steps_per_loop)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config)
+    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=backend.context, config=config)
     clock = EpochClock()
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.fit(iter(strategy.experimental_distribute_dataset(_tiny_dataset())), on_epoch_end=[clock.mark])
@@ -218,6 +238,7 @@ def keras_overhead_us(steps: int, epochs: int, spe: int) -> float:
     return 1e6 / clock.examples_per_s(steps)
 
 
+# --- rounds and printing -----------------------------------------------------------------------------------------
 def _rounds(variants: dict, rounds: int) -> dict:
     """Run every variant once per round, the order rotated each round; {name: [figure per round]}."""
     names, figures = list(variants), {name: [] for name in variants}
@@ -229,67 +250,228 @@ def _rounds(variants: dict, rounds: int) -> dict:
 
 
 def _line(name: str, values: list, unit: str) -> str:
-    return (f"  {name:<28} {statistics.median(values):10.1f} {unit} (median; range {min(values):.1f}-"
+    return (f"  {name:<34} {statistics.median(values):10.1f} {unit} (median; range {min(values):.1f}-"
             f"{max(values):.1f}; rounds {', '.join(f'{v:.0f}' for v in values)})")
+
+
+def _ratio(med: dict, mine: str, theirs: str, target: float | None = None) -> str:
+    r = med[mine] / med[theirs]
+    verdict = "" if target is None else f" (target >= {target:.1f}: {'met' if r >= target else 'MISSED'})"
+    return f"  {mine} / {theirs} = {r:.2f}{verdict}"
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def _report(title: str, figures: dict, unit: str = "examples/s") -> dict:
+    print(f"{title} [{_load()}]")
+    for name, values in figures.items():
+        print(_line(name, values, unit))
+    return {name: statistics.median(v) for name, v in figures.items()}
+
+
+# --- cases -------------------------------------------------------------------------------------------------------
+def points_case(case: Case, backend, rounds: int) -> None:
+    """Harness auto and K=1 against fit at every spe, the loop on the hand-written input, the pipelines alone."""
+    inputs = prepare(case, backend)
+    steps = inputs.plan.steps_per_epoch
+    strategy = backend.strategy
+    print(f"\n== points: {sum(inputs.plan.records)} records, {steps} steps of {case.batch} per epoch, pixel "
+          f"classifier, {case.epochs} epochs, one device ({strategy_name(strategy)})")
+    variants = {"harness auto": lambda: harness_run(case, backend, "auto"),
+                "harness steps_per_loop=1": lambda: harness_run(case, backend, 1)}
+    for spe in KERAS_SPE:
+        variants[f"fit spe={spe}"] = lambda spe=spe: keras_run(case, inputs, spe, strategy)
+    variants["harness auto, OneDeviceStrategy"] = lambda: harness_run(case, one_device_backend(), "auto")
+    variants["harness loop, hand-written input"] = lambda: harness_run(
+        case, backend, "auto", train_iterator=lambda i: iter(hand_written_pipeline(case, i.spec, case.batch)))
+    variants["harness pipeline alone"] = lambda: pipeline_alone(
+        prepare(case, backend).datasets(backend)[0], steps, case.epochs, case.batch)
+    variants["hand-written pipeline alone"] = lambda: pipeline_alone(
+        hand_written_pipeline(case, inputs.spec, case.batch), steps, case.epochs, case.batch)
+    med = _report("examples/s", _rounds(variants, rounds))
+    best = max((f"fit spe={spe}" for spe in KERAS_SPE), key=med.get)
+    print(_ratio(med, "harness auto", "fit spe=1", 1.0))
+    print(_ratio(med, "harness auto", best, 0.9) + "  (the best fit)")
+    print(_ratio(med, "harness steps_per_loop=1", "fit spe=1"))
+    print(_ratio(med, "harness auto", "harness auto, OneDeviceStrategy") + "  (the default strategy's gain)")
+    print(_ratio(med, "harness loop, hand-written input", best))
+    print(_ratio(med, "harness pipeline alone", "hand-written pipeline alone"))
+
+
+def fit_case(case: Case, backend, rounds: int, what: str) -> None:
+    """Harness auto against fit at spe=1 under the same strategy (target >= 1.0)."""
+    inputs = prepare(case, backend)
+    strategy = backend.strategy
+    print(f"\n== {what}: {sum(inputs.plan.records)} records, {inputs.plan.steps_per_epoch} steps of global batch "
+          f"{case.batch} per epoch, {case.epochs} epochs, {strategy_name(strategy)} with "
+          f"{strategy.num_replicas_in_sync} replica(s)")
+    variants = {"harness auto": lambda: harness_run(case, backend, "auto"),
+                "fit spe=1": lambda: keras_run(case, inputs, 1, strategy)}
+    med = _report("examples/s", _rounds(variants, rounds))
+    print(_ratio(med, "harness auto", "fit spe=1", 1.0))
+
+
+def overhead_case(backend, steps: int, rounds: int) -> None:
+    epochs = 3
+    variants = {"harness auto": lambda: harness_overhead_us(steps, epochs, None, backend),
+                "harness steps_per_loop=1": lambda: harness_overhead_us(steps, epochs, 1, backend),
+                "fit spe=1": lambda: keras_overhead_us(steps, epochs, 1),
+                "fit spe=128": lambda: keras_overhead_us(steps, epochs, 128)}
+    print(f"\n== per-step overhead: one-weight model, batch 1, {steps} steps per epoch, {epochs} epochs (first "
+          f"untimed), one device ({strategy_name(backend.strategy)})")
+    _report("µs/step", _rounds(variants, rounds), "µs/step")
+
+
+def horovod_launch(args, timeout_s: float = CHILD_TIMEOUT_S) -> list[dict]:
+    """One `horovodrun -np 2 --gloo` run of this script's `--horovod-rank` mode; each rank's result."""
+    with tempfile.TemporaryDirectory() as folder:
+        cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2",
+               "--gloo", sys.executable, os.path.abspath(__file__), "--horovod-rank", folder, "--data", args.data,
+               "--epochs", str(args.epochs)]
+        out = _run_group(cmd, timeout_s)
+        found = [json.loads(open(os.path.join(folder, f)).read()) for f in sorted(os.listdir(folder))]
+    if len(found) != 2:
+        raise RuntimeError(f"expected 2 ranks' results from horovodrun, got {len(found)}:\n{out[-3000:]}")
+    return found
+
+
+def _run_group(cmd: list, timeout_s: float) -> str:
+    """Run `cmd` in its own process group, on the CPU (no GPU visible: the replicas and ranks compared here are
+    CPU ones), and return its stdout; on timeout kill the group (every rank) and raise, with stderr's tail."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise RuntimeError(f"timed out after {timeout_s:.0f} s: {' '.join(cmd)}\n{err[-3000:]}") from None
+    if proc.returncode:
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{out[-2000:]}\n{err[-3000:]}")
+    return out
+
+
+def horovod_case(case: Case, args, backend) -> None:
+    """Horovod, 2 ranks of 32, against the tf backend on one device at global batch 64 (no target)."""
+    print(f"\n== horovod: points, 2 ranks (horovodrun --gloo, {case.batch // 2} per rank) against the tf backend "
+          f"on one device, global batch {case.batch}, {case.epochs} epochs; launch time not counted")
+    per_rank = {}
+
+    def launch():
+        results = horovod_launch(args)
+        for r in results:
+            per_rank.setdefault(r["rank"], []).append(r["examples_per_s"] / 2)
+        return statistics.mean(r["examples_per_s"] for r in results)  # each rank times the same global steps
+
+    variants = {"horovod 2 ranks, all": launch, "tf one device": lambda: harness_run(case, backend, "auto")}
+    figures = _rounds(variants, args.rounds)
+    figures.update({f"horovod rank {r}": v for r, v in sorted(per_rank.items())})
+    med = _report("examples/s (global; per rank: its share)", figures)
+    print(_ratio(med, "horovod 2 ranks, all", "tf one device"))
+
+
+def one_device_backend():
+    """The tf backend under `OneDeviceStrategy("/cpu:0")`, what one device ran under before the default strategy."""
+    import tensorflow as tf
+
+    from harness.distribute.backend import make_backend
+    from harness.distribute.context import WorkerContext
+
+    return make_backend("tf", distribution=(tf.distribute.OneDeviceStrategy("/cpu:0"), WorkerContext.single()))
+
+
+def strategy_name(strategy) -> str:
+    from harness.distribute.strategy import strategy_name as name
+
+    return name(strategy)
+
+
+def write_patches(folder: str, records: int) -> str:
+    """64x64x8 float GZIP patches, 4 classes, label `landcover`, 4 shards (`harness synth`'s writer)."""
+    from harness.data import synth
+
+    synth.write_image_export(folder, prefix="patches", shards=4, records=records,
+                             bands=[f"B{i}" for i in range(8)], classes=4, patch_size=64, compressed=True, seed=0)
+    return folder
+
+
+def run_cases(args, cases: list, backend, patches: str | None) -> None:
+    points = Case("points", args.data, "class", 64, args.epochs)
+    unet = Case("unet", patches, "landcover", 16, args.unet_epochs) if patches else None
+    mirrored = backend.context.replicas_in_sync > 1
+    if "points" in cases or "mirrored" in cases:
+        if not os.path.exists(args.data):
+            print(f"no ACES points at {args.data}: skipping the points")
+        elif mirrored:
+            fit_case(points, backend, args.rounds, "mirrored, points")
+        else:
+            points_case(points, backend, args.rounds)
+    if unet is not None:
+        fit_case(unet, backend, args.rounds, "mirrored, U-Net" if mirrored else "U-Net")
+    if "horovod" in cases and os.path.exists(args.data):
+        if os.path.exists(HOROVODRUN):
+            horovod_case(points, args, backend)
+        else:
+            print(f"\nno {HOROVODRUN} (Horovod not installed: tools/install_horovod.sh): skipping horovod")
+    if "overhead" in cases:
+        overhead_case(backend, args.overhead_steps, args.rounds)
+
+
+def horovod_rank(args) -> int:
+    """One rank under horovodrun: the points case's harness run; its result as JSON in the given folder."""
+    from harness.distribute.backend import make_backend
+
+    backend = make_backend("horovod")
+    eps = harness_run(Case("points", args.data, "class", 64, args.epochs), backend, "auto")
+    with open(os.path.join(args.horovod_rank, f"rank{backend.context.rank}.json"), "w") as f:
+        json.dump({"rank": backend.context.rank, "examples_per_s": eps}, f)
+    return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--data", default=ACES, help="the ACES points' training file (label `class`)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every variant, in alternating order")
-    p.add_argument("--epochs", type=int, default=5, help="epochs per variant; the first is not timed")
-    p.add_argument("--batch", type=int, default=64, help="global batch")
+    p.add_argument("--epochs", type=int, default=5, help="epochs per points variant; the first is not timed")
+    p.add_argument("--unet-epochs", type=int, default=3, help="epochs per U-Net variant; the first is not timed")
+    p.add_argument("--unet-records", type=int, default=256, help="64x64x8 patches written for the U-Net case")
     p.add_argument("--overhead-steps", type=int, default=2000, help="steps per epoch of the one-weight model")
+    p.add_argument("--mirrored-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--horovod-rank", help=argparse.SUPPRESS)  # a folder for this rank's result
     args = p.parse_args(argv)
-
-    import tensorflow as tf
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        p.error(f"unknown case(s) {sorted(unknown)}: of {', '.join(CASES)}")
+    if args.horovod_rank:
+        return horovod_rank(args)
 
     from harness.distribute.backend import make_backend
 
-    backend = make_backend("tf", strategy="single", cpu_replicas=1)
-    strategy, context = backend.strategy, backend.context
-    print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores, {strategy.__class__.__name__}; "
-          f"{args.rounds} rounds, {args.epochs} epochs per variant (the first untimed)")
-    if not os.path.exists(args.data):
-        print(f"no ACES points at {args.data}: skipping the ACES comparison")
+    if args.mirrored_child:  # 2 logical CPUs, before any other TensorFlow op; both cases
+        backend, cases = make_backend("tf", strategy="mirrored", cpu_replicas=2), ["points", "unet"]
     else:
-        _, inputs = harness_aces(args.data, args.batch, 2, 1, strategy, backend)  # warm the record index
-        print(f"ACES points: {sum(inputs.plan.records)} records, {inputs.plan.steps_per_epoch} steps of "
-              f"{args.batch} per epoch, pixel classifier, Adam 1e-3")
-        variants = {"harness auto": lambda: harness_aces(args.data, args.batch, args.epochs, "auto", strategy,
-                                                         backend)[0],
-                    "harness steps_per_loop=1": lambda: harness_aces(args.data, args.batch, args.epochs, 1,
-                                                                     strategy, backend)[0]}
-        for spe in KERAS_SPE:
-            variants[f"keras fit spe={spe}"] = (lambda spe=spe: keras_aces(args.data, args.batch, args.epochs, spe,
-                                                                          inputs))
-        variants["keras fit spe=128, OneDevice"] = lambda: keras_aces(args.data, args.batch, args.epochs, 128,
-                                                                      inputs, strategy)
-        variants["harness loop, hand-written input"] = lambda: harness_loop_on_hand_written(
-            args.data, args.batch, args.epochs, strategy, context, inputs)
-        steps = inputs.plan.steps_per_epoch
-        variants["harness pipeline alone"] = lambda: pipeline_alone(
-            harness_aces_dataset(args.data, args.batch, backend), steps, args.epochs, args.batch)
-        variants["hand-written pipeline alone"] = lambda: pipeline_alone(
-            hand_written_pipeline(args.data, args.batch, inputs.spec.bands), steps, args.epochs, args.batch)
-        figures = _rounds(variants, args.rounds)
-        for name, values in figures.items():
-            print(_line(name, values, "examples/s"))
-        med = {name: statistics.median(v) for name, v in figures.items()}
-        best = max((f"keras fit spe={spe}" for spe in KERAS_SPE), key=med.get)  # the default strategy's
-        for mine in ("harness auto", "harness steps_per_loop=1", "harness loop, hand-written input"):
-            print(f"  {mine} / keras fit spe=1 = {med[mine] / med['keras fit spe=1']:.2f} (target >= 1.0); "
-                  f"/ best ({best}) = {med[mine] / med[best]:.2f} (target >= 0.9)")
-
-    steps, epochs = args.overhead_steps, 3
-    variants = {"harness auto": lambda: harness_overhead_us(steps, epochs, None, strategy, context),
-                "harness steps_per_loop=1": lambda: harness_overhead_us(steps, epochs, 1, strategy, context),
-                "keras fit spe=1": lambda: keras_overhead_us(steps, epochs, 1),
-                "keras fit spe=128": lambda: keras_overhead_us(steps, epochs, 128)}
-    print(f"per-step overhead: one-weight model, batch 1, {steps} steps per epoch, {epochs} epochs (first untimed)")
-    for name, values in _rounds(variants, args.rounds).items():
-        print(_line(name, values, "µs/step"))
+        backend = make_backend("tf", strategy="single")
+        import tensorflow as tf
+        print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores; cases {', '.join(cases)}; {args.rounds} "
+              f"rounds; {_load()}")
+    here = [c for c in cases if c != "mirrored"]
+    if here:
+        with tempfile.TemporaryDirectory(prefix="harness-step-loop-") as tmp:
+            run_cases(args, here, backend, write_patches(tmp, args.unet_records) if "unet" in here else None)
+    if "mirrored" in cases:
+        sys.stdout.flush()
+        print(_run_group([sys.executable, os.path.abspath(__file__), "--mirrored-child", "--data", args.data,
+                          "--rounds", str(args.rounds), "--epochs", str(args.epochs), "--unet-epochs",
+                          str(args.unet_epochs), "--unet-records", str(args.unet_records)], CHILD_TIMEOUT_S).rstrip())
+    if not args.mirrored_child:
+        print(f"done [{_load()}]")
     return 0
 
 

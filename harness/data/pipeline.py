@@ -2,17 +2,24 @@
 
 Order (tf.data performance guide, https://www.tensorflow.org/guide/data_performance):
   list files -> shard (harness.distribute.sharding.assign_nonempty) -> interleave (parallel; deterministic only for
-  evaluation or record-level sharding) -> [small records: parse each read batch] -> cache (before any randomness)
-  -> shuffle -> keep `records_per_epoch` -> repeat (training) -> batch [large records: parse each record first]
-  -> augment -> prefetch.
+  evaluation or record-level sharding) -> [record sharding: shard the records] -> [small records: parse each read
+  batch; large records, cached: parse each record] -> cache (before any randomness) -> shuffle -> keep
+  `records_per_epoch` -> repeat (training) -> batch [large records, uncached: parse each record first] -> augment
+  -> prefetch.
 
 Parse order, by the mean serialized record size (VECTORIZE_MAX_RECORD_BYTES):
   small records (tables, small patches) leave the file readers in read batches of ~256 kB (read_batch_size),
   each parsed by one vectorized `tf.io.parse_example`; the parsed tensors are then cached, shuffled and
   regrouped into batches. Per-batch costs are paid once per ~1000 records of the point export, and the cache
-  holds parsed tensors, so later epochs parse nothing.
+  holds parsed tensors, so later epochs parse nothing. Under record sharding the read batches are grouped after
+  the shard. A training epoch that keeps every whole batch (one worker) is cut by `batch(drop_remainder=True)`
+  alone, with no per-batch keep test: the stages after the cache are then those of a hand-written
+  `cache -> shuffle -> batch` pipeline.
   large records (image patches, MB each) are parsed one by one in parallel and then batched, which keeps all
-  cores busy on the float-list decoding and does not hold a whole batch of serialized copies.
+  cores busy on the float-list decoding and does not hold a whole batch of serialized copies. When cached,
+  they are parsed before the cache (as a hand-written `map(parse) -> cache` pipeline does): later epochs parse
+  nothing, and a parsed float32 patch is no larger than its serialized float list. Uncached, only the records
+  an epoch keeps are parsed, after the shuffle.
 benchmarks/input_pipeline.py measures both choices against the other order and the raw read.
 """
 from __future__ import annotations
@@ -55,7 +62,7 @@ READ_BATCH_BYTES = 256 * 1024
 READ_BATCH_MAX = 4096
 # Bump whenever a change to this module changes what a file cache holds (the elements' structure, dtypes or
 # values): the version is part of every file cache's name, so an older pipeline's caches are not read.
-PIPELINE_VERSION = 1
+PIPELINE_VERSION = 2
 
 
 # --- parsing -----------------------------------------------------------------------------------------------------
@@ -283,9 +290,9 @@ def read_batch_size(mean_record_bytes: float) -> int:
 
 
 def decoded_record_bytes(spec: DataSpec) -> int:
-    """Bytes of one decoded example (float32 bands, int32 or float32 label): what a cache of decoded read
-    batches holds per record."""
-    n = spec.values_per_feature()
+    """Bytes of one decoded example as delivered (float32 bands, int32 or float32 label; images cropped and
+    resized to `output_size`): what a cache of parsed records holds per record."""
+    n = spec.output_size ** 2 if spec.kind == IMAGE else 1
     return 4 * n * (len(spec.bands) + (spec.label is not None))
 
 
@@ -327,8 +334,8 @@ class PipelineOptions:
       shuffle_buffer: records in the shuffle buffer; default min(records, ~256 MB of records, 16384).
       cache: "auto" (memory when the pipeline's records fit in half the available memory, else files under
         cache_dir, else none), "memory", "file" (needs cache_dir) or "none". The cache is filled before any
-        randomness: with parsed read batches for small records (sized as decoded float32), serialized records
-        for large ones.
+        randomness, with parsed tensors (sized as decoded float32: `decoded_record_bytes`): read batches for
+        small records, single records for large ones.
       cache_dir: folder of the file cache. Its name (cache_name) changes with the files, spec and pipeline version;
         one process at a time fills it, and what a killed run left is cleared (harness.data.filecache).
       augment: random flips and 90-degree rotations of image and mask together (training images only).
@@ -409,18 +416,21 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
 
     deterministic = not training or assignment.policy == RECORD  # record sharding needs one order on all workers
     per_record = parse_per_record(mean_bytes)
-    # Small records, file sharding: the readers yield read batches, parsed as they come, so every later stage
-    # (cache, shuffle, batch) moves parsed tensors. Record sharding needs single records before `shard`.
-    read_batched = not per_record and assignment.policy != RECORD
+    # Small records: read batches, parsed as they come, so every later stage (cache, shuffle, batch) moves parsed
+    # tensors. Record sharding takes single records from the readers, shards them, then groups read batches.
+    read_batched = not per_record
     compressions = [by_path[p][0].compression for p in assignment.files]
     read_batch = read_batch_size(mean_bytes) if read_batched else None
     ds = read_files(assignment.files, compressions, deterministic=deterministic,
-                    shuffle_files=training and assignment.policy != RECORD, seed=seed, read_batch=read_batch)
+                    shuffle_files=training and assignment.policy != RECORD, seed=seed,
+                    read_batch=None if assignment.policy == RECORD else read_batch)
     if assignment.policy == RECORD:
         ds = ds.shard(num_input_pipelines, input_pipeline_id)
+        if read_batched:
+            ds = ds.batch(read_batch)
     if read_batched:
         ds = ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        my_bytes = my_records * decoded_record_bytes(spec)  # the cache holds parsed tensors
+    my_bytes = my_records * decoded_record_bytes(spec)  # a cache holds parsed tensors
 
     may_use_files = o.cache_dir and o.cache in ("file", "auto")  # the name stats every file: only when needed
     name = cache_name(spec, assignment, compressions, read_batch=read_batch, training=training) if may_use_files \
@@ -428,6 +438,10 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
     choice = choose_cache(o.cache, my_bytes, cache_dir=o.cache_dir, name=name)
     log.info("input pipeline %d/%d: %d files, %d records, cache: %s (%s)", input_pipeline_id,
              num_input_pipelines, len(assignment.files), my_records, choice.kind, choice.reason)
+    parsed = read_batched
+    if per_record and choice.kind != "none":  # parse once, into the cache (uncached: only the records kept)
+        ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        parsed = True
     if choice.kind == "memory":
         ds = ds.cache()
     elif choice.kind == "file":
@@ -442,14 +456,10 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         buffer = o.shuffle_buffer or max(1, min(my_records, int(SHUFFLE_BUFFER_BYTES // max(mean_bytes, 1)),
                                               MAX_DEFAULT_SHUFFLE))
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        if records_per_epoch is not None and read_batched and records_per_epoch % per_replica_batch_size == 0:
-            # Parsed small records: batch each epoch's shuffled stream, then keep its first batches. The same
-            # batches as keeping the first records and batching after `repeat`, with the keep test paid once per
-            # batch instead of once per record (per record it ran the point export at 22k examples/s, against
-            # 343k without it: benchmarks/step_loop.py).
-            ds = ds.batch(per_replica_batch_size, drop_remainder=False)
-            ds = _keep_first(ds, records_per_epoch, my_records, per_replica_batch_size,
-                             per_element=per_replica_batch_size)
+        if records_per_epoch is not None and parsed and records_per_epoch % per_replica_batch_size == 0:
+            # Parsed records: batch each epoch's shuffled stream, then keep its first batches: the same batches
+            # as keeping the first records and batching after `repeat`, at no per-record cost.
+            ds = _keep_first_batches(ds, records_per_epoch, my_records, per_replica_batch_size)
             batched = True
         elif records_per_epoch is not None:
             ds = _keep_first(ds, records_per_epoch, my_records, per_replica_batch_size)
@@ -463,19 +473,15 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         if per_pass % per_replica_batch_size:
             log.info("evaluation drops the last %d records (drop_remainder)", per_pass % per_replica_batch_size)
 
-    if read_batched:  # parsed already
-        if batched and training:  # batched per epoch above
-            pass
-        elif batched:  # evaluation: regroup the parsed read batches across file boundaries
-            ds = ds.rebatch(per_replica_batch_size, drop_remainder=True)
-        else:
-            ds = ds.batch(per_replica_batch_size, drop_remainder=True)
-    elif per_record:
+    if batched and training:  # batched per epoch above
+        pass
+    elif batched:  # evaluation: regroup the parsed read batches across file boundaries
+        ds = ds.rebatch(per_replica_batch_size, drop_remainder=True)
+    elif parsed:
+        ds = ds.batch(per_replica_batch_size, drop_remainder=True)
+    else:  # large records, not cached: parse each record kept, in parallel, then batch
         ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         ds = ds.batch(per_replica_batch_size, drop_remainder=True)
-    else:  # small records under record sharding: batch, then one vectorized parse per batch
-        ds = ds.batch(per_replica_batch_size, drop_remainder=True)
-        ds = ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
 
     if o.augment and training:
         if spec.kind != IMAGE:
@@ -497,6 +503,37 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
     return ds.with_options(options)
 
 
+def _check_keep(keep: int, available: int, batch: int) -> None:
+    """Keeping `keep` of `available` records per pass in batches of `batch`: refuse what yields no step, log
+    what is dropped."""
+    if keep > available:
+        raise BatchSizeError(f"records_per_epoch {keep} exceeds the {available} records of this input pipeline")
+    if keep < batch:
+        raise BatchSizeError(f"records_per_epoch {keep} < per-replica batch {batch}: an epoch would have no step")
+    if keep < available:
+        log.info("records_per_epoch %d: %d of this input pipeline's %d records are read and dropped each epoch",
+                 keep, available - keep, available)
+
+
+def _keep_first_batches(ds: tf.data.Dataset, keep: int, available: int, batch: int) -> tf.data.Dataset:
+    """Batches of `batch` holding the first `keep` records (a multiple of `batch`) of each pass over the
+    `available` records of `ds` (one epoch of a shuffled stream, repeated after).
+
+    When `keep` is every whole batch of the pass (one worker: the epoch drops only the last `available % batch`
+    records), `batch(drop_remainder=True)` does it alone, as a hand-written pipeline does. Else the batches past
+    `keep` are read and dropped by `_keep_first` (enumerate + filter: ~70 µs more per batch on 2 busy cores,
+    which ran the ACES points at 320k examples/s against 480k without it; a per-record keep ran at 22k).
+
+    Raises:
+      BatchSizeError: if keep > available or keep < batch.
+    """
+    ds = ds.batch(batch, drop_remainder=True)
+    if keep // batch == available // batch:
+        _check_keep(keep, available, batch)
+        return ds
+    return _keep_first(ds, keep, available, batch, per_element=batch)
+
+
 _VALIDATED: set = set()
 
 
@@ -516,13 +553,8 @@ def _keep_first(ds: tf.data.Dataset, keep: int, available: int, batch: int, *, p
 
     Args:
       per_element: records per element of `ds` (1: records; B: batches of B, `keep` a multiple of B)."""
-    if keep > available:
-        raise BatchSizeError(f"records_per_epoch {keep} exceeds the {available} records of this input pipeline")
-    if keep < batch:
-        raise BatchSizeError(f"records_per_epoch {keep} < per-replica batch {batch}: an epoch would have no step")
-    if keep < available:
-        log.info("records_per_epoch %d: %d of this input pipeline's %d records are read and dropped each epoch",
-                 keep, available - keep, available)
+    _check_keep(keep, available, batch)
+
     def first(i, _):
         return i < keep // per_element
 

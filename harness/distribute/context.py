@@ -23,7 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Backend(enum.Enum):
     """How replicas are kept in sync."""
 
-    SINGLE = "single"              # one device, tf.distribute.OneDeviceStrategy
+    SINGLE = "single"              # one device, the default tf.distribute strategy
     MIRRORED = "mirrored"          # one worker, several local devices, tf.distribute.MirroredStrategy
     MULTI_WORKER = "multi_worker"  # several workers from TF_CONFIG, tf.distribute.MultiWorkerMirroredStrategy
     HOROVOD = "horovod"            # one process per device, Horovod allreduce

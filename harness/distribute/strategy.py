@@ -1,7 +1,12 @@
 """Build the tf.distribute strategy for this process, together with its `WorkerContext`.
 
 Strategies (https://www.tensorflow.org/guide/distributed_training):
-  - `single`: `tf.distribute.OneDeviceStrategy` on GPU 0, else the CPU.
+  - `single`: the default strategy (`tf.distribute.get_strategy()`, what Keras `fit` runs under without a
+    scope): one replica, ops placed by TensorFlow's default placement (GPU 0 when there is one, else the CPU).
+    `OneDeviceStrategy` would pin the same device but wraps every step in a distributed-values layer: on the ACES
+    points it cost ~2x per step of a small model (benchmarks/step_loop.py, "harness auto, OneDeviceStrategy"),
+    and its distributed iterator ~3x per batch drawn; the default strategy's datasets are plain `tf.data` ones.
+    It has no `extended.worker_devices`: ask `replica_devices`.
   - `mirrored`: `tf.distribute.MirroredStrategy` over the local GPUs, or over `num_cpu_replicas` logical CPU
     devices when there is no GPU (for tests: one host, several replicas).
   - `multi_worker`: `tf.distribute.MultiWorkerMirroredStrategy` over the cluster in TF_CONFIG
@@ -90,7 +95,10 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
         raise ClusterConfigError(f"num_cpu_replicas={num_cpu_replicas} applies to mirrored without GPUs only "
                          f"(kind {backend.value}, {gpus} GPUs)")
     if backend is Backend.SINGLE:
-        strategy = tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+        strategy = tf.distribute.get_strategy()
+        if strategy is not _default_strategy():
+            raise ClusterConfigError(f"make_strategy('single') called inside the scope of {strategy_name(strategy)}: "
+                                     "build the strategy outside any strategy scope")
         context = WorkerContext.single()
     elif backend is Backend.MIRRORED:
         devices = [f"/gpu:{i}" for i in range(gpus)] if gpus else _logical_cpus(num_cpu_replicas or 1)
@@ -104,12 +112,40 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
                                           worker_wait_s or environment.read_worker_wait_s(environ))
     if strategy.num_replicas_in_sync != context.replicas_in_sync:
         raise ClusterConfigError(
-            f"{type(strategy).__name__} has {strategy.num_replicas_in_sync} replicas in sync, expected "
+            f"{strategy_name(strategy)} has {strategy.num_replicas_in_sync} replicas in sync, expected "
             f"{context.num_workers} workers x {context.replicas_per_worker} local devices = "
             f"{context.replicas_in_sync}. TF_CONFIG set after TensorFlow initialized its runtime is the classic "
             f"cause: set it before the process starts")
-    log.info("%s: %s", type(strategy).__name__, context)
+    log.info("%s: %s", strategy_name(strategy), context)
     return strategy, context
+
+
+def _default_strategy() -> tf.distribute.Strategy:
+    """TensorFlow's default strategy, also inside another strategy's scope (where `get_strategy()` answers that
+    one); private in TF 2.18, as is its class."""
+    from tensorflow.python.distribute import distribute_lib
+
+    return distribute_lib._get_default_strategy()
+
+
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The strategy's public name (`MirroredStrategy`, `MultiWorkerMirroredStrategy`, ...: the `tf.distribute`
+    export it is an instance of, whose class may be private), or `default strategy` for TensorFlow's default
+    (single device, and every Horovod rank)."""
+    if strategy is _default_strategy():
+        return "default strategy"
+    public = ("OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy")  # subclasses last
+    names = [n for n in public if isinstance(strategy, getattr(tf.distribute, n))]
+    return names[-1] if names else type(strategy).__name__
+
+
+def replica_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
+    """This worker's replicas' devices, in replica order (`strategy.extended.worker_devices`); for the default
+    strategy, which has no such list, the one device TensorFlow's default placement picks: GPU 0 when the process
+    sees a GPU, else the CPU."""
+    if strategy is _default_strategy():
+        return ("/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0",)
+    return tuple(strategy.extended.worker_devices)
 
 
 def _resolve_kind(kind: Union[str, Backend], config: Optional[environment.TFConfig], gpus: int,

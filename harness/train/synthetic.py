@@ -68,7 +68,9 @@ def synthetic_batches(strategy, shapes: Shapes, per_replica_batch: int, seed: in
     [0, 1) float32, labels uniform int32 in [0, num_classes)."""
     import tensorflow as tf
 
-    devices = strategy.extended.worker_devices  # this worker's replicas, in replica order
+    from harness.distribute.strategy import replica_devices
+
+    devices = replica_devices(strategy)  # this worker's replicas, in replica order
 
     def value_fn(ctx):
         with tf.device(devices[ctx.replica_id_in_sync_group % len(devices)]):

@@ -105,6 +105,47 @@ def test_records_per_epoch_keeps_first_n_of_each_epoch(table, caplog):
         _build(found, spec, 8, training=True, records_per_epoch=65)
 
 
+def _has_filter(ds) -> bool:
+    return b"FilterDataset" in ds._as_serialized_graph().numpy()
+
+
+@pytest.mark.parametrize("batch", [8, 7])  # 64 records: every record kept (8), or the last 64 % 7 = 1 dropped (7)
+def test_one_worker_epoch_keeps_every_whole_batch_without_a_filter(table, batch, caplog):
+    """One input pipeline keeping every whole batch of its records: each epoch holds 64 // batch batches of
+    distinct records, reshuffled (the dropped remainder too), cut by batch(drop_remainder) alone, with no
+    per-batch keep test (enumerate + filter) in the graph."""
+    caplog.set_level(logging.INFO)
+    found, spec = table
+    keep = 64 // batch * batch
+    ds = _build(found, spec, batch, training=True, records_per_epoch=keep, seed=1, cache="memory")
+    assert not _has_filter(ds)
+    ids = _ids(_all(ds.take(3 * (64 // batch))))
+    epochs = [ids[i:i + keep] for i in range(0, 3 * keep, keep)]
+    every = set(_ids(_all(_build(found, spec, 1, training=False))))
+    assert all(len(set(e)) == keep and set(e) <= every for e in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]
+    if keep < 64:
+        assert len({frozenset(every - set(e)) for e in epochs}) > 1  # another record dropped each epoch
+        assert f"{64 - keep} of this input pipeline's 64 records are read and dropped each epoch" in caplog.text
+    partial = _build(found, spec, 8, training=True, records_per_epoch=40, seed=1, cache="memory")
+    assert _has_filter(partial)  # fewer than every whole batch: the first 5 of 8 are kept by the filter
+
+
+def test_record_sharding_trains_on_parsed_read_batches_exactly_once(table):
+    """3 pipelines over 2 files shard by record: each pipeline's epoch holds distinct records, the pipelines'
+    epochs are disjoint, and a pipeline reshuffles its own records each epoch."""
+    found, spec = table
+    shards = [set(_ids(_all(_build(found, spec, 1, training=False, input_pipeline_id=i, num_input_pipelines=3))))
+              for i in range(3)]
+    assert sorted(map(len, shards)) == [21, 21, 22] and len(set().union(*shards)) == 64
+    for i in range(3):
+        ds = _build(found, spec, 4, training=True, records_per_epoch=20, seed=5, input_pipeline_id=i,
+                    num_input_pipelines=3)
+        ids = _ids(_all(ds.take(10)))  # 2 epochs of 5 steps
+        assert len(set(ids[:20])) == len(set(ids[20:])) == 20 and ids[:20] != ids[20:]
+        assert set(ids) <= shards[i]  # only this pipeline's records: disjoint from the others'
+
+
 def test_augment_moves_image_and_mask_together(image):
     found, spec = image
     x = np.random.default_rng(0).normal(size=(16, 12, 12, 5)).astype(np.float32)
@@ -268,3 +309,27 @@ def test_training_dataset_jitters_inputs_not_labels(image):
         xo = x[index[ye.tobytes()]]
         assert not np.allclose(xe, xo)
         assert 0.7 - 1e-5 < xe.mean() / xo.mean() < 1.3 + 1e-5
+
+
+def _cache_input_op(ds) -> str:
+    """The op of the dataset node feeding the cache in `ds`'s graph."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    nodes = {n.name: n for n in graph.node}
+    cache = next(n for n in graph.node if n.op.startswith("CacheDataset"))
+    return nodes[cache.input[0].split(":")[0]].op
+
+
+def test_cached_large_records_are_parsed_before_the_cache(image, monkeypatch):
+    """Large records cached: parsed once into the cache (later epochs parse nothing), each record once per epoch,
+    reshuffled; the same tensors as the uncached pipeline, which parses only the records kept."""
+    found, spec = image
+    monkeypatch.setattr(P, "VECTORIZE_MAX_RECORD_BYTES", -1)  # every record "large": parse per record
+    cached = _build(found, spec, 2, training=True, records_per_epoch=10, cache="memory", seed=4)
+    assert _cache_input_op(cached).startswith("ParallelMapDataset") and not _has_filter(cached)
+    batches = _all(cached.take(10))  # 2 epochs of 5 steps
+    flat = [x.tobytes() for b in batches for x in b[0]]
+    assert len(set(flat[:10])) == len(set(flat[10:])) == 10 and flat[:10] != flat[10:]
+    uncached = _all(_build(found, spec, 2, training=False, cache="none"))
+    assert set(flat[:10]) == set(flat[10:]) == {x.tobytes() for b in uncached for x in b[0]}

@@ -139,3 +139,32 @@ def test_mpirun_with_the_tf_backend_is_refused_on_every_rank(tmp_path):
     for rank in (0, 1):
         assert f"this process is rank {rank} of 2 started by openmpi" in text, text[-3000:]
     assert "--backend horovod" in text and "Traceback" not in text and not (tmp_path / "out").exists()
+
+
+def test_single_device_runs_under_the_default_strategy():
+    """One device, one worker: TensorFlow's default strategy (as Keras fit), whose datasets stay plain tf.data
+    ones and whose steps pay no distributed-values layer; everything the loop and `bench train` ask of a strategy
+    still answers."""
+    import tensorflow as tf
+
+    from harness.train.synthetic import Shapes, synthetic_batches
+    from harness.distribute.strategy import replica_devices, strategy_name
+
+    backend = make_backend("tf", strategy="single")
+    strategy = backend.strategy
+    assert strategy is tf.distribute.get_strategy() and strategy_name(strategy) == "default strategy"
+    assert strategy.num_replicas_in_sync == backend.context.replicas_in_sync == 1
+    assert backend.context.backend.value == "single"
+    assert replica_devices(strategy) == (("/gpu:0",) if tf.config.list_logical_devices("GPU") else ("/cpu:0",))
+    ds = backend.distribute(lambda ctx: tf.data.Dataset.range(6).batch(2))
+    assert isinstance(ds, tf.data.Dataset) and [b.numpy().tolist() for b in ds] == [[0, 1], [2, 3], [4, 5]]
+    assert float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(2.5)), axis=None)) == 2.5
+    x, y = next(synthetic_batches(strategy, Shapes("image", (4, 4, 3), 5), per_replica_batch=2))
+    assert x.shape == (2, 4, 4, 3) and y.shape == (2, 4, 4) and int(tf.reduce_max(y)) < 5
+
+
+def test_single_inside_another_strategys_scope_is_refused(mirrored):
+    from harness.distribute.strategy import make_strategy
+
+    with mirrored[0].scope(), pytest.raises(ClusterConfigError, match="inside the scope of MirroredStrategy"):
+        make_strategy("single")

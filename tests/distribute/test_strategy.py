@@ -52,14 +52,14 @@ def _free_ports(n: int) -> list[int]:
 
 def test_mirrored_on_two_logical_cpus():
     r = _result(_start("mirrored", "--num-cpu-replicas", "2", "--allreduce"))
-    assert r["strategy"] == "MirroredStrategy"
+    assert r["strategy"] == "MirroredStrategy" and not r["default"]
     assert (r["replicas_in_sync"], r["replicas_per_worker"], r["num_workers"]) == (2, 2, 1)
     assert r["allreduce"] == 2.0 and r["backend"] == "mirrored" and r["is_chief"]
 
 
-def test_auto_without_cluster_is_one_device():
+def test_auto_without_cluster_is_the_default_strategy():
     r = _result(_start("auto"))
-    assert (r["strategy"], r["replicas_in_sync"], r["backend"]) == ("OneDeviceStrategy", 1, "single")
+    assert (r["strategy"], r["default"], r["replicas_in_sync"], r["backend"]) == ("default strategy", True, 1, "single")
 
 
 def test_multi_worker_on_localhost_two_processes():

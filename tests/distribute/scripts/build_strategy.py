@@ -13,7 +13,7 @@ import sys
 import harness  # noqa: F401  (selects Keras 2 before TensorFlow is imported)
 import tensorflow as tf
 
-from harness.distribute.strategy import make_strategy
+from harness.distribute.strategy import make_strategy, strategy_name
 from harness.errors import HarnessError
 
 p = argparse.ArgumentParser()
@@ -30,9 +30,7 @@ try:
 except HarnessError as e:
     print(json.dumps({"error": type(e).__name__, "message": str(e)}), flush=True)
     sys.exit(3)
-public = ("OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy")
-name = [n for n in public if isinstance(strategy, getattr(tf.distribute, n))][-1]
-out = {"strategy": name, "replicas_in_sync": strategy.num_replicas_in_sync,
+out = {"strategy": strategy_name(strategy), "default": strategy is tf.distribute.get_strategy(), "replicas_in_sync": strategy.num_replicas_in_sync,
        "rank": ctx.rank, "num_workers": ctx.num_workers, "local_rank": ctx.local_rank,
        "replicas_per_worker": ctx.replicas_per_worker, "is_chief": ctx.is_chief, "task_type": ctx.task_type,
        "task_index": ctx.task_index, "backend": ctx.backend.value}

@@ -1,5 +1,6 @@
-"""The class-id rule, in one place: a classification label value is a class id when it is a finite integer >= 0,
-and below `num_classes` when the number of classes is known.
+"""The label rule, in one place: a classification label value is a class id when it is a finite integer >= 0,
+and below `num_classes` when the number of classes is known; a regression label value is finite (a NaN or inf
+target makes the loss NaN at some later step, far from the record that holds it).
 
 Earth Engine stores class ids as floats (3.0; `../shared/GEE_FORMAT.md`), so the rule is checked on the float
 values before they are cast to int32. The input pipeline applies it to every batch (`harness.data.pipeline`), the
@@ -19,8 +20,8 @@ import tensorflow as tf
 
 from harness.errors import LabelValueError
 
-# The assertion a batch with a label that is not a class id fails with (see harness.data.pipeline.decode).
-LABEL_CHECK_MESSAGE = "harness: class labels must be integers in [0, num_classes)"
+# The assertion a batch with a label that breaks the rule fails with (see harness.data.pipeline.decode).
+LABEL_CHECK_MESSAGE = "harness: labels must be class ids in [0, num_classes) (classification) or finite (regression)"
 IGNORED = -1  # an ignored (nodata) classification label as delivered by the pipeline, int32
 
 
@@ -69,6 +70,36 @@ def is_class_id(values, num_classes: Optional[int] = None, ignore_label=None) ->
     return ok
 
 
+def is_label_value(values, task: str, num_classes: Optional[int] = None, ignore_label=None) -> tf.Tensor:
+    """Elementwise: does each value keep the rule of `task`? Classification: `is_class_id`; regression: finite,
+    or the declared nodata value. Works in a `tf.function` and eagerly on numpy arrays.
+
+    Args:
+      values: label values of any shape, float or integer dtype.
+      task: "classification" or "regression".
+      num_classes: classification only: values must also be < num_classes when given.
+      ignore_label: a value that passes too (the spec's `ignore_label`), or None.
+    Returns:
+      bool tensor of the shape of `values`.
+    """
+    if task == "classification":
+        return is_class_id(values, num_classes, ignore_label)
+    values = tf.convert_to_tensor(values)
+    ok = tf.math.is_finite(values) if values.dtype.is_floating else tf.ones_like(values, dtype=tf.bool)
+    if ignore_label is not None:
+        ok |= tf.equal(values, tf.cast(ignore_label, values.dtype))
+    return ok
+
+
+def label_rule_error(where: str, label: str, value: float, task: str,
+                    num_classes: Optional[int]) -> LabelValueError:
+    """The error for a label `value` at `where` ("<path>: record <i>") that breaks the rule of `task`."""
+    if task == "classification":
+        return not_a_class_id_error(where, label, value, num_classes)
+    return LabelValueError(f"{where}: label {label!r} holds {value!r}: regression labels must be finite (a nodata "
+                           "value? give it as ignore_label, or mask it before export)")
+
+
 def not_a_class_id_error(where: str, label: str, value: float, num_classes: Optional[int]) -> LabelValueError:
     """The error for a label `value` that breaks the rule, at `where` ("<path>: record <i>").
 
@@ -90,20 +121,20 @@ def check_first_labels(spec, shards: Sequence, records: int = 16) -> None:
     `harness.data.scan.first_bad_label`.
 
     Raises:
-      LabelValueError: naming the shard, record and value, for a classification spec.
+      LabelValueError: naming the shard, record and value (a class id rule or a non-finite regression value).
     """
     from harness.data.records import first_examples
 
-    if spec.task != "classification":
-        return
     checked = 0
     for shard in shards:
         examples = first_examples(shard, records if not checked else 1)
         for i, ex in enumerate(examples):
             values = np.asarray(ex.features.feature[spec.label].float_list.value, np.float64)
-            bad = np.flatnonzero(~is_class_id(values, None, spec.ignore_label).numpy())
+            if not values.size:  # an int64 label
+                values = np.asarray(ex.features.feature[spec.label].int64_list.value, np.float64)
+            bad = np.flatnonzero(~is_label_value(values, spec.task, None, spec.ignore_label).numpy())
             if bad.size:
                 value = float(values[bad[0]])
-                raise not_a_class_id_error(f"{shard.path}: record {i}", spec.label, value, None)
+                raise label_rule_error(f"{shard.path}: record {i}", spec.label, value, spec.task, None)
         checked += len(examples)
 

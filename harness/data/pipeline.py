@@ -35,11 +35,11 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from harness.data import filecache, index
-from harness.data.labels import LABEL_CHECK_MESSAGE, deliver, is_class_id
+from harness.data.labels import LABEL_CHECK_MESSAGE, deliver, is_label_value
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard
 from harness.data.source import ShardSet
-from harness.data.spec import CLASSIFICATION, IMAGE, TIME, DataSpec, validate_spec
+from harness.data.spec import IMAGE, TIME, DataSpec, validate_spec
 from harness.distribute.sharding import RECORD, ShardAssignment, assign_nonempty
 from harness.errors import BatchSizeError, ConfigError, SpecError
 
@@ -122,7 +122,8 @@ def decode(spec: DataSpec, serialized: tf.Tensor):
     Raises (when the dataset is iterated):
       tf.errors.InvalidArgumentError: from `tf.io.parse_example` for a record that lacks a feature or holds
         another number of values; with LABEL_CHECK_MESSAGE for a classification label that is negative,
-        fractional, NaN or >= spec.num_classes. harness.data.scan finds the file and record.
+        fractional, NaN or >= spec.num_classes, or a regression label that is NaN or infinite (and not the
+        ignore_label). harness.data.scan finds the file and record.
     """
     parsed = tf.io.parse_example(serialized, feature_description(spec))
     if spec.band_groups:
@@ -133,15 +134,12 @@ def decode(spec: DataSpec, serialized: tf.Tensor):
     if spec.label is None:
         return inputs
     label = parsed[spec.label]
-    if spec.task == CLASSIFICATION:
-        # Earth Engine stores class ids as floats (3.0): cast (GEE_FORMAT.md), after checking that every value is a
-        # class id or the nodata value (harness.data.labels); a failing batch is traced to its record by
-        # harness.data.scan.
-        check = tf.debugging.Assert(tf.reduce_all(is_class_id(label, spec.num_classes, spec.ignore_label)),
-                                    [LABEL_CHECK_MESSAGE])
-        with tf.control_dependencies([check]):
-            label = deliver(label, spec.task, spec.ignore_label)
-    else:
+    # Earth Engine stores class ids as floats (3.0): cast (GEE_FORMAT.md), after checking that every value keeps
+    # the label rule (a class id, a finite regression value, or the nodata value; harness.data.labels); a failing
+    # batch is traced to its record by harness.data.scan.
+    check = tf.debugging.Assert(tf.reduce_all(is_label_value(label, spec.task, spec.num_classes, spec.ignore_label)),
+                                [LABEL_CHECK_MESSAGE])
+    with tf.control_dependencies([check]):
         label = deliver(label, spec.task, spec.ignore_label)
     if spec.kind == IMAGE:
         s = spec.stored_size

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from harness.data import records
 from harness.data.shards import Shard
-from harness.data.labels import is_class_id, not_a_class_id_error
+from harness.data.labels import is_label_value, label_rule_error
 from harness.data.spec import DataSpec, check_feature
 from harness.errors import LabelValueError, SpecMismatchError
 
@@ -70,8 +70,9 @@ def _name_in_batch(spec: DataSpec, shard: Shard, batch, start: int) -> Optional[
 
 
 def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: Optional[int]):
-    """The first record of `shards` (in order) whose classification label is not a class id in
-    [0, num_classes): negative, fractional, NaN or infinite, or >= num_classes (not checked when None).
+    """The first record of `shards` (in order) whose label breaks the label rule (`harness.data.labels`): for
+    classification not a class id in [0, num_classes): negative, fractional, NaN or infinite, or >= num_classes
+    (not checked when None); for regression NaN or infinite. The spec's ignore_label passes.
 
     Reads the label feature only, one vectorized parse per read batch of SCAN_BATCH records.
 
@@ -88,7 +89,7 @@ def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
         for batch in records.dataset(shard).batch(SCAN_BATCH):
             labels = tf.io.parse_example(batch, description)[spec.label].numpy().astype(np.float64)
             labels = labels.reshape(labels.shape[0], -1)  # [records, values per record]
-            bad = ~is_class_id(labels, num_classes, spec.ignore_label).numpy()
+            bad = ~is_label_value(labels, spec.task, num_classes, spec.ignore_label).numpy()
             rows = np.flatnonzero(bad.any(axis=1))
             if rows.size:
                 row = int(rows[0])
@@ -98,7 +99,7 @@ def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
 
 
 def bad_label_error(spec: DataSpec, shards: Sequence[Shard], num_classes: Optional[int]) -> Optional[LabelValueError]:
-    """first_bad_label as the error to raise, or None when every label is a class id.
+    """first_bad_label as the error to raise, or None when every label keeps the rule.
 
     The message names file, record and value; an integer at or above `num_classes` asks for --num-classes, any
     other value (negative, fractional, NaN) says class ids are integers >= 0.
@@ -107,7 +108,7 @@ def bad_label_error(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
     if found is None:
         return None
     path, index, value = found
-    return not_a_class_id_error(f"{path}: record {index}", spec.label, value, num_classes)
+    return label_rule_error(f"{path}: record {index}", spec.label, value, spec.task, num_classes)
 
 
 def named_error(error: Exception, spec: DataSpec, num_classes: Optional[int],
@@ -136,6 +137,9 @@ def named_error(error: Exception, spec: DataSpec, num_classes: Optional[int],
         if m:
             return LabelValueError(f"label {spec.label!r}: value {m.group(1)} is outside the {num_classes} classes "
                                    f"[0, {num_classes})")
+        if spec.task != "classification":
+            return LabelValueError(f"label {spec.label!r}: a value is NaN or infinite (regression labels must be "
+                                   "finite; give a nodata value as ignore_label)")
         return LabelValueError(f"label {spec.label!r}: a value is not a class id (an integer >= 0"
                                + (f" and < {num_classes})" if num_classes else ")"))
     if re.search(r"Feature: \S+ \(data type: \w+\) is required|Key: \S+[.,]|Can't parse serialized", text) and shards:

@@ -1,4 +1,4 @@
-"""The class-id rule (harness/data/labels.py): one function, used by the pipeline, the scan and the job's check."""
+"""The label rule (harness/data/labels.py): one function, used by the pipeline, the scan and the job's check."""
 import numpy as np
 import pytest
 
@@ -40,7 +40,7 @@ def test_pipeline_scan_and_job_check_agree(tmp_path):
         for r in records:
             w.write(r)
     shards = discover_shards([str(tmp_path)])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="class labels must be integers"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="labels must be class ids"):
         list(pipeline.build_dataset(shards, spec, pipeline.PipelineOptions(per_replica_batch_size=4, training=False)))
     assert scan.first_bad_label(spec, shards, None) == (path, 0, float("inf"))
     with pytest.raises(LabelValueError, match=r"record 0: label 'class' holds inf"):
@@ -76,3 +76,52 @@ def test_declared_nodata_passes_the_rule_and_is_delivered_as_ignored(tmp_path):
     assert got.numpy().tolist() == want and got.dtype == tf.int32
     (_, values), = list(pipeline.build_dataset(shards, spec.replace(task="regression", num_classes=None), options))
     assert np.isnan(values.numpy()[[1, 4]]).all() and np.isfinite(np.delete(values.numpy(), [1, 4])).all()
+
+
+def _rewrite(path, records):
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(path, "GZIP") as w:
+        for ex in records:
+            w.write(ex.SerializeToString())
+
+
+def test_a_nan_regression_label_is_named_not_a_nan_loss(tmp_path):
+    """A regression label NaN at record 20 of 40 (past the job's first-record check): the pipeline's batch check
+    fails (before, the loss went NaN some steps later, naming no record), the scan names file, record and value,
+    also with an unrelated ignore_label declared (NaN is not silently nodata); at record 0 the job's check refuses
+    it before training; the declared nodata value passes and is delivered as NaN."""
+    import tensorflow as tf
+
+    synth.write_table_export(str(tmp_path), prefix="t", shards=1, records=40, seed=0)
+    path = discover_shards([str(tmp_path)])[0].path
+    records = [tf.train.Example.FromString(r)
+               for r in tf.data.TFRecordDataset(path, compression_type="GZIP").as_numpy_iterator()]
+    records[20].features.feature["class"].float_list.value[:] = [float("nan")]
+    _rewrite(path, records)
+    shards = discover_shards([str(tmp_path)])
+    spec = infer_spec(shards, label="class").replace(task="regression", num_classes=None)
+    assert labels.is_label_value(np.array([0.5, np.nan, -np.inf, 5.0]), "regression", None, 5).numpy().tolist() == \
+        [True, False, False, True]
+    labels.check_first_labels(spec, shards)  # records 0-15 are finite
+    options = pipeline.PipelineOptions(per_replica_batch_size=8, training=False)
+    for declared in (None, 5.0):
+        s = spec.replace(ignore_label=declared)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="or finite \\(regression\\)") as raised:
+            list(pipeline.build_dataset(shards, s, options))
+        named = scan.named_error(raised.value, s, None, shards)
+        assert isinstance(named, LabelValueError)
+        assert str(named).startswith(f"{path}: record 20: label 'class' holds nan: regression labels must be finite")
+    records[20].features.feature["class"].float_list.value[:] = [1.0]
+    records[0].features.feature["class"].float_list.value[:] = [float("inf")]
+    records[3].features.feature["class"].float_list.value[:] = [-9999.0]
+    _rewrite(path, records)
+    with pytest.raises(LabelValueError, match=r"record 0: label 'class' holds inf: regression labels must be finite"):
+        labels.check_first_labels(spec, shards)
+    records[0].features.feature["class"].float_list.value[:] = [2.0]
+    _rewrite(path, records)
+    s = spec.replace(ignore_label=-9999.0)
+    labels.check_first_labels(s, shards)
+    assert scan.first_bad_label(s, shards, None) is None
+    values = np.concatenate([y.numpy() for _, y in pipeline.build_dataset(shards, s, options)])
+    assert np.flatnonzero(np.isnan(values)).tolist() == [3] and values[0] == 2.0

@@ -39,7 +39,7 @@ def test_labels_that_are_not_class_ids_fail_the_batch(tmp_path):
                 w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
         found = S.discover_shards(str(path))
         spec = SP.DataSpec(kind="table", bands=("a",), label="class", num_classes=num_classes)
-        with pytest.raises(tf.errors.InvalidArgumentError, match="class labels must be integers"):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="labels must be class ids"):
             list(P.build_dataset(found, spec, P.PipelineOptions(per_replica_batch_size=4, training=False)))
         assert scan.first_bad_label(spec, found, num_classes)[:2] == (found[0].path, 2)
         error = scan.bad_label_error(spec, found, num_classes)

@@ -16,6 +16,8 @@ import math
 import numbers
 from typing import Mapping, Optional, Sequence, Union
 
+import numpy as np
+
 from harness.data import records
 from harness.data.records import BYTES, EMPTY, FLOAT, INT64, FeatureInfo
 from harness.data.shards import Mixer, Shard
@@ -131,6 +133,10 @@ class DataSpec:
                 self.ignore_label):
             raise SpecError(f"ignore_label {self.ignore_label!r}: a classification label is an integer; give the "
                             "integer your export writes for nodata")
+        if (self.ignore_label is not None and self.label is not None and self.dtype_of(self.label) == FLOAT
+                and abs(self.ignore_label) > float(np.finfo(np.float32).max)):
+            raise SpecError(f"ignore_label {self.ignore_label!r} is beyond the float32 range of label "
+                            f"{self.label!r} (|x| <= {float(np.finfo(np.float32).max):.4g}): no stored label can equal it")
         if self.class_names and self.task != CLASSIFICATION:
             raise SpecError("class_names are for task classification")
         if self.class_names and self.num_classes and len(self.class_names) != self.num_classes:

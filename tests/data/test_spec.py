@@ -177,6 +177,8 @@ def test_ignore_label_and_class_names_in_the_config():
                                                      r"'water' \(str\); write class_names: \[water\]"),
                           ({"class_names": ["a", "b", "c"], "num_classes": 2},
                            "class_names has 3 names for num_classes 2"),
-                          ({"class_names": ["a"], "task": "regression"}, "class_names are for task classification")]:
+                          ({"class_names": ["a"], "task": "regression"}, "class_names are for task classification"),
+                          ({"ignore_label": 1e39, "task": "regression"},
+                           r"ignore_label 1e\+39 is beyond the float32 range of label 'y'")]:
         with pytest.raises(SpecError, match=match):
             SP.DataSpec.from_config({"bands": ["a"], "label": "y", **config})

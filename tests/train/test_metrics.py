@@ -38,6 +38,19 @@ def _numpy_metrics(labels, predicted, classes):
     return m
 
 
+def _conv_trainer(strategy, kernel, **kwargs):
+    """A Trainer of one 1x1 convolution (`kernel` `[1, 1, 2, outputs]`) on `[8, 4, 4, 2]` inputs over 2 replicas,
+    one evaluation step of the global batch 8."""
+    with strategy.scope():
+        inputs = keras.Input((4, 4, 2))
+        model = keras.Model(inputs, keras.layers.Conv2D(kernel.shape[-1], 1, use_bias=False, name="head")(inputs))
+        model.get_layer("head").set_weights([kernel])
+        opt = keras.optimizers.SGD(0.1)
+    cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=8, loss_divisor=8, validation_steps=1)
+    return Trainer(model=model, optimizer=opt, strategy=strategy, config=cfg,
+                   context=WorkerContext.single(replicas_per_worker=2), **kwargs)
+
+
 def test_evaluate_sums_one_matrix_over_replicas(cpu_mirrored):
     """Two replicas see masks of very different class mixes: the metrics are those of the whole set (one matrix),
     which the mean of the replicas' own IoUs is not."""
@@ -45,14 +58,7 @@ def test_evaluate_sums_one_matrix_over_replicas(cpu_mirrored):
     x = rng.normal(size=(8, 4, 4, 2)).astype(np.float32)
     y = np.concatenate([rng.integers(0, 3, (4, 4, 4)), np.zeros((4, 4, 4), np.int64)]).astype(np.int32)
     kernel = rng.normal(size=(1, 1, 2, 3)).astype(np.float32)
-    with cpu_mirrored.scope():
-        inputs = keras.Input((4, 4, 2))
-        model = keras.Model(inputs, keras.layers.Conv2D(3, 1, use_bias=False, name="head")(inputs))
-        model.get_layer("head").set_weights([kernel])
-        opt = keras.optimizers.SGD(0.1)
-    cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=8, loss_divisor=8, validation_steps=1)
-    trainer = Trainer(model=model, optimizer=opt, strategy=cpu_mirrored, config=cfg,
-                      context=WorkerContext.single(replicas_per_worker=2))
+    trainer = _conv_trainer(cpu_mirrored, kernel)
     ds = cpu_mirrored.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
     got = trainer.evaluate(iter(ds), 1)
     predicted = np.argmax(np.einsum("bhwc,ck->bhwk", x, kernel[0, 0]), axis=-1)
@@ -80,15 +86,8 @@ def test_regression_metrics_sum_over_replicas_as_numpy(cpu_mirrored):
     y = (np.concatenate([rng.normal(0, 1, (4, 4, 4)), rng.normal(5, 3, (4, 4, 4))])).astype(np.float32)
     y[0, 0, :2] = np.nan
     kernel = rng.normal(size=(1, 1, 2, 1)).astype(np.float32)
-    with cpu_mirrored.scope():
-        inputs = keras.Input((4, 4, 2))
-        model = keras.Model(inputs, keras.layers.Conv2D(1, 1, use_bias=False, name="head")(inputs))
-        model.get_layer("head").set_weights([kernel])
-        opt = keras.optimizers.SGD(0.1)
-    cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=8, loss_divisor=8, validation_steps=1)
-    trainer = Trainer(model=model, optimizer=opt, strategy=cpu_mirrored, config=cfg, metrics=Regression(),
-                      loss_fn=make_loss("mse", task="regression", ignore=True),
-                      context=WorkerContext.single(replicas_per_worker=2))
+    trainer = _conv_trainer(cpu_mirrored, kernel, metrics=Regression(),
+                            loss_fn=make_loss("mse", task="regression", ignore=True))
     ds = cpu_mirrored.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
     got = trainer.evaluate(iter(ds), 1)
     pred = np.einsum("bhwc,c->bhw", x.astype(np.float64), kernel[0, 0, :, 0].astype(np.float64))

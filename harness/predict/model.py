@@ -11,11 +11,11 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Optional
+from typing import Mapping, Optional
 
 import tensorflow as tf
 
-from harness.data.spec import IMAGE, DataSpec
+from harness.data.spec import IMAGE, TIME, DataSpec
 from harness.errors import ModelMismatchError, PredictError
 
 
@@ -82,30 +82,24 @@ class Geometry:
 
 
 def check(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
-    """Check the model against the export's spec (bands, patch size, kernel margin) and find its geometry.
+    """Check the model against the export's spec (bands, band groups, patch size, kernel margin) and find its
+    geometry.
 
     Args:
-      spec: the export's spec (bands in the model's channel order, P from the mixer, k from the records).
+      spec: the export's spec (bands in the model's channel order, the run's band groups and their delivery, P
+        from the mixer, k from the records).
       where: the export's first shard, named in the errors.
     Raises:
-      ModelMismatchError: for several model inputs; an input whose channels differ from the bands; an image
-        input whose side is neither S nor P (or the run's patch size differing from the export's); an odd
-        kernel margin; an output whose side is neither S nor P, or whose rank is not that of a per-pixel
-        (image) or per-row (table) output.
+      ModelMismatchError: for model inputs other than the spec delivers (one tensor of every band; with band
+        groups one input per group, named as the group, or one [time, ...] tensor), naming both shapes; an input
+        whose channels differ from the bands; an image input whose side is neither S nor P (or the run's patch
+        size differing from the export's); an odd kernel margin; an output whose side is neither S nor P, or
+        whose rank is not that of a per-pixel (image) or per-row (table) output.
     """
     model, name = loaded.model, loaded.path
-    if len(model.inputs) != 1:
-        raise ModelMismatchError(f"{name}: the model takes {len(model.inputs)} inputs; predict feeds one tensor "
-                                 "of every band")
-    shape = tuple(model.inputs[0].shape)
-    channels = shape[-1]
-    if channels is not None and channels != len(spec.bands):
-        raise ModelMismatchError(f"{name}: the model takes {channels} bands, {where} gives {len(spec.bands)} "
-                                 f"({', '.join(spec.bands)})")
+    side = _input_side(loaded, spec, where)
     if spec.kind != IMAGE:
-        if len(shape) != 2:
-            raise ModelMismatchError(f"{name}: input shape {shape} is not [batch, bands], as a table export needs")
-        out = _dry_run(model, [1, len(spec.bands)])
+        out = _dry_run(model, _zeros(spec, None))
         if out.shape.rank not in (1, 2):
             raise ModelMismatchError(f"{name}: output shape {out.shape} is not [batch] or [batch, outputs]")
         return Geometry(0, 0, 0, 1 if out.shape.rank == 1 else int(out.shape[-1]))
@@ -118,15 +112,12 @@ def check(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
     if k % 2:
         raise ModelMismatchError(f"{where}: stored patches of {s}x{s} for patchDimensions {p}x{p} imply an odd "
                                  f"kernel margin {k}: it cannot be cropped by k/2 on each side")
-    if len(shape) != 4:
-        raise ModelMismatchError(f"{name}: input shape {shape} is not [batch, height, width, bands]")
-    side = shape[1]
     if side not in (None, s, p):
         trained = f" (the run's spec: P={run.patch_size}, margin {run.kernel_margin})" if run else ""
         raise ModelMismatchError(f"{name}: the model takes {side}x{side} patches{trained}; {where} stores "
                                  f"{s}x{s} (P={p} + kernel margin {k}), cropped {p}x{p}")
     side = side or s
-    out = _dry_run(model, [1, side, side, len(spec.bands)])
+    out = _dry_run(model, _zeros(spec, side))
     if out.shape.rank not in (3, 4) or out.shape[1] != out.shape[2] or out.shape[1] not in (s, p):
         raise ModelMismatchError(f"{name}: on {side}x{side} patches the model returns {list(out.shape)}; expected "
                                  f"[batch, {s}, {s}(, outputs)] (the stored patch, cropped by {k // 2} per side) "
@@ -135,8 +126,73 @@ def check(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
     return Geometry(side, crop, p, 1 if out.shape.rank == 3 else int(out.shape[-1]))
 
 
-def _dry_run(model, shape) -> tf.Tensor:
-    return tf.convert_to_tensor(model(tf.zeros(shape, tf.float32), training=False))
+def _input_side(loaded: LoadedModel, spec: DataSpec, where: str) -> Optional[int]:
+    """Check the model's inputs against what `pipeline.decode` delivers for `spec` (the stored side S standing
+    for any side: `check` checks the side) and return the side of its image inputs (None: any side, or a table).
+    """
+    model, name = loaded.model, loaded.path
+    delivered = spec.input_shape  # crop_margin is off: image sides are S
+    keyed = isinstance(delivered, Mapping)
+    shapes = [tuple(t.shape[1:]) for t in model.inputs]
+    takes = dict(zip(model.input_names, shapes)) if keyed or len(shapes) != 1 else shapes[0]
+    if not spec.band_groups:  # the common case keeps its plainer messages
+        if len(shapes) != 1:
+            raise ModelMismatchError(f"{name}: the model takes {len(shapes)} inputs; predict feeds one tensor of "
+                                     "every band")
+        channels = takes[-1] if takes else None
+        if channels is not None and channels != len(spec.bands):
+            raise ModelMismatchError(f"{name}: the model takes {channels} bands, {where} gives {len(spec.bands)} "
+                                     f"({', '.join(spec.bands)})")
+    if keyed:  # one input per group, matched by name as Keras matches a dict
+        same = isinstance(takes, dict) and set(takes) == set(delivered)
+        pairs = [(takes[g], delivered[g]) for g in delivered] if same else [(None, None)]
+    else:
+        pairs = [(takes, delivered)] if isinstance(takes, tuple) else [(None, None)]
+    spatial = {-3, -2} if spec.kind == IMAGE else set()
+    sides = set()
+    for got, want in pairs:
+        fits = got is not None and len(got) == len(want) and all(
+            g is None or g == w or i - len(want) in spatial for i, (g, w) in enumerate(zip(got, want)))
+        if not fits:
+            raise ModelMismatchError(f"{name}: the model takes {_shapes(takes)}; {where} gives {_shapes(delivered)} "
+                                     f"per the run's spec ({_delivery(spec)}; image sides S or P)")
+        sides |= {got[i] for i in (-3, -2) if spec.kind == IMAGE and got[i] is not None}
+    if len(sides) > 1:
+        raise ModelMismatchError(f"{name}: the model's inputs take patches of different sides {sorted(sides)}; "
+                                 f"{where} gives every band group the same side")
+    return sides.pop() if sides else None
+
+
+def _shapes(shapes) -> str:
+    """Input shapes with the batch axis: `[batch, 2, 4]`, or `{before: [batch, 4], ...}` (named inputs)."""
+    def one(shape):
+        return "[" + ", ".join(["batch", *("None" if d is None else str(d) for d in shape)]) + "]"
+    if isinstance(shapes, Mapping):
+        return "{" + ", ".join(f"{k}: {one(v)}" for k, v in shapes.items()) + "}"
+    return one(shapes)
+
+
+def _delivery(spec: DataSpec) -> str:
+    if not spec.band_groups:
+        return "one tensor of the bands " + ", ".join(spec.bands)
+    groups = "; ".join(f"{g}: {', '.join(b)}" for g, b in spec.band_groups.items())
+    how = "stacked on a time axis" if spec.group_delivery == TIME else "one input per group, named as the group"
+    return f"band groups {groups}, {how}"
+
+
+def _zeros(spec: DataSpec, side: Optional[int]):
+    """One record of zeros as `pipeline.decode` delivers it for `spec`, image sides `side`."""
+    def one(shape):
+        shape = list(shape)
+        if spec.kind == IMAGE:
+            shape[-3] = shape[-2] = side
+        return tf.zeros([1, *shape], tf.float32)
+    delivered = spec.input_shape
+    return {g: one(s) for g, s in delivered.items()} if isinstance(delivered, Mapping) else one(delivered)
+
+
+def _dry_run(model, inputs) -> tf.Tensor:
+    return tf.convert_to_tensor(model(inputs, training=False))
 
 
 def applies_softmax(model) -> bool:

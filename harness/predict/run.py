@@ -143,7 +143,8 @@ def prepare(options: PredictOptions) -> Job:
 
 def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: ShardSet) -> spec_lib.DataSpec:
     """The export's spec (kind, P from the mixer, k from the records, storage dtypes) with the model's bands:
-    `--bands`, else the run's, else every band inferred. No label: predict reads none."""
+    `--bands`, else the run's, else every band inferred, and the run's band groups and their delivery. No label:
+    predict reads none."""
     run = loaded.spec
     exported = spec_lib.infer_spec(list(shards.shards), mixer=shards.mixer)
     if run is not None and run.kind != exported.kind:
@@ -158,7 +159,12 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
                                   f"export" + (f"; closest available key: {hint!r}" if hint else "") +
                                   f" (missing: {absent}; the records hold {sorted(schema)})")
     dtypes = {b: schema[b].dtype for b in bands}
-    return exported.replace(bands=tuple(bands), label=None, dtypes=dtypes, band_groups={}, crop_margin=False,
+    # The run's band groups shape the model's inputs (one tensor per group, or groups on a time axis): delivered
+    # by the same `pipeline.decode` as in training. `--bands` other than the run's means a model without them.
+    grouped = run is not None and run.band_groups and set(bands) == set(run.bands)
+    return exported.replace(bands=tuple(bands), label=None, dtypes=dtypes,
+                            band_groups=run.band_groups if grouped else {},
+                            group_delivery=run.group_delivery if grouped else spec_lib.DICT, crop_margin=False,
                             resize=None)
 
 

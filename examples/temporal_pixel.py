@@ -15,19 +15,24 @@ from tensorflow.keras import layers
 def build(inputs, filters: int = 32, hidden: int = 64, dropout: float = 0.2) -> keras.Model:
     """`inputs`: the harness's `ModelInputs`."""
     shape = inputs.input_shape
-    if isinstance(shape, Mapping):  # one named input per group, stacked on a time axis
+    if isinstance(shape, Mapping):  # one named input per group, each normalized by its own statistics, stacked
         named = {g: keras.Input(s, name=g) for g, s in shape.items()}
-        x = layers.Concatenate(axis=1, name="stack_time")(
-            [layers.Reshape((1, s[-1]), name=f"{g}_step")(named[g]) for g, s in shape.items()])
+        steps = []
+        for g, s in shape.items():
+            x = named[g]
+            if g in inputs.mean:
+                x = layers.Normalization(mean=list(inputs.mean[g]), variance=list(inputs.variance[g]),
+                                         name=f"{g}_normalize")(x)
+            steps.append(layers.Reshape((1, s[-1]), name=f"{g}_step")(x))
+        x = layers.Concatenate(axis=1, name="stack_time")(steps)
         model_inputs = named
     else:
         if len(shape) != 2:
             raise ValueError(f"temporal_pixel: expected per-pixel inputs (time, bands), got {shape}: use a table "
                              "export with band_groups and group_delivery: time")
         x = model_inputs = keras.Input(shape, name="series")
-    bands = x.shape[-1]
-    if len(inputs.mean) == bands:  # statistics per band, shared over time steps
-        x = layers.Normalization(mean=list(inputs.mean), variance=list(inputs.variance), name="normalize")(x)
+        if len(inputs.mean) == shape[-1]:  # statistics per band, shared over time steps
+            x = layers.Normalization(mean=list(inputs.mean), variance=list(inputs.variance), name="normalize")(x)
     x = layers.Conv1D(filters, 2, padding="same", activation="relu", name="temporal_conv")(x)
     x = layers.Flatten(name="flatten")(x)
     x = layers.Dense(hidden, activation="relu", name="hidden")(x)

@@ -11,6 +11,7 @@ import numpy as np
 BANDS = ["B2", "B3", "B4", "B8"]
 P, K = 16, 4          # patchDimensions and kernel size: stored patches of 20x20, cropped by 2 per side
 RECORDS = 23          # 5 shards of 5, 5, 5, 4, 4 patches
+IMAGE_GROUPS = {"a": BANDS[:2], "b": BANDS[2:]}
 
 
 def band_picker(path, weights, *, side=None, crop=0):
@@ -62,3 +63,26 @@ def copy_export(src: pathlib.Path, dst: pathlib.Path, *, mixer_changes=None) -> 
         obj.update(mixer_changes)
         mixer.write_text(json.dumps(obj))
     return dst
+
+
+def grouped_image_run(folder, delivery, *, model_delivery=None):
+    """A run folder: a model over IMAGE_GROUPS built for `model_delivery` (default `delivery`), 3 classes, and a
+    summary.json whose spec delivers the groups by `delivery` (stored (P+K)-pixel patches). Returns the folder and
+    the spec."""
+    import tf_keras as keras
+
+    from harness.data.spec import DataSpec
+
+    s = P + K
+    if (model_delivery or delivery) == "time":
+        x = keras.Input((2, s, s, 2), name="series")
+        y = keras.layers.Reshape((s, s, 3))(keras.layers.Conv3D(3, (2, 1, 1))(x))
+    else:
+        x = {g: keras.Input((s, s, 2), name=g) for g in IMAGE_GROUPS}
+        y = keras.layers.Conv2D(3, 1)(keras.layers.Concatenate()([x["a"], x["b"]]))
+    folder.mkdir()
+    keras.Model(x, y).save(str(folder / "model.keras"))
+    spec = DataSpec(kind="image", bands=(), label="landcover", band_groups=IMAGE_GROUPS, group_delivery=delivery,
+                    patch_size=P, kernel_margin=K, num_classes=3)
+    (folder / "summary.json").write_text(json.dumps({"spec": spec.to_config()}))
+    return folder, spec

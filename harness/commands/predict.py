@@ -33,7 +33,7 @@ def export(args) -> int:
     if spec is None:
         raise ConfigError(f"{args.model}: no run spec (summary.json) beside the model: give --bands (and "
                           "--patch-size, --kernel-margin for an image model)")
-    arguments = export_savedmodel(loaded, spec.replace(label=None, band_groups={}), args.output,
+    arguments = export_savedmodel(loaded, spec.replace(label=None), args.output,
                                   probabilities=args.probabilities)
     print(f"wrote {args.output} (signatures serving_default: {arguments['payloadFormat']}, grpc: GRPC_TF_TENSORS; "
           f"inputs {', '.join(spec.bands)})")

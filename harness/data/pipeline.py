@@ -116,6 +116,23 @@ def _stack(spec: DataSpec, parsed: dict, bands: Sequence[str]) -> tf.Tensor:
     return _spatial(spec, x, mask=False)
 
 
+def stack_bands(spec: DataSpec, parsed: dict):
+    """Per-band tensors -> the model's inputs as the spec delivers them (one source of truth for training, predict
+    and the SavedModel's serving signature).
+
+    Args:
+      parsed: band name -> float [N, S*S] (image, row-major) or [N] (table), as `tf.io.parse_example` returns them
+        (a bytes band: uint8 raw bytes, per `spec.dtypes`).
+    Returns:
+      float32 [N, H, W, C] or [N, C]; with band groups, group_delivery "dict": {group: [N, H, W, Cg] or [N, Cg]}
+      in the groups' order, "time": the groups stacked on axis 1, [N, T, H, W, Cg] or [N, T, Cg].
+    """
+    if not spec.band_groups:
+        return _stack(spec, parsed, spec.bands)
+    groups = {g: _stack(spec, parsed, b) for g, b in spec.band_groups.items()}
+    return tf.stack(list(groups.values()), axis=1) if spec.group_delivery == TIME else groups
+
+
 def decode(spec: DataSpec, serialized: tf.Tensor):
     """Serialized Examples [N] -> (inputs, labels) per the spec (see build_dataset for shapes and dtypes).
 
@@ -126,11 +143,7 @@ def decode(spec: DataSpec, serialized: tf.Tensor):
         ignore_label). harness.data.scan finds the file and record.
     """
     parsed = tf.io.parse_example(serialized, feature_description(spec))
-    if spec.band_groups:
-        groups = {g: _stack(spec, parsed, b) for g, b in spec.band_groups.items()}
-        inputs = tf.stack(list(groups.values()), axis=1) if spec.group_delivery == TIME else groups
-    else:
-        inputs = _stack(spec, parsed, spec.bands)
+    inputs = stack_bands(spec, parsed)
     if spec.label is None:
         return inputs
     label = parsed[spec.label]

@@ -10,7 +10,9 @@ Normalization layer) included:
   grpc             GRPC_TF_TENSORS: per band float32 [batch, H, W] (image) or [batch] (table); returns class
                    int64 [batch, P, P] / [batch] and probabilities float32 [batch, P, P, classes] / [batch,
                    classes].
-Image tiles are H = W = the model's input side (the stored patch P + k, or P); an output of the stored size is
+The per-band tensors are grouped as the run's pipeline delivers them (`harness.data.pipeline.stack_bands`): one
+tensor of every band, or with band groups one tensor per group (group_delivery "dict") or the groups on a time axis
+("time"). Image tiles are H = W = the model's input side (the stored patch P + k, or P); an output of the stored size is
 cropped by k/2 per side as `harness predict` crops it, so the returned tile is P x P.
 Payload formats: https://developers.google.com/earth-engine/apidocs/ee-model-fromvertexai
 """
@@ -20,6 +22,7 @@ import json
 
 import tensorflow as tf
 
+from harness.data import pipeline
 from harness.data.spec import IMAGE, DataSpec
 from harness.predict import model as model_lib
 
@@ -35,6 +38,9 @@ class ServingModule(tf.Module):
         self.model = loaded.model
         self._bands = tuple(spec.bands)
         self._image = spec.kind == IMAGE
+        # The pipeline's own stacking for tiles of the model's input side: float32 bands, stored as they come.
+        self._spec = spec.replace(dtypes={}, **({"patch_size": geometry.input_side, "kernel_margin": 0,
+                                                 "crop_margin": False, "resize": None} if self._image else {}))
         self._geometry = geometry
         self._probabilities = probabilities
         self._softmax = not model_lib.applies_softmax(loaded.model)
@@ -45,7 +51,9 @@ class ServingModule(tf.Module):
         self.serialized = tf.function(self._serialized, input_signature=[strings])
 
     def _dense(self, inputs):
-        x = tf.stack([tf.cast(inputs[b], tf.float32) for b in self._bands], axis=-1)
+        flat = {b: tf.reshape(tf.cast(inputs[b], tf.float32), [tf.shape(inputs[b])[0], -1]) if self._image
+                else tf.cast(inputs[b], tf.float32) for b in self._bands}
+        x = pipeline.stack_bands(self._spec, flat)
         y = tf.cast(self.model(x, training=False), tf.float32)
         g = self._geometry
         if self._image:
@@ -74,7 +82,8 @@ def export_savedmodel(loaded: model_lib.LoadedModel, spec: DataSpec, output: str
     """Write the SavedModel to `output` and return the matching `ee.Model.fromVertexAi` arguments.
 
     Args:
-      spec: the model's input spec: bands in channel order; for images P (patch_size) and k (kernel_margin).
+      spec: the model's input spec: bands in channel order, band groups and their delivery; for images P
+        (patch_size) and k (kernel_margin).
     Returns:
       {"payloadFormat", "inputTileSize", "inputOverlapSize", "outputTileSize", "outputBands": {band: {"type",
        "dimensions"}}} for images; {"payloadFormat", "inputProperties", "outputProperties"} for tables.

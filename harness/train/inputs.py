@@ -38,7 +38,9 @@ class Inputs:
         batch sizes and steps.
       num_classes: classes of the label (declared, else the largest label + 1 in a shuffled sample, nodata left
         out); for regression the outputs per pixel (1 unless declared).
-      mean, variance: per-band float32 `[bands]` statistics of a sample, for the model's Normalization layer.
+      mean, variance: per-band statistics `[bands]` of a sample, for the model's Normalization layer
+        (`harness.train.models.band_moments`): with group_delivery "time" `[bands per group]` over every time
+        step, with group_delivery "dict" a dict `{group: [bands of the group]}`.
       class_weights: `[num_classes]` loss weights, or None.
     """
 
@@ -206,10 +208,12 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
         labels = labels[labels >= 0]  # nodata (IGNORED) is not a class
         largest = int(labels.max()) if labels.size else 0
     if backend.context.num_workers > 1:
-        rows = backend.allgather([largest, *np.ravel(mean), *np.ravel(variance)])
-        largest, n = int(rows[:, 0].max()), np.size(mean)
-        mean = rows[0, 1:1 + n].reshape(np.shape(mean)).astype(np.asarray(mean).dtype)
-        variance = rows[0, 1 + n:].reshape(np.shape(variance)).astype(np.asarray(variance).dtype)
+        stats = tf.nest.flatten((mean, variance))  # one array each, or one per group (dict delivery)
+        rows = backend.allgather([largest, *np.concatenate([np.ravel(s) for s in stats])])
+        largest = int(rows[:, 0].max())
+        chief = np.split(rows[0, 1:], np.cumsum([np.size(s) for s in stats])[:-1])
+        mean, variance = tf.nest.pack_sequence_as(
+            (mean, variance), [c.reshape(np.shape(s)).astype(np.asarray(s).dtype) for c, s in zip(chief, stats)])
     if spec.task == spec_lib.REGRESSION:
         return mean, variance, labels, declared or 1
     num_classes = declared or largest + 1

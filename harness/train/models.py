@@ -5,6 +5,8 @@ guide). Users pass their own Keras model through the Python API instead.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import tf_keras as keras
 from tf_keras import layers
 
@@ -66,17 +68,33 @@ def unet(height: int, width: int, num_bands: int, num_classes: int, *, filters: 
 
 
 def band_moments(dataset, *, batches: int = 8):
-    """Per-band mean and variance (`[bands]` float64 numpy) over the first `batches` batches of a
-    `(inputs, labels)` dataset whose inputs are `[..., bands]` float32; feeds the models' Normalization layer."""
+    """Per-band mean and variance (float64 numpy) over the first `batches` batches of an `(inputs, labels)` dataset
+    whose inputs are float32 `[..., bands]`, each band's over every other axis (examples, pixels, time steps);
+    feeds the models' Normalization layer.
+
+    Returns:
+      `(mean, variance)`, each `[bands]`; with group_delivery "time" `[bands per group]` (a band position's over
+      every time step); with group_delivery "dict" (inputs `{group: [..., bands of the group]}`) each a dict
+      `{group: [bands of the group]}` in the groups' order, one Normalization per group input.
+    Raises:
+      BatchSizeError: if the dataset yields no batch.
+    """
     import numpy as np
-    total, total_sq, n = 0.0, 0.0, 0
+    sums: dict = {}  # group (None: one tensor) -> (sum, sum of squares, rows)
     for inputs, _ in dataset.take(batches):
-        x = np.asarray(inputs, dtype=np.float64).reshape(-1, inputs.shape[-1])
-        total, total_sq, n = total + x.sum(0), total_sq + (x * x).sum(0), n + x.shape[0]
-    if n == 0:
+        for group, t in (inputs.items() if isinstance(inputs, Mapping) else [(None, inputs)]):
+            x = np.asarray(t, dtype=np.float64).reshape(-1, t.shape[-1])
+            total, total_sq, n = sums.get(group, (0.0, 0.0, 0))
+            sums[group] = (total + x.sum(0), total_sq + (x * x).sum(0), n + x.shape[0])
+    if not sums:
         raise BatchSizeError("band_moments: the dataset yielded no batch")
-    mean = total / n
-    return mean, np.maximum(total_sq / n - mean * mean, 1e-12)
+    moments = {}
+    for group, (total, total_sq, n) in sums.items():
+        mean = total / n
+        moments[group] = (mean, np.maximum(total_sq / n - mean * mean, 1e-12))
+    if None in moments:
+        return moments[None]
+    return {g: m for g, (m, _) in moments.items()}, {g: v for g, (_, v) in moments.items()}
 
 
 def builtin_model(kind: str, input_shape, num_classes: int, *, mean=None, variance=None):

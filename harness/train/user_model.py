@@ -51,7 +51,10 @@ class ModelInputs:
       label_shape: the label's shape without the batch axis: `(height, width)` for masks, `()` for tables.
       policy: the Keras precision policy in force ("float32", "mixed_float16", "mixed_bfloat16"); the last
         layer must stay float32.
-      mean, variance: per-band float statistics `[bands]` of a training sample (for a Normalization layer).
+      mean, variance: per-band float statistics of a training sample, for a Normalization layer on the inputs
+        (`harness.train.models.band_moments`): a tuple `(bands,)`; with group_delivery "time" `(bands per
+        group,)`, each band position's over every time step; with group_delivery "dict" a mapping {group: tuple
+        of the group's bands' statistics}, one Normalization per named input (see examples/temporal_pixel.py).
     """
 
     input_shape: object
@@ -63,14 +66,12 @@ class ModelInputs:
     kind: str
     label_shape: tuple
     policy: str
-    mean: tuple = ()
-    variance: tuple = ()
+    mean: object = ()
+    variance: object = ()
 
     @classmethod
     def from_inputs(cls, inputs, policy: str) -> "ModelInputs":
         """From a run's `harness.train.inputs.Inputs` and the policy applied."""
-        import numpy as np
-
         spec = inputs.spec
         shape = spec.input_shape
         if isinstance(shape, dict):
@@ -78,8 +79,16 @@ class ModelInputs:
         return cls(input_shape=shape, patch_size=spec.output_size if spec.kind == "image" else None,
                    bands=tuple(spec.bands), band_groups=MappingProxyType(dict(spec.band_groups)),
                    num_classes=inputs.num_classes, task=spec.task, kind=spec.kind, label_shape=tuple(spec.label_shape),
-                   policy=policy, mean=tuple(np.ravel(inputs.mean).tolist()),
-                   variance=tuple(np.ravel(inputs.variance).tolist()))
+                   policy=policy, mean=_statistics(inputs.mean), variance=_statistics(inputs.variance))
+
+
+def _statistics(values):
+    """Band statistics (an array, or a dict of them per group) as a tuple of floats (a read-only mapping of them)."""
+    import numpy as np
+
+    if isinstance(values, Mapping):
+        return MappingProxyType({g: tuple(np.ravel(v).tolist()) for g, v in values.items()})
+    return tuple(np.ravel(values).tolist())
 
 
 def load_function(text: str, *, flag: str = "--model") -> Callable:
@@ -299,7 +308,8 @@ def check_model(model, inputs: ModelInputs, *, origin: str = "model") -> None:
 
     Raises:
       UserCodeError: a Keras 3 model, or not a Keras model.
-      ModelError: several outputs; an output shape that does not fit the labels (`[batch, *label_shape,
+      ModelError: with group_delivery "dict", functional model inputs not named and shaped as the groups
+        (`_check_named_inputs`); several outputs; an output shape that does not fit the labels (`[batch, *label_shape,
         num_classes]`, the actual shape named); an output that is not float32 under a mixed policy (the layer
         named).
     """
@@ -310,7 +320,10 @@ def check_model(model, inputs: ModelInputs, *, origin: str = "model") -> None:
         raise UserCodeError(f"model {origin} returned a Keras 3 model ({type(model).__name__}); {KERAS3_FIX}")
     if not isinstance(model, keras.Model):
         raise UserCodeError(f"model {origin} returned {type(model).__name__}, not a tf_keras Model")
-    outputs = model.outputs if getattr(model, "_is_graph_network", False) else None
+    graph = getattr(model, "_is_graph_network", False)
+    if graph and isinstance(inputs.input_shape, Mapping):
+        _check_named_inputs(model, inputs.input_shape, origin)
+    outputs = model.outputs if graph else None
     if outputs is None:
         outputs = model(_zeros(inputs.input_shape), training=False)
     outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
@@ -337,6 +350,24 @@ def check_model(model, inputs: ModelInputs, *, origin: str = "model") -> None:
         layer = getattr(getattr(out, "_keras_history", None), "layer", None) or model.layers[-1]
         raise ModelError(f"model {origin}: output is {dtype} under policy {inputs.policy}: give its last layer "
                          f"{layer.name!r} dtype=\"float32\" (logits and loss in float32; Keras mixed precision guide)")
+
+
+def _check_named_inputs(model, delivered: Mapping, origin: str) -> None:
+    """A functional model fed one tensor per group (group_delivery "dict") must name its inputs as the groups:
+    Keras matches a dict to the inputs by name, and falls back to the keys' sorted order for other names.
+
+    Raises:
+      ModelError: naming the model's inputs and the groups delivered, with their shapes.
+    """
+    takes = {name: tuple(t.shape[1:]) for name, t in zip(model.input_names, model.inputs)}
+    fits = set(takes) == set(delivered) and all(
+        len(takes[g]) == len(s) and all(a is None or a == b for a, b in zip(takes[g], s)) for g, s in delivered.items())
+    if not fits:
+        def text(shapes):
+            return "{" + ", ".join(f"{k}: {list(v)}" for k, v in shapes.items()) + "}"
+        raise ModelError(f"model {origin}: takes inputs {text(takes)}; band_groups (group_delivery: dict) deliver "
+                         f"{text(delivered)}: give the model one keras.Input per group, named as the group, of "
+                         "its shape")
 
 
 def _layers_by_name(model) -> dict:

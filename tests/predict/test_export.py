@@ -1,6 +1,7 @@
 """`harness export --format savedmodel`: loaded with `tf.saved_model.load`, a request built as Earth Engine builds
 it (per band, a serialized tensor; any key order) gives the classes `harness predict` writes; a missing band is
-an error naming it; the input names survive a reload and re-export; the run was trained under MirroredStrategy."""
+an error naming it; the input names survive a reload and re-export; the run was trained under MirroredStrategy.
+A run on band groups (time or dict) serves the Keras model's outputs."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -93,3 +94,33 @@ def test_a_table_model(tmp_path):
     out = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"](**request)
     got = [int(tf.io.parse_tensor(s, tf.int64)) for s in out["class"].numpy()]
     assert got == [0 if b > a else 1 for a, b in rows]
+
+
+@pytest.mark.parametrize("delivery", ["time", "dict"])
+def test_a_run_on_band_groups_serves_the_keras_models_outputs(margin_export, tmp_path, delivery):
+    """The serving signatures group the per-band tiles as the run's pipeline delivers them (groups on a time axis,
+    or one input per group): on the stored records, the SavedModel returns the Keras model's probabilities and
+    classes, cropped to P x P."""
+    import tf_keras as keras
+    from predict_support import BANDS, K, P, grouped_image_run
+
+    from harness.data import pipeline
+
+    run_dir, spec = grouped_image_run(tmp_path / "run", delivery)
+    run_cli("export", "--format", "savedmodel", "--model", run_dir, "--output", tmp_path / "sm", "--probabilities")
+    paths = [str(p) for p in sorted(margin_export.glob("*.tfrecord.gz"))]
+    serialized = next(iter(tf.data.TFRecordDataset(paths, compression_type="GZIP").batch(1000)))
+    model = keras.models.load_model(str(run_dir / "model.keras"), compile=False)
+    a = K // 2
+    logits = model(pipeline.decode(spec.replace(label=None), serialized), training=False)
+    want = tf.nn.softmax(logits, -1).numpy()[:, a:a + P, a:a + P]
+    parsed = tf.io.parse_example(serialized, pipeline.feature_description(spec.replace(label=None)))
+    tiles = {b: tf.reshape(parsed[b], [-1, P + K, P + K]) for b in BANDS}
+    signatures = tf.saved_model.load(str(tmp_path / "sm")).signatures
+    dense = signatures["grpc"](**tiles)
+    np.testing.assert_allclose(dense["probabilities"].numpy(), want, atol=1e-5)
+    np.testing.assert_array_equal(dense["class"].numpy(), np.argmax(want, -1))
+    request = {b: tf.map_fn(tf.io.serialize_tensor, t, fn_output_signature=tf.string) for b, t in tiles.items()}
+    out = signatures["serving_default"](**request)
+    got = np.stack([tf.io.parse_tensor(s, tf.float32).numpy() for s in out["probabilities"].numpy()])
+    np.testing.assert_allclose(got, want, atol=1e-5)

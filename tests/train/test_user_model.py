@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
+from harness.data.spec import DataSpec
 from harness.errors import ConfigError, ModelError, UserCodeError
 from harness.train import models, user_model
 from harness.train.options import TrainOptions
@@ -130,6 +131,38 @@ def test_subclassed_model_is_checked_by_a_forward_pass():
         check_model(Head(), _inputs())
 
 
+def test_a_dict_of_groups_needs_inputs_named_as_the_groups():
+    grouped = _inputs(shape=MappingProxyType({"before": (4,), "during": (4,)}))
+    x = {"before": keras.Input((4,), name="before"), "after": keras.Input((4,), name="after")}
+    model = keras.Model(x, keras.layers.Dense(3)(keras.layers.Concatenate()(list(x.values()))))
+    with pytest.raises(ModelError, match=r"takes inputs \{after: \[4\], before: \[4\]\}; band_groups "
+                                         r"\(group_delivery: dict\) deliver \{before: \[4\], during: \[4\]\}: give "
+                                         "the model one keras.Input per group, named as the group"):
+        check_model(model, grouped)
+
+
+def test_band_statistics_of_dict_groups_are_per_group():
+    """Inputs delivered as a dict: a mean and variance per group, of the group's bands, over every other axis;
+    ModelInputs carries them as read-only mappings of floats, in the groups' order."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    before, during = rng.normal(size=(12, 5, 2)), rng.normal(3.0, 2.0, size=(12, 3))
+    ds = tf.data.Dataset.from_tensor_slices(({"before": before, "during": during}, np.zeros(12))).batch(4)
+    mean, variance = models.band_moments(ds, batches=8)
+    assert list(mean) == list(variance) == ["before", "during"]
+    np.testing.assert_allclose(mean["before"], before.reshape(-1, 2).mean(0))
+    np.testing.assert_allclose(variance["during"], during.var(0))
+
+    class Run:  # the fields of harness.train.inputs.Inputs that ModelInputs reads
+        spec = DataSpec(kind="table", bands=(), label="y", band_groups={"before": ("a", "b"), "during": ("c", "d", "e")})
+        num_classes = 3
+    Run.mean, Run.variance = mean, variance
+    described = ModelInputs.from_inputs(Run, "float32")
+    assert isinstance(described.mean, MappingProxyType)
+    assert described.variance["during"] == tuple(variance["during"].tolist())
+
+
 # --- examples ---------------------------------------------------------------------------------------------------
 def test_examples_build_fitting_models():
     deep = load_function(f"{EXAMPLES}/deep_unet.py:build")
@@ -141,10 +174,13 @@ def test_examples_build_fitting_models():
     temporal = load_function(f"{EXAMPLES}/temporal_pixel.py:build")
     series = _inputs(shape=(2, 4), classes=5, mean=(0.0,) * 4, variance=(1.0,) * 4)
     check_model(temporal(series), series)
-    grouped = _inputs(shape=MappingProxyType({"before": (4,), "during": (4,)}), classes=5)
+    grouped = _inputs(shape=MappingProxyType({"before": (4,), "during": (4,)}), classes=5,
+                      mean=MappingProxyType({"before": (1.0,) * 4, "during": (2.0,) * 4}),
+                      variance=MappingProxyType({"before": (1.0,) * 4, "during": (4.0,) * 4}))
     model = temporal(grouped)
     check_model(model, grouped)
     assert model.get_layer("stack_time").output_shape == (None, 2, 4)
+    np.testing.assert_allclose(model.get_layer("during_normalize").mean.numpy().ravel(), [2.0] * 4)
     with pytest.raises(ValueError, match="temporal_pixel: expected per-pixel inputs \\(time, bands\\)"):
         temporal(image)
 

@@ -39,8 +39,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     """
     import tensorflow as tf
 
-    from harness.train import (checkpoint, control, inputs as inputs_lib, losses, metrics, optim, precision, profiling,
-                               results, summaries, user_model)
+    from harness.train import (checkpoint, control, inputs as inputs_lib, interrupt, losses, metrics, optim,
+                               precision, profiling, results, summaries, user_model)
     from harness.train.loop import LoopConfig, Trainer
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
@@ -110,8 +110,9 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if profiler:
         profiler.start()
     try:
-        history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
-                              initial_step=initial_step, on_epoch_end=on_epoch_end)
+        with interrupt.handling():  # Ctrl-C ends the run within one call, also when TensorFlow swallows it
+            history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
+                                  initial_step=initial_step, on_epoch_end=on_epoch_end)
     except control.StopTraining as stop:
         say(str(stop))
         history = stop.history

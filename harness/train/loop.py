@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from harness.errors import NonFiniteLossError
 from harness.profile.timing import StepTimer
+from harness.train import interrupt
 from harness.train import metrics as metrics_lib
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,7 @@ class Trainer:
             while step < end:
                 k, host_fed = self._steps_this_call(step, end, train_iterator)
                 losses = self._run_call(train_iterator, step, k, host_fed)
+                interrupt.check()  # a SIGINT whose KeyboardInterrupt TensorFlow swallowed (harness.train.interrupt)
                 for i, loss in enumerate(losses):
                     if not math.isfinite(loss):
                         raise NonFiniteLossError(
@@ -285,6 +287,7 @@ class Trainer:
                 print(format_epoch(logs, cfg.epochs), flush=True)
             for callback in on_epoch_end:
                 callback(epoch + 1, logs)
+            interrupt.check()
         return history
 
     def _run_call(self, iterator, step: int, k: int, host_fed: bool) -> list[float]:

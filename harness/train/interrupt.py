@@ -31,11 +31,13 @@ def check() -> None:
 @contextlib.contextmanager
 def handling():
     """Within the block, SIGINT sets the request flag and raises KeyboardInterrupt; the previous handler is put
-    back at the end. Outside the main thread (where `signal.signal` is refused) it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    back and the flag cleared at the end. Does nothing outside the main thread (where `signal.signal` is refused)
+    and where SIGINT is ignored (`SIG_IGN`: a shell's background job, `nohup`), which stays so."""
+    _REQUESTED.clear()
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
         yield
         return
-    _REQUESTED.clear()
 
     def on_sigint(signum, frame):
         _REQUESTED.set()
@@ -46,3 +48,4 @@ def handling():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        _REQUESTED.clear()

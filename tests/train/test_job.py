@@ -187,18 +187,30 @@ def test_fractional_label_mid_shard_is_not_rounded_silently(tmp_path):
 
 def test_a_sigint_that_tensorflow_swallows_still_ends_the_run():
     """SIGINT whose KeyboardInterrupt is lost (as inside TensorFlow code that catches it): the request stays and
-    the loop's next check raises it (harness.train.interrupt)."""
+    the loop's next check raises it (harness.train.interrupt); after the block the handler and the flag are as
+    before. Where SIGINT is ignored (a background job) it stays ignored."""
     import os
 
     from harness.train import interrupt
 
-    with interrupt.handling():
-        try:
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupt.handling():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass  # what the swallowing library code does
+            assert interrupt.requested()
+            with pytest.raises(KeyboardInterrupt):
+                interrupt.check()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and not interrupt.requested()
+        interrupt.check()  # no request left for the next run in this process
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with interrupt.handling():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass  # what the swallowing library code does
-        assert interrupt.requested()
-        with pytest.raises(KeyboardInterrupt):
-            interrupt.check()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            time.sleep(0.2)
+            assert not interrupt.requested()
+    finally:
+        signal.signal(signal.SIGINT, before)

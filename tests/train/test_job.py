@@ -62,7 +62,9 @@ def test_rerun_and_changed_resume(points, tmp_path):
 def test_interrupt_exits_cleanly(points, tmp_path):
     proc = subprocess.Popen([*CLI, "train", "--data", str(points), "--label", "class", "--epochs", "1000",
                              "--global-batch-size", "8", "--output", str(tmp_path / "out")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal: a background job (`make test &`, nohup) would pass SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (tmp_path / "out" / "backup" / "checkpoint").exists() and time.monotonic() < deadline:
         time.sleep(0.1)

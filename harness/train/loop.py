@@ -358,11 +358,17 @@ class Trainer:
     def _agreed_mean(self, value: float) -> float:
         """The mean of `value` over every worker (a collective, called at the same step on all), so that all
         choose the same K: Horovod's per-call loss all-reduce must be submitted the same number of times."""
+        if self.context.num_workers == 1:
+            return value  # one process: nothing to agree on
         value = tf.constant(value, tf.float32)
         if self._ranks > 1:
             return float(self._cross_rank_sum(value) / self._ranks)
-        per_replica = self.strategy.run(lambda: tf.identity(value))
-        return float(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None))
+
+        @tf.function  # a strategy run outside a function warns of its eager overhead
+        def mean_over_workers():
+            per_replica = self.strategy.run(lambda: tf.identity(value))
+            return self.strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+        return float(mean_over_workers())
 
 
 def _in_graph(iterator) -> bool:

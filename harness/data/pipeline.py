@@ -92,7 +92,7 @@ def _spatial(spec: DataSpec, x: tf.Tensor, *, mask: bool) -> tf.Tensor:
     if spec.crop_margin and spec.kernel_margin:
         a = spec.kernel_margin // 2
         x = x[:, a:a + spec.patch_size, a:a + spec.patch_size]
-    if spec.resize and spec.resize != (spec.patch_size if spec.crop_margin else spec.stored_size):
+    if spec.resize and spec.resize != spec.output_size_before_resize:
         size = [spec.resize, spec.resize]
         if mask:
             x = tf.image.resize(x[..., None], size, method="nearest")[..., 0]

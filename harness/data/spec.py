@@ -268,6 +268,13 @@ class DataSpec:
             return None
         return self.resize or (self.patch_size if self.crop_margin else self.stored_size)
 
+    @property
+    def output_size_before_resize(self) -> Optional[int]:
+        """Side of a patch before `resize`: P when cropping, else S (images), else None."""
+        if self.kind != IMAGE:
+            return None
+        return self.patch_size if self.crop_margin else self.stored_size
+
     def values_per_feature(self) -> int:
         """Values each band (and the label) holds in a record: S*S for images (bytes for a uint8 band), 1 for
         tables."""

@@ -69,16 +69,29 @@ class Geometry:
     """How patches go through the model (images); tables have side 0 and crop 0.
 
     Attributes:
-      input_side: side of the patch fed to the model: stored S = P + k, or P (the central crop).
+      input_side: side of the patch read for the model: stored S = P + k, or P (the central crop).
       crop: pixels cut from each side of the model's output: k/2 when the output is S x S, else 0.
       patch: P, the side of every written band (P*P values).
       channels: the model's output channels (classes, or regression outputs).
+      resize: the side the model runs at when its run resized the patches (spec `resize: R`), else 0: the
+        input_side patch is resized to R x R (bilinear, as in training) and the model's R x R output (logits,
+        probabilities or values) resized back to input_side (bilinear) before the crop and the argmax.
     """
 
     input_side: int
     crop: int
     patch: int
     channels: int
+    resize: int = 0
+
+    def restore(self, y):
+        """The model's output float32 `[b, side, side, channels]` -> `[b, P, P, channels]`: resized back to
+        input_side (a run with `resize`), then cropped by `crop` per side."""
+        if self.resize and self.resize != self.input_side:
+            y = tf.image.resize(y, [self.input_side, self.input_side], method="bilinear")
+        if self.crop:
+            y = y[:, self.crop:self.crop + self.patch, self.crop:self.crop + self.patch]
+        return y
 
 
 def check(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
@@ -98,6 +111,8 @@ def check(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
     """
     model, name = loaded.model, loaded.path
     side = _input_side(loaded, spec, where)
+    if spec.kind == IMAGE and spec.resize and spec.resize != spec.output_size_before_resize:
+        return _resized(loaded, spec, where, side)
     if spec.kind != IMAGE:
         out = _dry_run(model, _zeros(spec, None))
         if out.shape.rank not in (1, 2):
@@ -124,6 +139,21 @@ def check(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
                                  f"or [batch, {p}, {p}(, outputs)] (already cropped)")
     crop = (out.shape[1] - p) // 2
     return Geometry(side, crop, p, 1 if out.shape.rank == 3 else int(out.shape[-1]))
+
+
+def _resized(loaded: LoadedModel, spec: DataSpec, where: str, side: Optional[int]) -> Geometry:
+    """The geometry of a run that resized its patches (spec `resize: R`): the model takes and returns R x R."""
+    model, name = loaded.model, loaded.path
+    p, r, base = spec.patch_size, spec.resize, spec.output_size_before_resize
+    if side not in (None, r):
+        raise ModelMismatchError(f"{name}: the model takes {side}x{side} patches; the run's spec delivers "
+                                 f"{base}x{base} patches resized to {r}x{r} (resize: {r})")
+    out = _dry_run(model, _zeros(spec, r))
+    if out.shape.rank not in (3, 4) or out.shape[1] != out.shape[2] or out.shape[1] != r:
+        raise ModelMismatchError(f"{name}: on {r}x{r} patches (the run's resize) the model returns "
+                                 f"{list(out.shape)}; expected [batch, {r}, {r}(, outputs)], resized back to "
+                                 f"{base}x{base}")
+    return Geometry(base, (base - p) // 2, p, 1 if out.shape.rank == 3 else int(out.shape[-1]), resize=r)
 
 
 def _input_side(loaded: LoadedModel, spec: DataSpec, where: str) -> Optional[int]:

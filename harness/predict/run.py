@@ -162,10 +162,13 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
     # The run's band groups shape the model's inputs (one tensor per group, or groups on a time axis): delivered
     # by the same `pipeline.decode` as in training. `--bands` other than the run's means a model without them.
     grouped = run is not None and run.band_groups and set(bands) == set(run.bands)
+    # A run that resized its patches ran its model at R x R: predict reads and crops as it did, resizes to R, and
+    # resizes the output back (model.Geometry.restore). Else the side is found from the model (`prepare`).
+    resized = run is not None and run.kind == spec_lib.IMAGE and run.resize
     return exported.replace(bands=tuple(bands), label=None, dtypes=dtypes,
                             band_groups=run.band_groups if grouped else {},
-                            group_delivery=run.group_delivery if grouped else spec_lib.DICT, crop_margin=False,
-                            resize=None)
+                            group_delivery=run.group_delivery if grouped else spec_lib.DICT,
+                            crop_margin=bool(resized and run.crop_margin), resize=run.resize if resized else None)
 
 
 def _band_names(options: PredictOptions, task: str, channels: int) -> tuple[str, ...]:
@@ -297,7 +300,8 @@ def predict_shards(job: Job, indices) -> Iterator[tuple[int, int]]:
 
 
 def _step_fn(job: Job):
-    """The compiled model call and post-processing: crop k/2 per side (images, output of the stored size), then
+    """The compiled model call and post-processing: for images, resized back to the read side (a run with
+    `resize`) and cropped by k/2 per side (an output of the stored size) (`model.Geometry.restore`), then
     class ids (int64 argmax) and probabilities (float32 softmax, unless the model returns them), or the
     regression outputs (float32). Returns a list of arrays [b, P, P] (images) or [b] (tables), one per band."""
     cached = getattr(job, "_step", None)
@@ -312,8 +316,8 @@ def _step_fn(job: Job):
         y = tf.cast(model(inputs, training=False), tf.float32)
         if y.shape.rank == (3 if job.image else 1):
             y = y[..., None]
-        if g.crop:
-            y = y[:, g.crop:g.crop + g.patch, g.crop:g.crop + g.patch]
+        if job.image:
+            y = g.restore(y)
         if job.task != CLASSIFICATION:
             return [y[..., c] for c in range(g.channels)]
         out = [tf.argmax(y, axis=-1, output_type=tf.int64)]

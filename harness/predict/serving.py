@@ -13,7 +13,8 @@ Normalization layer) included:
 The per-band tensors are grouped as the run's pipeline delivers them (`harness.data.pipeline.stack_bands`): one
 tensor of every band, or with band groups one tensor per group (group_delivery "dict") or the groups on a time axis
 ("time"). Image tiles are H = W = the model's input side (the stored patch P + k, or P); an output of the stored size is
-cropped by k/2 per side as `harness predict` crops it, so the returned tile is P x P.
+cropped by k/2 per side as `harness predict` crops it, so the returned tile is P x P; a run that resized its patches
+(`resize: R`) is served as predict serves it: tiles resized to R x R, outputs resized back before the crop.
 Payload formats: https://developers.google.com/earth-engine/apidocs/ee-model-fromvertexai
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ class ServingModule(tf.Module):
         self._image = spec.kind == IMAGE
         # The pipeline's own stacking for tiles of the model's input side: float32 bands, stored as they come.
         self._spec = spec.replace(dtypes={}, **({"patch_size": geometry.input_side, "kernel_margin": 0,
-                                                 "crop_margin": False, "resize": None} if self._image else {}))
+                                                 "crop_margin": False, "resize": geometry.resize or None}
+                                                if self._image else {}))
         self._geometry = geometry
         self._probabilities = probabilities
         self._softmax = not model_lib.applies_softmax(loaded.model)
@@ -59,8 +61,7 @@ class ServingModule(tf.Module):
         if self._image:
             if y.shape.rank == 3:
                 y = y[..., None]
-            if g.crop:
-                y = y[:, g.crop:g.crop + g.patch, g.crop:g.crop + g.patch]
+            y = g.restore(y)
         elif y.shape.rank == 1:
             y = y[:, None]
         out = {"class": tf.argmax(y, axis=-1, output_type=tf.int64)}

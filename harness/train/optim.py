@@ -172,13 +172,12 @@ def make_optimizer(options, schedule):
     strategy's scope).
 
     Raises:
-      ConfigError: momentum or nesterov with an optimizer other than sgd.
+      ConfigError: momentum or nesterov with an optimizer other than sgd (`check_options`).
     """
     import tf_keras as keras
 
+    check_options(options)
     name, decay = options.optimizer, options.weight_decay
-    if name != "sgd" and (options.momentum or options.nesterov):
-        raise ConfigError(f"--momentum and --nesterov are SGD's; --optimizer is {name}")
     if name == "sgd":
         return keras.optimizers.SGD(schedule, momentum=options.momentum or 0.0, nesterov=bool(options.nesterov),
                                     weight_decay=decay or None)
@@ -192,7 +191,8 @@ def check_options(options) -> None:
 
     Raises:
       UserCodeError: a built optimizer or schedule object (`refuse_built`).
-      ConfigError: an unknown name, a negative value, scaling without a base batch.
+      ConfigError: an unknown name, a negative value, scaling without a base batch, momentum or nesterov with an
+        optimizer other than sgd.
     """
     refuse_built(options.optimizer, "optimizer")
     refuse_built(options.schedule, "schedule")
@@ -203,6 +203,8 @@ def check_options(options) -> None:
         value = getattr(options, field)
         if value is not None and value < 0:
             raise ConfigError(f"{field} must be >= 0, got {value}")
+    if options.optimizer != "sgd" and (options.momentum or options.nesterov):
+        raise ConfigError(f"--momentum and --nesterov are SGD's; --optimizer is {options.optimizer}")
     if options.clip_norm is not None and options.clip_norm == 0:
         raise ConfigError("clip_norm must be > 0 (omit it for no clipping)")
     if options.scale_lr != "none" and not options.base_batch_size:

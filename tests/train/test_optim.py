@@ -74,8 +74,11 @@ def test_prebuilt_optimizer_and_bad_values_are_refused():
         TrainOptions(data=("x",), optimizer="rmsprop")
     with pytest.raises(ConfigError, match="momentum must be >= 0, got -0.5"):
         TrainOptions(data=("x",), optimizer="sgd", momentum=-0.5)
+    # On construction, before any data is read (the CLI and the Python API build TrainOptions first).
     with pytest.raises(ConfigError, match="--momentum and --nesterov are SGD's; --optimizer is adam"):
-        optim.make_optimizer(TrainOptions(data=("x",), momentum=0.9), 0.1)
+        TrainOptions(data=("x",), momentum=0.9)
+    with pytest.raises(ConfigError, match="--momentum and --nesterov are SGD's; --optimizer is adamw"):
+        TrainOptions(data=("x",), optimizer="adamw", nesterov=True)
 
 
 def test_make_optimizer_kinds():

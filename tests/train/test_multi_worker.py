@@ -155,3 +155,30 @@ def test_resume_after_killed_run(table_export, tmp_path):
     assert result["initial_step"] == last_backup and result["initial_step"] >= steps_per_epoch
     assert result["epochs_run"] == list(range(last_backup // steps_per_epoch + 1, 5))
     assert result["final_step"] == result["optimizer_iterations"] == 4 * steps_per_epoch
+
+
+def test_band_groups_as_a_dict_every_worker_normalizes_with_the_chiefs_statistics(table_export, tmp_path,
+                                                                                  monkeypatch):
+    """group_delivery "dict": the band statistics are one array per group; each worker samples its own files, and
+    all must build the model with the chief's (the all-gather flattens and repacks the dict); here each worker
+    samples with its own seed, so that their own statistics differ. The model function
+    (examples/temporal_pixel.py, one Normalization per group) writes what it was given; the Normalization
+    constants are not weights, so the weights digest alone would not see a difference."""
+    import io
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    monkeypatch.setenv("HARNESS_TEST_INPUTS_DIR", str(seen))
+    monkeypatch.setenv("HARNESS_TEST_SEED_BY_RANK", "1")  # another sample on each worker, as on a busy reader
+    groups = {"band_groups": {"before": ["B2", "B3"], "during": ["B4", "B8"]}, "group_delivery": "dict"}
+    out = io.StringIO()
+    run_local([sys.executable, str(SCRIPT), str(tmp_path / "runs"), *table_export, "--", "epochs=1",
+               f"model={SCRIPT.parent / 'recording_model.py'}:build", f"data_config={json.dumps(groups)}"],
+              workers=2, timeout_s=300, out=out)
+    results = _results(out.getvalue())
+    assert sorted(results) == [0, 1], out.getvalue()[-3000:]
+    assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
+    given = [json.loads(p.read_text()) for p in sorted(seen.glob("*.json"))]
+    assert len(given) == 2 and given[0] == given[1]
+    assert sorted(given[0]["mean"]) == ["before", "during"] and len(given[0]["mean"]["before"]) == 2
+    assert all(v > 0 for g in given[0]["variance"].values() for v in g)

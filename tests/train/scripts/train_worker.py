@@ -1,6 +1,7 @@
 """Test driver: run `harness.train.job.run` as one worker and print what the test compares.
 
-Usage: train_worker.py OUTPUT_BASE DATA... [-- key=value ...] (TrainOptions fields; ints/floats parsed).
+Usage: train_worker.py OUTPUT_BASE DATA... [-- key=value ...] (TrainOptions fields; ints/floats parsed;
+`data_config=JSON`: the data section given to `job.run`).
 Each worker trains with `output = OUTPUT_BASE/worker<rank>`, so a test can prove that only the chief's folder is
 created. Prints one line `RESULT {json}` with rank, last loss, weights digest, steps and the calls to the data layer's
 once-per-run functions (tests/call_counts.py).
@@ -33,14 +34,17 @@ def main():
     split = rest.index("--") if "--" in rest else len(rest)
     kwargs = {"epochs": 2, "per_replica_batch_size": 32, "learning_rate": 1e-2}
     kwargs.update({k: _value(v) for k, v in (kv.split("=", 1) for kv in rest[split + 1:])})
+    data_config = json.loads(kwargs.pop("data_config", "{}"))
     strategy, context = make_strategy("auto")  # before any other TensorFlow op
     calls = call_counts.install()
+    if os.environ.get("HARNESS_TEST_SEED_BY_RANK"):  # each worker's sample of the records differs
+        kwargs["seed"] = 100 + context.rank
     if os.environ.get("HARNESS_TEST_OTHER_DIGEST") and context.rank == 1:  # the weights-differ test
         from harness.train import results
         results.weights_digest = lambda model: "f" * 64
     options = job.TrainOptions(data=tuple(rest[:split]), output=os.path.join(base, f"worker{context.rank}"),
                                **kwargs)
-    summary = job.run(options, distribution=(strategy, context))
+    summary = job.run(options, data_config=data_config, distribution=(strategy, context))
     print("RESULT " + json.dumps({
         "rank": context.rank, "loss": summary["history"][-1]["loss"] if summary["history"] else None,
         "weights_sha256": summary["weights_sha256"], "optimizer_iterations": summary["optimizer_iterations"],

@@ -18,6 +18,7 @@ distributed tape still reduces the gradients inside each step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import sys
@@ -151,8 +152,11 @@ class Trainer:
         self._k_tensors = {}
 
     # --- steps ----------------------------------------------------------------------------------------------
-    def _replica_train_step(self, inputs, labels):
+    def _replica_train_step(self, inputs, labels, after=None):
         model, opt = self.model, self.optimizer
+        if after is not None:  # start once `after` has run (the input-wait timestamp of `_train_loop`)
+            with tf.control_dependencies([after]):
+                inputs, labels = tf.nest.map_structure(tf.identity, (inputs, labels))
         with tf.GradientTape() as tape:
             logits = model(inputs, training=True)
             loss = tf.reduce_sum(self._loss_fn(labels, logits, self.class_weights)) / self.config.loss_divisor
@@ -198,10 +202,12 @@ class Trainer:
                 batch = self._next_batch(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
                 got = tf.timestamp()
-            # The step's ops depend on the batch alone: a control edge from `got` to each of them cost ~40 µs per
-            # step on the CPU (benchmarks/step_loop.py overhead: 130 -> 108 µs, fit spe=128 111 µs), and `got`, a
-            # cheap op, runs as soon as the batch is there.
-            per_replica = self.strategy.run(self._replica_train_step, args=batch)
+            # The step starts after `got` through its inputs alone (`after`: one Identity per batch tensor, on
+            # the replica's device). A control block around the whole step put an edge from `got` on every op of
+            # the model: ~40 µs more per step on the CPU (benchmarks/step_loop.py overhead case). With no edge at
+            # all, `got` ran after the step's first ops and a step that never waited measured a 5-7% stall
+            # (tests/train/test_probe.py).
+            per_replica = self.strategy.run(functools.partial(self._replica_train_step, after=got), args=batch)
             loss = tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float32)
             with tf.control_dependencies([loss]):
                 end = tf.timestamp()

@@ -264,12 +264,17 @@ def test_read_batches_yield_every_record_once_in_one_order(table, monkeypatch, r
     assert ids == _ids(_all(_build(found, spec, 7, training=False)))
 
 
-def test_memory_cache_of_parsed_read_batches_reshuffles_each_epoch(table, monkeypatch):
+@pytest.mark.parametrize("max_records, cached", [(10 ** 6, "UnbatchDataset"), (63, "ParallelMapDataset")])
+def test_memory_cache_of_parsed_read_batches_reshuffles_each_epoch(table, monkeypatch, max_records, cached):
+    """Records cached (up to MEMORY_CACHE_MAX_RECORDS: no unbatch each epoch) or read batches (above it): every
+    record once per epoch, reshuffled."""
     found, spec = table
     monkeypatch.setattr(P, "READ_BATCH_BYTES", float("inf"))
     monkeypatch.setattr(P, "READ_BATCH_MAX", 5)
     every = sorted(_ids(_all(_build(found, spec, 1, training=False))))
+    monkeypatch.setattr(P, "MEMORY_CACHE_MAX_RECORDS", max_records)  # the table's pipeline holds 64 records
     ds = _build(found, spec, 8, training=True, cache="memory", seed=3)
+    assert _cache_input_op(ds).startswith(cached)
     ids = _ids(_all(ds.take(24)))  # 3 epochs of 64 records
     epochs = [ids[i:i + 64] for i in range(0, 192, 64)]
     assert all(sorted(e) == every for e in epochs)  # the cache returns every record once per epoch

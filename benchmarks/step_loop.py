@@ -438,8 +438,8 @@ def main(argv=None) -> int:
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--data", default=ACES, help="the ACES points' training file (label `class`)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every variant, in alternating order")
-    p.add_argument("--epochs", type=int, default=20, help="epochs per points variant (~0.2 s each at fit speed); the first "
-                   "is not timed")
+    p.add_argument("--epochs", type=int, default=20,
+                   help="epochs per points variant (~0.2 s each at fit speed); the first is not timed")
     p.add_argument("--unet-epochs", type=int, default=3, help="epochs per U-Net variant; the first is not timed")
     p.add_argument("--unet-records", type=int, default=256, help="64x64x8 patches written for the U-Net case")
     p.add_argument("--overhead-steps", type=int, default=2000, help="steps per epoch of the one-weight model")

@@ -10,8 +10,8 @@ Order (tf.data performance guide, https://www.tensorflow.org/guide/data_performa
 Parse order, by the mean serialized record size (VECTORIZE_MAX_RECORD_BYTES):
   small records (tables, small patches) leave the file readers in read batches of ~256 kB (read_batch_size),
   each parsed by one vectorized `tf.io.parse_example`; the parsed tensors are then cached (in memory, for
-  training, as records up to MEMORY_CACHE_MAX_RECORDS; else as read batches), shuffled and regrouped into batches. Per-batch costs are paid once per ~1000 records of the point export, and the cache
-  holds parsed tensors, so later epochs parse nothing. Under record sharding the read batches are grouped after
+  training, as records up to MEMORY_CACHE_MAX_RECORDS; else as read batches), shuffled and regrouped into
+  batches. Per-batch costs are paid once per ~1000 records of the point export, and the cache holds parsed tensors, so later epochs parse nothing. Under record sharding the read batches are grouped after
   the shard. A training epoch that keeps every whole batch (one worker) is cut by `batch(drop_remainder=True)`
   alone, with no per-batch keep test: the stages after the cache are then those of a hand-written
   `cache -> shuffle -> batch` pipeline.
@@ -62,8 +62,8 @@ READ_BATCH_BYTES = 256 * 1024
 READ_BATCH_MAX = 4096
 # A memory cache of parsed small records holds records (each epoch then reads them as a hand-written
 # `map(parse) -> cache -> shuffle` does) up to this many per pipeline; above, read batches, unbatched after the cache
-# each epoch (~10% of the in-graph rate on the ACES points: 559k against 630k examples/s), since each cached element
-# costs ~100-200 bytes of tensor bookkeeping beside its values.
+# each epoch, since each cached element costs ~100-200 bytes of tensor bookkeeping beside its values. The unbatch
+# per epoch cost the ACES points' training pipeline ~17% of its in-graph rate (522k against 626k examples/s).
 MEMORY_CACHE_MAX_RECORDS = 1_000_000
 # Bump whenever a change to this module changes what a file cache holds (the elements' structure, dtypes or
 # values): the version is part of every file cache's name, so an older pipeline's caches are not read.
@@ -459,8 +459,8 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         parsed = True
     batched = read_batched  # elements are read batches (parsed), not records
-    if (batched and (training or records_per_epoch is not None) and choice.kind == "memory"
-            and my_records <= MEMORY_CACHE_MAX_RECORDS):
+    by_record = batched and (training or records_per_epoch is not None)  # shuffle and the keep work on records
+    if by_record and choice.kind == "memory" and my_records <= MEMORY_CACHE_MAX_RECORDS:
         ds, batched = ds.unbatch(), False  # records cached: no unbatch per epoch
     if choice.kind == "memory":
         ds = ds.cache()
@@ -469,8 +469,8 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         filecache.claim(choice.path)  # one live filler; a dead one's lockfile and partial files are cleared
         ds = ds.cache(choice.path)
 
-    if batched and (training or records_per_epoch is not None):
-        ds, batched = ds.unbatch(), False  # shuffle and records_per_epoch work on records
+    if batched and by_record:
+        ds, batched = ds.unbatch(), False
     if training:
         buffer = o.shuffle_buffer or max(1, min(my_records, int(SHUFFLE_BUFFER_BYTES // max(mean_bytes, 1)),
                                               MAX_DEFAULT_SHUFFLE))

@@ -266,7 +266,7 @@ class DataSpec:
         """Side of a delivered patch: resize, else P when cropping, else S (images), else None."""
         if self.kind != IMAGE:
             return None
-        return self.resize or (self.patch_size if self.crop_margin else self.stored_size)
+        return self.resize or self.output_size_before_resize
 
     @property
     def output_size_before_resize(self) -> Optional[int]:

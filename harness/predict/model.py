@@ -87,7 +87,7 @@ class Geometry:
     def restore(self, y):
         """The model's output float32 `[b, side, side, channels]` -> `[b, P, P, channels]`: resized back to
         input_side (a run with `resize`), then cropped by `crop` per side."""
-        if self.resize and self.resize != self.input_side:
+        if self.resize:
             y = tf.image.resize(y, [self.input_side, self.input_side], method="bilinear")
         if self.crop:
             y = y[:, self.crop:self.crop + self.patch, self.crop:self.crop + self.patch]

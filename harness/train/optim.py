@@ -172,11 +172,11 @@ def make_optimizer(options, schedule):
     strategy's scope).
 
     Raises:
-      ConfigError: momentum or nesterov with an optimizer other than sgd (`check_options`).
+    `options` is a `TrainOptions`, checked on construction (`check_options`): momentum or nesterov with an
+    optimizer other than sgd was refused there, before any data was read.
     """
     import tf_keras as keras
 
-    check_options(options)
     name, decay = options.optimizer, options.weight_decay
     if name == "sgd":
         return keras.optimizers.SGD(schedule, momentum=options.momentum or 0.0, nesterov=bool(options.nesterov),

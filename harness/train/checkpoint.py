@@ -112,11 +112,16 @@ class Backup:
         self.step.assign(step)
         if self._idle:
             return
+        if self.context.is_chief and self.fingerprint is not None:
+            # Before the checkpoint, and whole or not at all (renamed into place): a run killed while writing it
+            # left an empty file beside a complete checkpoint, and the resume failed on its JSON.
+            final = os.path.join(self.chief_dir, FINGERPRINT)
+            os.makedirs(self.chief_dir, exist_ok=True)
+            with open(final + ".tmp", "w") as f:
+                json.dump(self.fingerprint, f, indent=1)
+            os.replace(final + ".tmp", final)
         path = self.manager.save(checkpoint_number=step)
         if self.context.is_chief:
-            if self.fingerprint is not None:
-                with open(os.path.join(self.chief_dir, FINGERPRINT), "w") as f:
-                    json.dump(self.fingerprint, f, indent=1)
             log.debug("backup written: %s", path)
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:

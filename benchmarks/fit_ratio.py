@@ -57,20 +57,19 @@ def _model(backend, policy, inputs, *, wrap: bool):
 
 
 def harness_rate(args, backend, policy, inputs) -> tuple[float, int]:
-    """(examples/s, the K that auto chose) of the harness Trainer."""
-    from harness.train.loop import LoopConfig, Trainer
+    """(examples/s, the K that auto chose) of the harness's trainer, built as `harness train` builds it."""
+    from harness.train import factory
+    from harness.train.controller import Controller, Schedule
 
     model, optimizer = _model(backend, policy, inputs, wrap=True)
     batch = inputs.plan.global_batch_size
-    config = LoopConfig(epochs=args.epochs, steps_per_epoch=args.steps, global_batch_size=batch,
-                        loss_divisor=batch)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=backend.context,
-                      config=config)
     ends = []
+    trainer = factory.make_trainer(backend, model, optimizer, inputs.plan)
+    controller = Controller(trainer, Schedule(epochs=args.epochs, steps_per_epoch=args.steps),
+                            context=backend.context, on_epoch_end=[lambda *_: ends.append(time.perf_counter())])
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.fit(iter(backend.distribute(inputs.dataset_fn(True))),
-                    on_epoch_end=[lambda *_: ends.append(time.perf_counter())])
-    k = min(trainer.steps_per_loop or 1, args.steps)   # a call never crosses an epoch's end
+        controller.fit(iter(backend.distribute(inputs.dataset_fn(True))))
+    k = min(controller.steps_per_loop or 1, args.steps)   # a call never crosses an epoch's end
     return batch * args.steps * (len(ends) - 1) / (ends[-1] - ends[0]), k
 
 

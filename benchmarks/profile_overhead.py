@@ -60,16 +60,18 @@ def main(argv=None) -> int:
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession
     from harness.train import models
-    from harness.train.loop import LoopConfig, Trainer
+    from harness.distribute.backend import TrainingBackend
+    from harness.train import factory
+    from harness.train.controller import Controller, Schedule
 
     strategy, context = make_strategy("single")
+    backend = TrainingBackend(strategy, context)
     shapes = Shapes("image", (args.patch, args.patch, 4), 4)
     with strategy.scope():
         model = models.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes)
         optimizer = keras.optimizers.Adam(1e-3)
-    config = LoopConfig(epochs=1, steps_per_epoch=args.steps, global_batch_size=args.batch,
-                        loss_divisor=args.batch, warmup_steps=0)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config)
+    trainer = factory.make_trainer(backend, model, optimizer, factory.synthetic_batch(backend, args.batch))
+    controller = Controller(trainer, Schedule(epochs=1, steps_per_epoch=args.steps, warmup_steps=0), context=context)
     batches = synthetic_batches(strategy, shapes, args.batch)
     rates = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,13 +81,13 @@ def main(argv=None) -> int:
                 if mode == "on":
                     session = ProfileSession(context=context, strategy=strategy, output=tmp, warmup_steps=0,
                                              interval_s=args.interval)
-                    trainer.timer = session.timer
+                    controller.timer = session.timer
                     session.start()
                 else:
-                    trainer.timer = NullTimer()
+                    controller.timer = NullTimer()
                 t = time.perf_counter()
                 with contextlib.redirect_stdout(io.StringIO()):
-                    trainer.fit(batches)
+                    controller.fit(batches)
                 rate = args.steps * args.batch / (time.perf_counter() - t)
                 if session is not None:
                     session.sampler.stop()

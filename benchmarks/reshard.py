@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         for name, folder in (("GZIP export", src), ("resharded", dst)):
             figures[name] = measure([folder], batch=args.batch, passes=args.passes, repeats=args.repeats,
                                     which=("read limit", "harness"))
-        print(f"\n  {"data":<12} {'pipeline':<11} {'examples/s':>11} {'spread':>7} {'MB/s':>8}")
+        print(f"\n  {'data':<12} {'pipeline':<11} {'examples/s':>11} {'spread':>7} {'MB/s':>8}")
         for name, fig in figures.items():
             for pipe in ("read limit", "harness"):
                 r = fig[pipe]

@@ -106,22 +106,22 @@ def build_model(inputs, strategy):
 
 
 def harness_run(case: Case, backend, steps_per_loop="auto", train_iterator=None) -> float:
-    """examples/s (global) of the harness Trainer on the harness pipeline (what `harness train` runs), or on
-    `train_iterator(inputs)` when given."""
-    from harness.train.loop import LoopConfig, Trainer
+    """examples/s (global) of the harness's trainer (built by `harness.train.factory`, as `harness train` builds
+    it) on the harness pipeline (what `harness train` runs), or on `train_iterator(inputs)` when given."""
+    from harness.train import factory
+    from harness.train.controller import Controller, Schedule
 
     inputs = prepare(case, backend, case.epochs, steps_per_loop)
     plan = inputs.plan
     model, optimizer = build_model(inputs, backend.strategy)
-    config = LoopConfig(epochs=case.epochs, steps_per_epoch=plan.steps_per_epoch,
-                        global_batch_size=plan.global_batch_size, loss_divisor=backend.loss_divisor(plan),
-                        steps_per_loop=inputs.options.loop_steps)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=backend.context,
-                      config=config, **backend.trainer_kwargs())
-    iterator = train_iterator(inputs) if train_iterator else iter(inputs.datasets(backend)[0])
+    trainer = factory.make_trainer(backend, model, optimizer, plan)
     clock = EpochClock()
+    controller = Controller(trainer, Schedule(epochs=case.epochs, steps_per_epoch=plan.steps_per_epoch,
+                                              steps_per_loop=inputs.options.loop_steps),
+                            context=backend.context, on_epoch_end=[clock.mark])
+    iterator = train_iterator(inputs) if train_iterator else iter(inputs.datasets(backend)[0])
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.fit(iterator, on_epoch_end=[clock.mark])
+        controller.fit(iterator)
     return clock.examples_per_s(plan.steps_per_epoch * plan.global_batch_size)
 
 
@@ -211,17 +211,18 @@ def harness_overhead_us(steps: int, epochs: int, steps_per_loop, backend) -> flo
     """µs per step of the harness loop on the one-weight model, batch 1."""
     import tf_keras as keras
 
-    from harness.train.loop import LoopConfig, Trainer
+    from harness.train import factory
+    from harness.train.controller import Controller, Schedule
 
     strategy = backend.strategy
     with strategy.scope():
         model, optimizer = one_weight_model(), keras.optimizers.SGD(0.01)
-    config = LoopConfig(epochs=epochs, steps_per_epoch=steps, global_batch_size=1, loss_divisor=1,
-                        steps_per_loop=steps_per_loop)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=backend.context, config=config)
+    trainer = factory.make_trainer(backend, model, optimizer, factory.synthetic_batch(backend, 1))
     clock = EpochClock()
+    controller = Controller(trainer, Schedule(epochs=epochs, steps_per_epoch=steps, steps_per_loop=steps_per_loop),
+                            context=backend.context, on_epoch_end=[clock.mark])
     with contextlib.redirect_stdout(io.StringIO()):
-        trainer.fit(iter(strategy.experimental_distribute_dataset(_tiny_dataset())), on_epoch_end=[clock.mark])
+        controller.fit(iter(strategy.experimental_distribute_dataset(_tiny_dataset())))
     return 1e6 / clock.examples_per_s(steps)
 
 

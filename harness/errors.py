@@ -100,6 +100,11 @@ class NonFiniteLossError(HarnessError):
     """The loss became NaN or infinite; the message gives the step number."""
 
 
+class LossScaleError(HarnessError):
+    """Under loss scaling, updates kept being skipped (gradients not finite) with the loss scale at its floor; the
+    message gives the step and how many steps applied an update."""
+
+
 class WorkerFailedError(HarnessError):
     """A worker process exited non-zero or did not arrive in time; the message names the worker."""
 

@@ -54,3 +54,47 @@ def test_cli_dispatches_to_functions_not_strings():
                  ["bench", "train"], ["launch", "local", "--workers", "2", "--", "true"]):
         handler = parser.parse_args(argv).handler
         assert callable(handler) and handler.__module__.startswith("harness.commands."), argv
+
+
+# --- the trainer split (orbit's Controller / StandardTrainer) and its one factory -------------------------------
+ROOT = PACKAGE.parent
+BUILT_BY_FACTORY = {"Trainer", "Evaluator"}
+
+
+def _calls(path: pathlib.Path):
+    """Names of the classes or functions called in `path`: `Name(...)` and `x.Name(...)`."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            yield (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None), node.lineno
+
+
+def test_train_shows_the_split_in_its_file_names():
+    names = {p.name for p in (PACKAGE / "train").iterdir()}
+    assert {"trainer.py", "evaluator.py", "controller.py", "factory.py"} <= names
+    assert "loop.py" not in names   # the one class doing both jobs is gone
+
+
+def test_only_the_factory_builds_a_trainer_or_an_evaluator():
+    wrong = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]):
+        if path == PACKAGE / "train" / "factory.py":
+            continue
+        source = path.read_text()
+        if "LoopConfig" in source and path != pathlib.Path(__file__).resolve():
+            wrong.append(f"{path.relative_to(ROOT)}: LoopConfig")
+        wrong += [f"{path.relative_to(ROOT)}:{line}: {name}(...)" for name, line in _calls(path)
+                  if name in BUILT_BY_FACTORY]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_benchmarks_and_bench_train_run_the_factory_trainer():
+    """Every benchmark that trains, and `harness bench train`, takes its trainer from `harness.train.factory`."""
+    users = [p for p in [*(ROOT / "benchmarks").glob("*.py"), PACKAGE / "bench" / "train.py"]
+             if "harness.train.controller" in p.read_text() or "Controller(" in p.read_text()]
+    assert PACKAGE / "bench" / "train.py" in users and len(users) >= 4, users
+    for path in users:
+        modules = {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)}
+        names = {alias.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+                 and node.module == "harness.train" for alias in node.names}
+        assert "harness.train.factory" in modules or "factory" in names, path

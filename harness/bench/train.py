@@ -99,7 +99,8 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     from harness.profile.session import ProfileSession, default_window
     from harness.profile.trace import parse_step_window
     from harness.train import models, precision
-    from harness.train.loop import LoopConfig, Trainer
+    from harness.train import factory
+    from harness.train.controller import Controller, Schedule
     from harness.train.synthetic import Shapes, synthetic_batches
 
     strategy, context = make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
@@ -110,21 +111,21 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     real = _real_inputs(options, backend) if not synthetic or options.like else None
     shapes = (Shapes.from_spec(real.spec, real.num_classes) if real
               else Shapes("image", (options.patch_size, options.patch_size, options.bands), options.classes))
-    global_batch = options.per_replica_batch_size * context.replicas_in_sync
+    batch = factory.synthetic_batch(backend, options.per_replica_batch_size)
+    global_batch = batch.global_batch_size
     with strategy.scope():
         moments = dict(mean=real.mean, variance=real.variance) if real else {}
         model = models.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes, **moments)
         optimizer = precision.wrap_optimizer(keras.optimizers.Adam(1e-3), policy)
     total = options.warmup + options.steps
-    config = LoopConfig(epochs=1, steps_per_epoch=total, global_batch_size=global_batch, loss_divisor=global_batch,
-                        warmup_steps=options.warmup)
     window = None if options.no_trace else (parse_step_window(options.profile_steps) if options.profile_steps
                                             else default_window(total, options.warmup))
     session = ProfileSession(context=context, strategy=strategy, output=options.output, trace_steps=window,
                              logdir=options.profile_dir, warmup_steps=options.warmup,
                              interval_s=None if options.no_sampling else options.sample_interval)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
-                      timer=session.timer, step_hooks=session.hooks)
+    trainer = factory.make_trainer(backend, model, optimizer, real.plan if real and not synthetic else batch)
+    controller = Controller(trainer, Schedule(epochs=1, steps_per_epoch=total, warmup_steps=options.warmup),
+                            context=context, **session.controller_kwargs())   # K: auto, as `harness train`
     iterator = (synthetic_batches(strategy, shapes, options.per_replica_batch_size, options.seed) if synthetic
                 else iter(backend.distribute(real.dataset_fn(True))))
     if context.is_chief:
@@ -133,7 +134,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
               f"{options.per_replica_batch_size} = {global_batch} per step, {policy}, {options.warmup} warm-up + "
               f"{options.steps} timed steps", flush=True)
     with session:
-        trainer.fit(iterator)
+        controller.fit(iterator)
     facts = (dict(real.worker_facts(context.rank), synthetic=False) if real and not synthetic
              else {"synthetic": True, "cpu_count": os.cpu_count()})
     config_out = dataclasses.asdict(options)

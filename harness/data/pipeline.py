@@ -487,20 +487,17 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         per_pass = my_records if records_per_epoch is None else min(records_per_epoch, my_records)
         if records_per_epoch is not None and records_per_epoch < my_records:
             ds = _keep_first(ds, records_per_epoch, my_records, per_replica_batch_size)
-        if per_pass < per_replica_batch_size:
-            raise BatchSizeError(f"{per_pass} records < per-replica batch {per_replica_batch_size}: no batch")
-        if per_pass % per_replica_batch_size:
-            log.info("evaluation drops the last %d records (drop_remainder)", per_pass % per_replica_batch_size)
+        # evaluation keeps its last, partial batch: every record is scored once (harness.train.evaluator)
 
     if batched and training:  # batched per epoch above
         pass
     elif batched:  # evaluation: regroup the parsed read batches across file boundaries
-        ds = ds.rebatch(per_replica_batch_size, drop_remainder=True)
+        ds = ds.rebatch(per_replica_batch_size, drop_remainder=False)
     elif parsed:
-        ds = ds.batch(per_replica_batch_size, drop_remainder=True)
+        ds = ds.batch(per_replica_batch_size, drop_remainder=training)
     else:  # large records, not cached: parse each record kept, in parallel, then batch
         ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        ds = ds.batch(per_replica_batch_size, drop_remainder=True)
+        ds = ds.batch(per_replica_batch_size, drop_remainder=training)
 
     if o.augment and training:
         if spec.kind != IMAGE:

@@ -6,7 +6,9 @@ After orbit's split of the loop by job (../shared/STYLE.md): the job never branc
     and this process's `WorkerContext`;
   - `distribute(dataset_fn)`: the per-worker datasets as the strategy wants them;
   - `loss_divisor(plan)`: what a replica divides its summed per-example loss by;
-  - `trainer_kwargs()`: the training loop's seams (gradient tape, cross-rank sum);
+  - `gradient_tape(tape)`, `sum_over_ranks(t)`, `mean_over_ranks(t)`, `ranks_summed`: what the trainer's step asks
+    (`harness.train.trainer.Trainer`): the tape that reduces gradients, and sums over the processes that
+    `strategy.reduce` does not span (Horovod's ranks);
   - `control_plane()`: object collectives (gather, broadcast) for statistics and self-checks;
   - `agree_steps`, `prepare_restore`, `broadcast_backup`, `epoch_end_callbacks`: the points where Horovod's ranks
     must be brought in line, which tf.distribute does by itself;
@@ -65,9 +67,21 @@ class TrainingBackend:
         """Global batch: the optimizer sums the replicas' gradients."""
         return plan.global_batch_size
 
-    def trainer_kwargs(self) -> dict:
-        """No seams: `strategy.reduce` already spans every worker."""
-        return {}
+    ranks_summed = 1
+    """Processes a `sum_over_ranks` spans: 1 under tf.distribute, whose `strategy.reduce` already spans every
+    worker; the ranks under Horovod."""
+
+    def gradient_tape(self, tape):
+        """The tape the step differentiates with: `tape` itself (the optimizer sums over replicas)."""
+        return tape
+
+    def sum_over_ranks(self, tensor):
+        """`tensor` summed over the processes `strategy.reduce` does not span: itself under tf.distribute."""
+        return tensor
+
+    def mean_over_ranks(self, tensor):
+        """`sum_over_ranks(tensor) / ranks_summed` (float): the same value on every rank."""
+        return self.sum_over_ranks(tensor) / self.ranks_summed if self.ranks_summed > 1 else tensor
 
     def control_plane(self) -> Optional[mpi.ControlPlane]:
         """Object collectives between workers: none across tf.distribute workers (a single worker gets a local
@@ -148,8 +162,17 @@ class HorovodBackend(TrainingBackend):
         """Per-rank batch: the tape averages the ranks' gradients."""
         return plan.per_replica_batch_size
 
-    def trainer_kwargs(self) -> dict:
-        return self._hvd.trainer_kwargs()
+    @property
+    def ranks_summed(self) -> int:
+        return self.context.num_workers
+
+    def gradient_tape(self, tape):
+        """`hvd.DistributedGradientTape(tape)`: averages the gradients over the ranks."""
+        return self._hvd.distributed_tape(tape)
+
+    def sum_over_ranks(self, tensor):
+        """`hvd.allreduce(tensor, op=hvd.Sum)` (a collective: every rank calls it at the same point)."""
+        return self._hvd.sum_over_ranks(tensor)
 
     def control_plane(self) -> mpi.ControlPlane:
         if self._plane is None:

@@ -8,7 +8,7 @@ What `harness.train.job` asks of it, in order:
   - `broadcast_backup(backup)`: rank 0 alone restores a backup; then every variable the backup holds (model,
     optimizer slots and step counter, loss scale, global step) is broadcast from rank 0 before the first step,
     so all ranks start from rank 0's state whether fresh or resumed.
-  - `trainer_kwargs()`: the Trainer's seams (distributed tape, cross-rank sum for metrics).
+  - `distributed_tape`, `sum_over_ranks`: what `HorovodBackend` gives the trainer's step.
   - `average_model_state(model)`: at every epoch end and before the final save, the ranks' non-trainable float
     variables (BatchNorm moving statistics, which each rank updates from its own batches) are averaged, as
     tf.distribute aggregates them (sync-on-read, MEAN) when it saves; so every rank holds the same model.
@@ -123,11 +123,16 @@ def broadcast_backup(backup) -> int:
     return int(backup.step.numpy())
 
 
-def trainer_kwargs() -> dict[str, Callable]:
-    """Keyword arguments for `Trainer`: Horovod's gradient tape (averages over ranks) and a cross-rank sum."""
+def distributed_tape(tape):
+    """`hvd.DistributedGradientTape(tape)`: its `gradient` averages the gradients over the ranks
+    (horovod.readthedocs.io/en/stable/tensorflow.html)."""
+    return _hvd().DistributedGradientTape(tape)
+
+
+def sum_over_ranks(tensor):
+    """`tensor` summed over every rank (`hvd.allreduce(op=hvd.Sum)`, a collective)."""
     hvd = _hvd()
-    return {"gradient_tape": hvd.DistributedGradientTape,
-            "cross_rank_sum": lambda t: hvd.allreduce(t, op=hvd.Sum)}
+    return hvd.allreduce(tensor, op=hvd.Sum)
 
 
 def average_model_state(model) -> None:

@@ -128,8 +128,9 @@ def _resharded(source: str) -> str:
 
 
 def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_per_worker: int,
-              global_batch_size: Optional[int] = None, per_replica_batch_size: Optional[int] = None) -> Plan:
-    """Plan one epoch.
+              global_batch_size: Optional[int] = None, per_replica_batch_size: Optional[int] = None,
+              evaluation: bool = False) -> Plan:
+    """Plan one epoch (`evaluation`: one pass of validation, every record once).
 
     Args:
       file_counts: `(path, records)` per file, in shard order (the order training reads them). Zero-record files
@@ -137,6 +138,9 @@ def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_
       workers: number of workers (input pipelines).
       replicas_per_worker: local replicas per worker.
       global_batch_size, per_replica_batch_size: exactly one.
+      evaluation: plan a validation pass instead: every worker reads all its records, the last batch partial
+        (`harness.train.evaluator`); steps_per_epoch is the longest worker's batches, nothing is dropped and a set
+        smaller than one batch is fine.
 
     Raises:
       BatchSizeError: as `harness.distribute.batch.batch_sizes`, if every file holds zero records, or if an epoch
@@ -155,6 +159,10 @@ def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_
         raise BatchSizeError(f"every file holds zero records ({len(counts)} files)")
     shares = [assign_nonempty(file_counts, workers, w, warn=False) for w in range(workers)]
     records = tuple(s.records(counts) for s in shares)
+    if evaluation:
+        steps = max(-(-r // batch.per_worker_batch_size) for r in records)
+        return Plan(assignments=tuple(shares), records=records, policy=shares[0].policy, batch=batch,
+                    steps_per_epoch=steps, dropped=(0,) * workers)
     steps = batch_math.steps_per_epoch(records, batch)
     return Plan(assignments=tuple(shares), records=records, policy=shares[0].policy, batch=batch,
                 steps_per_epoch=steps, dropped=batch_math.dropped_records(records, steps, batch))

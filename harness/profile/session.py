@@ -1,10 +1,10 @@
 """One object that profiles a training run on every worker: the step timer, the utilization sampler and the trace
-window for the `Trainer`, then the gather to the chief and the report.
+window for the `Controller`, then the gather to the chief and the report.
 
     profiler = ProfileSession(context=context, strategy=strategy, output=out, trace_steps=(10, 20), total_steps=n)
-    trainer = Trainer(..., timer=profiler.timer, step_hooks=profiler.hooks)
+    controller = Controller(trainer, schedule, context=..., **profiler.controller_kwargs())
     with profiler:                      # starts sampling; stops it on exit
-        trainer.fit(...)
+        controller.fit(...)
     report = profiler.finish(kind="train", config={...}, facts={...})   # the report on the chief, None elsewhere
 """
 from __future__ import annotations
@@ -59,8 +59,8 @@ class ProfileSession:
     def hooks(self) -> list:
         return [self.window] if self.window else []
 
-    def trainer_kwargs(self) -> dict:
-        """`Trainer(..., **session.trainer_kwargs())`: the timer and the step hooks."""
+    def controller_kwargs(self) -> dict:
+        """`Controller(..., **session.controller_kwargs())`: the timer and the step hooks."""
         return {"timer": self.timer, "step_hooks": self.hooks}
 
     def start(self) -> "ProfileSession":

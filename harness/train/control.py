@@ -3,7 +3,7 @@
 epochs (as tf_keras.callbacks.EarlyStopping).
 
 The decision is taken from the epoch's logs, whose loss and validation metrics are already reduced over every
-replica, worker and rank (`harness.train.loop.Trainer.evaluate`), so every worker decides the same at the same
+replica, worker and rank (`harness.train.evaluator.Evaluator.evaluate`), so every worker decides the same at the same
 epoch and none waits in a collective that another has left. It decides before the epoch's backup is written (the
 backup holds its state) and raises `StopTraining` (carrying the epochs run) after.
 """
@@ -172,14 +172,38 @@ def make(options, model, context, save_model: Callable) -> Optional[EarlyStoppin
 # --- Keras callbacks through the Python API ------------------------------------------------------------------------
 REPLACED = {"ModelCheckpoint": "--monitor METRIC (keeps OUTPUT/best/model.keras; the final model is OUTPUT/model.keras)",
             "BackupAndRestore": "the harness's own backup (OUTPUT/backup/, resumed by the same command)",
-            "EarlyStopping": "--early-stopping PATIENCE --monitor METRIC (decided on metrics reduced over all workers)"}
+            "EarlyStopping": "--early-stopping PATIENCE --monitor METRIC (decided on metrics reduced over all workers)",
+            # the harness's learning rate is a schedule of the optimizer's step (restored with the backup), which
+            # these callbacks cannot set (`model.optimizer.lr` is not a variable)
+            "LearningRateScheduler": "--schedule constant|cosine|step|exponential with --learning-rate and "
+                                     "--warmup-steps/--warmup-epochs (a function of the step, continued on resume)",
+            "ReduceLROnPlateau": "--schedule cosine|step|exponential (a function of the step; decided before the "
+                                 "run, the same on every worker)"}
 WRITERS = ("CSVLogger", "TensorBoard")  # tf_keras callbacks that only write files: the chief's alone
 
 
+def _overrides(cb, *names: str) -> bool:
+    """Whether `cb`'s class defines one of the tf_keras `Callback` hooks `names` itself."""
+    import tf_keras as keras
+
+    return any(getattr(type(cb), n, None) is not getattr(keras.callbacks.Callback, n) for n in names)
+
+
 class KerasCallbacks:
-    """tf_keras callbacks (`harness.train.job.run(options, callbacks=[...])`) driven by the harness's loop:
-    `set_model` and `on_train_begin` before the first step, `on_epoch_end(epoch − 1, logs)` (Keras counts epochs
-    from 0; logs: the epoch's numbers, reduced over every worker), `on_train_end` after the last epoch.
+    """tf_keras callbacks (`harness.train.job.run(options, callbacks=[...])`) driven by the harness's controller
+    (`harness.train.controller.Controller`) as Keras' `fit` drives them:
+      - `set_model` on construction; `model.optimizer` is the harness's optimizer while training (the model is not
+        compiled: Keras' `compile` would build its own train function);
+      - `on_train_begin` before the first step, `on_train_end` after the last (also after an early stop);
+      - `on_epoch_begin(epoch − 1)` and `on_epoch_end(epoch − 1, logs)` every epoch (Keras counts epochs from 0;
+        logs: the epoch's numbers, reduced over every worker);
+      - `on_train_batch_end(batch, {"loss": loss})` once per step, `batch` its index in the epoch from 0, `loss`
+        that step's loss (reduced over every replica and rank), with `model._train_counter` at the step's global
+        number (so `TensorBoard(update_freq=N)` writes `batch_loss` every N steps). Under K steps per call they
+        run after the call, in step order; a callback that sets `model.stop_training` stops the run after that
+        call (its later steps have run);
+      - `on_train_batch_begin(batch)` before each step, when a callback implements it: then every call is one step
+        (`every_step` names that callback).
 
     Callbacks that write files (tf_keras `CSVLogger`, `TensorBoard`, or any with `harness_writes = True`) run on
     the chief only; the rest on every worker, so that a callback that changes training state does so everywhere.
@@ -189,7 +213,7 @@ class KerasCallbacks:
         harness does itself (`REPLACED`, naming the flag to use).
     """
 
-    def __init__(self, callbacks, model, context):
+    def __init__(self, callbacks, model, context, optimizer=None):
         check_callbacks(callbacks)
         chosen = []
         for cb in callbacks:
@@ -197,13 +221,44 @@ class KerasCallbacks:
             writes = getattr(cb, "harness_writes", name in WRITERS and type(cb).__module__.startswith("tf_keras"))
             if writes and not context.is_chief:
                 continue
-            cb.set_model(model)
             chosen.append(cb)
-        self.callbacks = chosen
+        self.callbacks, self.model, self.optimizer = chosen, model, optimizer
+        before = [type(cb).__name__ for cb in chosen if _overrides(cb, "on_train_batch_begin", "on_batch_begin")
+                  and not type(cb).__module__.startswith("tf_keras")]
+        self.every_step = before[0] if before else None
+        self.batch_hooks = any(_overrides(cb, "on_train_batch_end", "on_batch_end") or
+                               (name_of(cb) == "TensorBoard" and getattr(cb, "update_freq", "epoch") != "epoch")
+                               for cb in chosen)
+        self._epoch_steps = 0
+        if chosen and optimizer is not None and getattr(model, "optimizer", None) is None:
+            model.optimizer = optimizer   # what callbacks read (`self.model.optimizer.iterations`, `.lr`)
+        for cb in chosen:
+            cb.set_model(model)
+
+    def stop_requested(self) -> bool:
+        """A callback set `model.stop_training` (Keras' way to stop `fit`)."""
+        return bool(self.callbacks) and bool(getattr(self.model, "stop_training", False))
 
     def on_train_begin(self) -> None:
+        self.model.stop_training = False
         for cb in self.callbacks:
             cb.on_train_begin({})
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_begin(epoch - 1, {})
+
+    def on_train_batch_begin(self, batch: int) -> None:
+        for cb in self.callbacks:
+            cb.on_train_batch_begin(batch, {})
+
+    def on_train_batch_end(self, batch: int, logs: dict, global_step: int) -> None:
+        """After step `global_step` (1-based), `batch` its index in the epoch (0-based)."""
+        if not self.batch_hooks:
+            return
+        self.model._train_counter.assign(global_step)
+        for cb in self.callbacks:
+            cb.on_train_batch_end(batch, dict(logs))
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k not in ("epoch", "step")}
@@ -213,6 +268,12 @@ class KerasCallbacks:
     def on_train_end(self) -> None:
         for cb in self.callbacks:
             cb.on_train_end({})
+        if self.optimizer is not None and getattr(self.model, "optimizer", None) is self.optimizer:
+            self.model.optimizer = None   # the saved model holds no optimizer state, as before
+
+
+def name_of(cb) -> str:
+    return type(cb).__name__
 
 
 def check_callbacks(callbacks) -> None:

@@ -171,10 +171,11 @@ def _validation(options, train: ShardSet, spec, plan, say):
     try:
         val_plan = plan_lib.make_plan(validation.counts, workers=plan.batch.workers,
                                       replicas_per_worker=plan.batch.replicas_per_worker,
-                                      per_replica_batch_size=plan.per_replica_batch_size)
+                                      per_replica_batch_size=plan.per_replica_batch_size, evaluation=True)
     except BatchSizeError as e:
         raise BatchSizeError(f"validation data: {e}") from None
-    say(f"validation: {val_plan.steps_per_epoch} steps, {sum(val_plan.dropped)} records dropped")
+    say(f"validation: {sum(val_plan.records)} records, each scored once per evaluation (records per worker: "
+        f"{'/'.join(map(str, val_plan.records))}; the last batch partial)")
     return validation, val_plan
 
 

@@ -6,7 +6,7 @@ code that catches it, and training then runs on as if nothing had been asked. (A
 epoch and exited 0 in `tests/train/test_job.py::test_interrupt_exits_cleanly` turned out to have another cause:
 the test ran as a background job, whose SIGINT is ignored and inherited; an ignored SIGINT is left ignored here.)
 `requested()` keeps the request: the handler still raises KeyboardInterrupt at once, and also sets a flag that
-`harness.train.loop.Trainer.fit` checks after every call of K steps and after every epoch end, so the interrupt
+`harness.train.controller.Controller.fit` checks after every call of K steps and after every epoch end, so the interrupt
 ends the run within one call (AUTO_TARGET_S, ~0.1-1 s) even when the first raise is lost.
 """
 from __future__ import annotations

@@ -4,8 +4,9 @@ Order (every step fails before training starts where it can): backend (strategy 
 user's model function and loss resolved (`user_model`, `losses`: import errors and Keras 3 refused before any data
 is read) → precision policy → inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch
 plan, statistics) → model (checked, `--init-from`), schedule and optimizer (`optim`) under the strategy's scope →
-restore the backup (broadcast from rank 0 under Horovod) → train (`harness.train.loop.Trainer`; `control` stops
-early) → final model and `summary.json` (chief only).
+restore the backup (broadcast from rank 0 under Horovod) → train (`harness.train.factory` builds the trainer and
+the evaluator, `harness.train.controller.Controller` runs the epochs; `control` stops early) → final model and
+`summary.json` (chief only).
 
 The job never branches on the backend: tf.distribute and Horovod differ only inside
 `harness.distribute.backend.TrainingBackend`.
@@ -41,7 +42,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
 
     from harness.train import (checkpoint, control, inputs as inputs_lib, interrupt, losses, metrics, optim,
                                precision, profiling, results, summaries, user_model)
-    from harness.train.loop import LoopConfig, Trainer
+    from harness.train import factory
+    from harness.train.controller import Controller, Schedule
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
                            distribution=distribution)
@@ -72,28 +74,26 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         initial_step = backup.restore()
     initial_step = backend.broadcast_backup(backup, initial_step)
 
-    config = LoopConfig(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
-                        global_batch_size=plan.global_batch_size, loss_divisor=backend.loss_divisor(plan),
-                        validation_steps=inputs.validation_plan.steps_per_epoch if inputs.validation_plan else 0,
-                        steps_per_loop=options.loop_steps)
-    profiler = profiling.session(options, backend, config, plan)
+    run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
+                            steps_per_loop=options.loop_steps)
+    profiler = profiling.session(options, backend, run_schedule, plan)
     tensorboard = summaries.EpochSummaries(options.output, context, schedule=schedule, class_names=spec.class_names)
-    hooks = dict(profiler.trainer_kwargs()) if profiler else {}
+    hooks = dict(profiler.controller_kwargs()) if profiler else {}
     hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
 
-    def make_trainer(loop_config, model, optimizer, **kwargs):
-        return Trainer(model=model, optimizer=optimizer, strategy=backend.strategy, context=context,
-                       config=loop_config, class_weights=inputs.class_weights, clip_norm=options.clip_norm,
-                       loss_fn=loss_fn, metrics=metrics.for_task(spec.task, inputs.num_classes), **kwargs,
-                       **backend.trainer_kwargs())
+    def make_trainer(model, optimizer):
+        return factory.make_trainer(backend, model, optimizer, plan, loss_fn=loss_fn,
+                                    class_weights=inputs.class_weights, clip_norm=options.clip_norm)
 
-    def probe_trainer(loop_config, timer):  # the input-cost probe's: a fresh model and optimizer, same step
+    def probe_trainer():  # the input-cost probe's: a fresh model and optimizer, the same step
         with backend.scope():
             fresh = builder.build(inputs, policy)
             fresh_optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
-        return make_trainer(loop_config, fresh, fresh_optimizer, timer=timer)
+        return make_trainer(fresh, fresh_optimizer)
 
-    trainer = make_trainer(config, model, optimizer, before_evaluate=lambda: backend.align_model_state(model), **hooks)
+    trainer = make_trainer(model, optimizer)
+    evaluator = (factory.make_evaluator(backend, model, metrics.for_task(spec.task, inputs.num_classes),
+                                        loss_fn=loss_fn) if val_ds is not None else None)
     if initial_step >= options.epochs * plan.steps_per_epoch:
         say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
             "(raise --epochs to train on, or use a new --output)")
@@ -102,23 +102,25 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         # Backups are written at epoch ends; a step count between them means the plan changed.
         raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
                           f"{plan.steps_per_epoch} steps: the data or batch size changed since; use a new --output")
-    users = control.KerasCallbacks(callbacks, model, context)
-    # The stopper decides before the backup (which then holds its state) and stops after it.
+    users = control.KerasCallbacks(callbacks, model, context, optimizer) if callbacks else None
+    # The stopper decides before the backup (which then holds its state) and stops after it; the user's callbacks
+    # see the epoch after the backup (the controller calls them last).
     on_epoch_end = [*backend.epoch_end_callbacks(model), *([stopper.record] if stopper else []), backup.on_epoch_end,
-                    tensorboard.on_epoch_end, users.on_epoch_end, *([stopper.stop_if_done] if stopper else [])]
-    users.on_train_begin()
+                    tensorboard.on_epoch_end, *([stopper.stop_if_done] if stopper else [])]
+    controller = Controller(trainer, run_schedule, context=context, evaluator=evaluator, callbacks=users,
+                            on_epoch_end=on_epoch_end, **hooks)
     if profiler:
         profiler.start()
     try:
         with interrupt.handling():  # Ctrl-C ends the run within one call, also when TensorFlow swallows it
-            history = trainer.fit(iter(train_ds), validation=(lambda: iter(val_ds)) if val_ds else None,
-                                  initial_step=initial_step, on_epoch_end=on_epoch_end)
+            history = controller.fit(iter(train_ds), validation=(lambda: val_ds) if val_ds else None,
+                                     initial_step=initial_step)
     except control.StopTraining as stop:
         say(str(stop))
         history = stop.history
     except tf.errors.InvalidArgumentError as e:
         raise inputs.named_error(e) from e
-    users.on_train_end()
+    controller.end()
     digest = results.weights_digest(model)
     workers_digests = check_same_weights(backend, digest)
     model_path = checkpoint.save_model(model, options.output, context)
@@ -127,8 +129,10 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
                "weights_sha256": digest, "workers_weights_sha256": workers_digests,
                "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
-               "optimizer_iterations": int(optimizer.iterations.numpy()), "learning_rate": schedule.get_config(),
-               "history": history, "timing": trainer.timer.summary(), "model": model_path,
+               "optimizer_iterations": int(optimizer.iterations.numpy()),
+               "updates": {"steps": controller.steps_run, "skipped": controller.updates_skipped}, "learning_rate": schedule.get_config(),
+               "history": history, "timing": controller.timer.summary(), "model": model_path,
+               "evaluation": _evaluation_counts(history, inputs.validation_plan),
                "spec": spec.replace(num_classes=inputs.num_classes).to_config()}  # what `harness predict` reads
     summary["ranks"] = results.rank_stats(backend, plan, summary, say)  # None but on Horovod's rank 0
     if spec.task == "classification" and history and "val_iou" in history[-1]:
@@ -138,7 +142,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         best = os.path.join(options.output, "best", "model.keras")
         summary["best"] = stopper.summary(best if context.is_chief and stopper.best_epoch else None)
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
-        probe = profiling.probe(probe_trainer, trainer, backend, inputs)
+        probe = profiling.probe(probe_trainer, controller, backend, inputs)
         summary["profile"] = profiling.finish(profiler, options, context, inputs, probe=probe)
     if context.is_chief:
         results.write_summary(summary, options.output)
@@ -164,6 +168,17 @@ def _on_plan(backend: TrainingBackend, options: TrainOptions, plan, train, say) 
     files = [path for path, n in train.counts if n > 0]
     assignments = mpi.check_sharding(control, plan.assignments[backend.context.rank], files)
     say(mpi.describe_sharding(assignments, files))
+
+
+def _evaluation_counts(history: list, validation_plan) -> dict | None:
+    """What each epoch's evaluation counted: `{"records_expected": N, "per_epoch": [{"epoch", "records",
+    "pixels"}]}` (records: every validation record once; pixels: labels counted, nodata left out), or None
+    without validation."""
+    if validation_plan is None:
+        return None
+    return {"records_expected": sum(validation_plan.records),
+            "per_epoch": [{"epoch": h["epoch"], "records": h["val_records"], "pixels": h["val_pixels"]}
+                          for h in history if "val_records" in h]}
 
 
 def _fingerprint(plan, spec, policy: str) -> dict:

@@ -2,7 +2,7 @@
 default crossentropy for task classification, mse for regression).
 
 Every loss is per example: `fn(labels, logits, class_weights) -> [batch]` float32, the seam of
-`harness.train.loop.Trainer(loss_fn=...)`. The loop sums it and divides by the global batch (tf.distribute; under
+`harness.train.factory.make_trainer(loss_fn=...)`. The trainer sums it and divides by the global batch (tf.distribute; under
 Horovod by the rank's batch before the tape averages), so the loss and its gradients do not depend on how the batch
 is split over replicas and ranks (tensorflow.org/tutorials/distribute/custom_training#define_the_loss_function).
 A per-pixel loss `[batch, H, W]` is averaged over each patch's pixels first. Logits reach every loss as float32,

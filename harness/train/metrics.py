@@ -77,11 +77,18 @@ def from_regression_sums(sums, prefix: str = "val_") -> dict:
 
 
 class Classification:
-    """The evaluation seam of `harness.train.loop.Trainer(metrics=...)`: `counts(labels, logits)` per replica
-    (summed across replicas, ranks and steps by the loop), `results(summed)` the metrics dict."""
+    """The evaluation seam of `harness.train.evaluator.Evaluator(metrics=...)`: `counts(labels, logits)` per
+    replica (`dtype`, `shape`; summed across replicas, ranks and steps by the evaluator), `results(summed)` the
+    metrics dict, `counted(summed)` the labels counted (valid pixels or examples)."""
+
+    dtype = tf.int64
 
     def __init__(self, num_classes: int):
         self.num_classes = num_classes
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.num_classes, self.num_classes)
 
     def counts(self, labels, logits):
         return confusion_counts(labels, logits, self.num_classes)
@@ -89,15 +96,24 @@ class Classification:
     def results(self, summed) -> dict:
         return from_confusion(summed)
 
+    def counted(self, summed) -> int:
+        return int(np.asarray(summed).sum())
+
 
 class Regression:
     """As `Classification`, for a regression output: RMSE, MAE, R² from `regression_sums`."""
+
+    dtype = tf.float64
+    shape = (5,)
 
     def counts(self, labels, outputs):
         return regression_sums(labels, outputs)
 
     def results(self, summed) -> dict:
         return from_regression_sums(summed)
+
+    def counted(self, summed) -> int:
+        return int(np.asarray(summed)[0])
 
 
 def for_task(task: str, num_classes: int):

@@ -69,7 +69,7 @@ class TrainOptions:
     data_service: str | None = None
     backend: str = "tf"
     check_sharding: bool = False
-    steps_per_loop: int | str = "auto"   # steps per tf.function call, or "auto" (`harness.train.loop`)
+    steps_per_loop: int | str = "auto"   # steps per tf.function call, or "auto" (`harness.train.controller`)
     model: str | None = None            # MODULE:FUNCTION or path/to/file.py:FUNCTION (harness.train.user_model)
     model_args: dict | None = None      # keyword arguments for the model function
     init_from: str | None = None        # MODEL.keras or a run folder holding model.keras
@@ -121,7 +121,7 @@ class TrainOptions:
 
     @property
     def loop_steps(self) -> int | None:
-        """`LoopConfig.steps_per_loop`: K, or None for auto."""
+        """`controller.Schedule.steps_per_loop`: K, or None for auto."""
         return None if self.steps_per_loop == "auto" else self.steps_per_loop
 
 

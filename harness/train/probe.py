@@ -25,7 +25,7 @@ import time
 from typing import Callable
 
 from harness.profile.timing import StepTimer, calls_of, median_call_rate
-from harness.train.loop import LoopConfig
+from harness.train.controller import Controller, Schedule
 from harness.train.synthetic import Shapes, synthetic_batches
 
 PROBE_SECONDS = 2.0      # timed span aimed at, at the run's step time
@@ -43,30 +43,29 @@ def probe_steps(steps_per_loop: int, step_s: float) -> tuple[int, int]:
     return max(2, k), k * math.ceil(timed / k)
 
 
-def synthetic_probe(make_trainer: Callable, *, strategy, shapes: Shapes, per_replica_batch: int,
-                    global_batch: int, loss_divisor: int, steps_per_loop: int, step_s: float,
-                    seed: int = 0) -> dict:
+def synthetic_probe(make_trainer: Callable, *, context, shapes: Shapes, per_replica_batch: int,
+                    steps_per_loop: int, step_s: float, seed: int = 0) -> dict:
     """Run the probe; returns `{"examples_per_s", "steps", "warmup_steps", "steps_per_loop", "seconds"}`
     (examples/s: of the median call, `timing.median_call_rate`, as the report takes the run's; seconds: the
     probe's whole wall time, model build and tracing included).
 
     Args:
-      make_trainer: `fn(config: LoopConfig, timer: StepTimer) -> Trainer` over a fresh copy of the run's model and
-        optimizer, with the run's loss, class weights, clipping and backend seams.
-      strategy: the run's strategy (where the synthetic batches are made).
-      shapes, per_replica_batch, global_batch, loss_divisor: the run's.
+      make_trainer: `fn() -> Trainer` over a fresh copy of the run's model and optimizer, with the run's loss,
+        class weights, clipping and backend (`harness.train.factory.make_trainer`).
+      context: the run's `WorkerContext`.
+      shapes, per_replica_batch: the run's.
       steps_per_loop: the run's K (after `auto` chose it).
       step_s: the run's mean step time, seconds (sets how many steps are timed).
     """
     start = time.perf_counter()
     warmup, timed = probe_steps(steps_per_loop, step_s)
-    config = LoopConfig(epochs=1, steps_per_epoch=warmup + timed, global_batch_size=global_batch,
-                        loss_divisor=loss_divisor, warmup_steps=warmup, steps_per_loop=steps_per_loop)
     timer = StepTimer(warmup)
-    trainer = make_trainer(config, timer)
-    batches = synthetic_batches(strategy, shapes, per_replica_batch, seed)
+    trainer = make_trainer()
+    controller = Controller(trainer, Schedule(epochs=1, steps_per_epoch=warmup + timed, warmup_steps=warmup,
+                                              steps_per_loop=steps_per_loop), context=context, timer=timer)
+    batches = synthetic_batches(trainer.strategy, shapes, per_replica_batch, seed)
     with contextlib.redirect_stdout(io.StringIO()):  # the probe's epoch line is not one of the run's epochs
-        trainer.fit(batches)
+        controller.fit(batches)
     summary = timer.summary()
     return {"examples_per_s": median_call_rate(calls_of(timer.steps, steps_per_loop)), "steps": summary["steps"],
             "warmup_steps": summary["warmup_steps"], "steps_per_loop": steps_per_loop,

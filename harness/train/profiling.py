@@ -6,7 +6,7 @@ import dataclasses
 from typing import Optional
 
 
-def session(options, backend, config, plan):
+def session(options, backend, schedule, plan):
     """The `ProfileSession` for --profile / --profile-steps, or None.
 
     The trace window is `--profile-steps START:STOP` (global steps, both included), else 10 steps from the 3rd
@@ -18,27 +18,26 @@ def session(options, backend, config, plan):
 
     total = options.epochs * plan.steps_per_epoch
     window = (parse_step_window(options.profile_steps) if options.profile_steps
-              else default_window(total, config.warmup_steps))
+              else default_window(total, schedule.warmup_steps))
     return ProfileSession(context=backend.context, strategy=backend.strategy, output=options.output,
-                          trace_steps=window, logdir=options.profile_dir, warmup_steps=config.warmup_steps)
+                          trace_steps=window, logdir=options.profile_dir, warmup_steps=schedule.warmup_steps)
 
 
-def probe(make_trainer, trainer, backend, inputs) -> dict:
+def probe(make_trainer, controller, backend, inputs) -> dict:
     """The input-cost probe (`harness.train.probe`) of the run's model, batch and K (as the run's calls had it: no
-    more than an epoch's steps): `make_trainer(config, timer)` builds a `Trainer` over a fresh copy of the run's
-    model and optimizer. Every worker runs it."""
+    more than an epoch's steps): `make_trainer()` builds a `Trainer` over a fresh copy of the run's model and
+    optimizer (`harness.train.factory`); `controller` is the run's. Every worker runs it."""
     from harness.train.probe import synthetic_probe
     from harness.train.synthetic import Shapes
 
     from harness.profile.timing import calls_of
 
     plan = inputs.plan
-    k = min(trainer.steps_per_loop or 1, plan.steps_per_epoch)
-    steps = [s for call in calls_of(trainer.timer.steps, k) for s in call] or trainer.timer.steps
-    return synthetic_probe(make_trainer, strategy=backend.strategy,
+    k = min(controller.steps_per_loop or 1, plan.steps_per_epoch)
+    steps = [s for call in calls_of(controller.timer.steps, k) for s in call] or controller.timer.steps
+    return synthetic_probe(make_trainer, context=backend.context,
                            shapes=Shapes.from_spec(inputs.spec, inputs.num_classes),
-                           per_replica_batch=plan.per_replica_batch_size, global_batch=plan.global_batch_size,
-                           loss_divisor=backend.loss_divisor(plan),
+                           per_replica_batch=plan.per_replica_batch_size,
                            steps_per_loop=k, step_s=sum(s.step_s for s in steps) / max(len(steps), 1))
 
 

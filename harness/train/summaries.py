@@ -1,6 +1,6 @@
 """TensorBoard scalars per epoch, written by the chief only into `output/logs/train` (`tensorboard --logdir
-output/logs`): the loss, the validation metrics (per class as `val_iou/<class name>`, ...), throughput, and the
-learning rate per step."""
+output/logs`): the loss, the validation metrics (per class as `val_iou/<class name>`, ...), throughput, under loss
+scaling the updates skipped and the loss scale, and the learning rate per step."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ import tensorflow as tf
 from harness.train.metrics import per_class_scalars
 
 SCALARS = ("loss", "val_loss", "val_accuracy", "val_mean_iou", "val_rmse", "val_mae", "val_r2", "examples_per_s",
-           "input_stall_share")
+           "input_stall_share", "skipped_updates", "loss_scale", "val_records", "val_pixels")
 
 
 class EpochSummaries:
@@ -23,7 +23,7 @@ class EpochSummaries:
     Only the chief creates a writer; on other workers the callback does nothing (the output folder is the
     chief's).
 
-    Also a step hook (`Trainer(step_hooks=...)`) when given the optimizer's `schedule`: `learning_rate` at every
+    Also a step hook (`Controller(step_hooks=...)`) when given the optimizer's `schedule`: `learning_rate` at every
     global step, the rate the update of that step used (`schedule(step - 1)`, the counter before the update)."""
 
     def __init__(self, output_dir: str, context, schedule=None, class_names: Sequence[str] = ()):

@@ -51,7 +51,7 @@ class Shapes:
 class OnDeviceBatches:
     """An endless iterator over one distributed batch (see the module's docstring)."""
 
-    in_graph = True   # `harness.train.loop` passes it into the loop's tf.function
+    in_graph = True   # `harness.train.trainer` passes it into its K-step tf.function
 
     def __init__(self, batch):
         self.batch = batch

@@ -19,7 +19,9 @@ def test_tf_backend_answers(mirrored):
     assert type(backend) is TrainingBackend and backend.is_writer and backend.context.replicas_in_sync == 2
     plan = make_plan([("a", 100)], workers=1, replicas_per_worker=2, per_replica_batch_size=8)
     assert backend.loss_divisor(plan) == 16  # the global batch: the optimizer sums the replicas' gradients
-    assert backend.trainer_kwargs() == {} and backend.epoch_end_callbacks(None) == []
+    tape = object()
+    assert backend.gradient_tape(tape) is tape and backend.ranks_summed == 1 and backend.sum_over_ranks(3.0) == 3.0
+    assert backend.epoch_end_callbacks(None) == []
     assert isinstance(backend.control_plane(), mpi.LocalControlPlane)  # one worker: local collectives
     assert backend.gather_ranks({"rank": 0}) is None and backend.describe() is None
     assert backend.broadcast_backup(None, 40) == 40

@@ -328,3 +328,20 @@ def test_early_stopping_on_two_ranks_stops_both_at_the_same_epoch(image_export, 
     assert by_rank[0]["summary"]["best"]["model"] == str(out / "best" / "model.keras")
     assert by_rank[1]["summary"]["best"]["model"] is None
     assert (out / "best" / "model.keras").is_file()
+
+
+def test_horovod_ranks_score_every_validation_record_once(image_export, tmp_path_factory, tmp_path):
+    """26 validation patches (2 files of 13, one per rank), 4 per rank per step: equal steps would score 3 batches
+    per rank (24 patches); every patch is scored once, each rank's pass as long as its own records, and every rank
+    reports the same metrics (issue 19, item 6)."""
+    from harness.data import synth
+    folder, _ = image_export
+    val = tmp_path_factory.mktemp("val13")
+    synth.write_image_export(str(val), prefix="val", shards=2, records=26, patch_size=16, seed=5)
+    by_rank = train(horovodrun(2), folder / "train", tmp_path / "run", "--epochs", "1",
+                    "--per-replica-batch-size", "4", "--validation-data", val)
+    for r in by_rank.values():
+        evaluation = r["summary"]["evaluation"]
+        assert evaluation["records_expected"] == 26
+        assert evaluation["per_epoch"] == [{"epoch": 1, "records": 26, "pixels": 26 * 16 * 16}]
+    assert len({r["summary"]["history"][0]["val_loss"] for r in by_rank.values()}) == 1

@@ -7,7 +7,7 @@ import tf_keras as keras
 
 from harness.distribute.context import WorkerContext
 from harness.profile.session import ProfileSession
-from harness.train.loop import LoopConfig, Trainer
+from loop_support import build
 
 BATCH, STEPS, WARMUP = 8, 20, 8  # warm-up: tracing, and draining the batches prefetched meanwhile
 
@@ -44,12 +44,11 @@ def run_delayed(d, c, output, *, trace_steps=None, plot=False, steps_per_loop=1)
     with strategy.scope():
         model = keras.Sequential([keras.Input([4]), SleepLayer(c), keras.layers.Dense(2)])
         optimizer = keras.optimizers.SGD(0.01)
-    config = LoopConfig(epochs=1, steps_per_epoch=STEPS + WARMUP, global_batch_size=BATCH, loss_divisor=BATCH,
-                        warmup_steps=WARMUP, steps_per_loop=steps_per_loop)
     session = ProfileSession(context=context, strategy=strategy, output=str(output), warmup_steps=WARMUP,
                              interval_s=0.05, trace_steps=trace_steps)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
-                      timer=session.timer, step_hooks=session.hooks)
+    trainer = build(strategy, model, optimizer, global_batch_size=BATCH, steps_per_epoch=STEPS + WARMUP,
+                    warmup_steps=WARMUP, steps_per_loop=steps_per_loop, context=context,
+                    **session.controller_kwargs())
     with session:
         trainer.fit(iter(strategy.experimental_distribute_dataset(_delayed_batches(d))))
     return session, session.finish(kind="test", config={"d": d, "c": c}, plot=plot)

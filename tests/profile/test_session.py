@@ -9,7 +9,7 @@ import tf_keras as keras
 from harness.distribute.context import WorkerContext
 from harness.profile.sampler import NO_GPU
 from harness.profile.session import ProfileSession, default_window
-from harness.train.loop import LoopConfig, Trainer
+from loop_support import build
 
 BATCH, STEPS, WARMUP = 8, 6, 2
 
@@ -22,10 +22,8 @@ def test_session_without_trace_writes_the_report(tmp_path, capsys):
     session = ProfileSession(context=context, strategy=strategy, output=str(tmp_path / "out"), warmup_steps=WARMUP,
                              interval_s=None)
     assert session.hooks == [] and session.sampler is None
-    config = LoopConfig(epochs=1, steps_per_epoch=STEPS, global_batch_size=BATCH, loss_divisor=BATCH,
-                        warmup_steps=WARMUP)
-    trainer = Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
-                      **session.trainer_kwargs())
+    trainer = build(strategy, model, optimizer, global_batch_size=BATCH, steps_per_epoch=STEPS,
+                    warmup_steps=WARMUP, context=context, **session.controller_kwargs())
     batches = tf.data.Dataset.from_tensors((tf.zeros([BATCH, 4]), tf.zeros([BATCH], tf.int32))).repeat()
     with session:
         trainer.fit(iter(strategy.experimental_distribute_dataset(batches)))

@@ -7,7 +7,8 @@ import tf_keras as keras
 from harness.distribute.context import WorkerContext
 from harness.errors import NonFiniteLossError
 from harness.train import checkpoint, models
-from harness.train.loop import LoopConfig, Trainer, choose_steps_per_loop, format_epoch
+from harness.train.controller import choose_steps_per_loop, format_epoch
+from loop_support import build
 
 
 def _table_dataset(n=512, bands=3, seed=0):
@@ -23,10 +24,8 @@ def _trainer(strategy, steps, epochs=2, batch=32, lr=1e-2, hidden=(16,), steps_p
     with strategy.scope():
         model = models.pixel_classifier(3, 3, hidden=hidden)
         opt = keras.optimizers.Adam(lr)
-    cfg = LoopConfig(epochs=epochs, steps_per_epoch=steps, global_batch_size=batch, loss_divisor=batch,
-                     validation_steps=4, steps_per_loop=steps_per_loop)
-    return (Trainer(model=model, optimizer=opt, strategy=strategy, context=context, config=cfg, step_hooks=hooks),
-            model, opt)
+    return (build(strategy, model, opt, global_batch_size=batch, epochs=epochs, steps_per_epoch=steps,
+                  steps_per_loop=steps_per_loop, step_hooks=hooks, context=context), model, opt)
 
 
 def _dist(strategy, x, y, batch, repeat=True):
@@ -39,7 +38,7 @@ def test_fit_learns_and_reports(capsys, cpu_mirrored):
     strategy = cpu_mirrored
     x, y = _table_dataset()
     trainer, model, opt = _trainer(strategy, steps=16, epochs=3)
-    history = trainer.fit(iter(_dist(strategy, x, y, 32)), validation=lambda: iter(_dist(strategy, x, y, 32, False)))
+    history = trainer.fit(iter(_dist(strategy, x, y, 32)), validation=lambda: _dist(strategy, x, y, 32, False))
     assert [h["epoch"] for h in history] == [1, 2, 3]
     assert [h["step"] for h in history] == [16, 32, 48]
     assert int(opt.iterations.numpy()) == 48
@@ -88,9 +87,12 @@ def test_backup_resume_continues_at_next_epoch(tmp_path, steps_per_loop):
 
 def test_format_epoch():
     line = format_epoch({"epoch": 2, "step": 40, "loss": 0.5, "val_loss": 0.25, "val_accuracy": 0.875,
-                         "examples_per_s": 812.0, "input_stall_share": 0.031}, 5)
-    assert line == ("epoch 2/5 step 40: loss 0.5000 val_loss 0.2500 val_accuracy 0.8750 | 812.0 examples/s, "
-                    "input stall 3.1%")
+                         "val_records": 120, "examples_per_s": 812.0, "input_stall_share": 0.031}, 5)
+    assert line == ("epoch 2/5 step 40: loss 0.5000 val_loss 0.2500 val_accuracy 0.8750 (120 records) | 812.0 "
+                    "examples/s, input stall 3.1%")
+    scaled = format_epoch({"epoch": 1, "step": 8, "loss": 0.5, "examples_per_s": 10.0, "input_stall_share": 0.0,
+                           "skipped_updates": 3, "loss_scale": 16384.0}, 1)
+    assert scaled.endswith("input stall 0.0%, 3 updates skipped, loss scale 16384")
 
 
 class _Calls:
@@ -120,7 +122,7 @@ def test_steps_per_loop_trains_the_same_steps_as_one_step_calls(cpu_mirrored):
         if start is None:
             start = model.get_weights()
         model.set_weights(start)
-        history = trainer.fit(iter(_dist(strategy, x, y, 32)), validation=lambda: iter(_dist(strategy, x, y, 32, False)))
+        history = trainer.fit(iter(_dist(strategy, x, y, 32)), validation=lambda: _dist(strategy, x, y, 32, False))
         runs[k] = history, model.get_weights(), int(opt.iterations.numpy()), [c[0] for c in calls.calls]
     assert runs[1][3] == list(range(1, 33))
     assert runs[5][3] == [1, 6, 11, 16, 17, 22, 27, 32]     # 5, 5, 5, 1 per epoch: never across step 16

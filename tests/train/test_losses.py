@@ -12,10 +12,9 @@ import tensorflow as tf
 import tf_keras as keras
 
 from harness.data.labels import IGNORED
-from harness.distribute.context import WorkerContext
 from harness.errors import ConfigError, UserCodeError
 from harness.train import losses, models
-from harness.train.loop import LoopConfig, Trainer
+from loop_support import build as build_run
 from harness.train.options import TrainOptions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -28,11 +27,9 @@ def _first_step_loss(strategy, build, weights, x, y, loss_fn):
         model = build()
         model.set_weights(weights)
         opt = keras.optimizers.SGD(0.1)
-    cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=len(x), loss_divisor=len(x))
-    trainer = Trainer(model=model, optimizer=opt, strategy=strategy, config=cfg, loss_fn=loss_fn,
-                      context=WorkerContext.single(replicas_per_worker=strategy.num_replicas_in_sync))
+    trainer = build_run(strategy, model, opt, global_batch_size=len(x), loss_fn=loss_fn)
     ds = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(len(x)))
-    return float(trainer.train_step(next(iter(ds))))
+    return trainer.train_step(next(iter(ds)))
 
 
 def _stock(reduction):

@@ -15,7 +15,7 @@ from harness.data import synth
 from harness.data.labels import IGNORED
 from harness.distribute.context import WorkerContext
 from harness.train.losses import make_loss
-from harness.train.loop import LoopConfig, Trainer
+from loop_support import build
 from harness.train.metrics import (Regression, confusion_counts, from_confusion, from_regression_sums,
                                    per_class_scalars)
 
@@ -46,9 +46,8 @@ def _conv_trainer(strategy, kernel, **kwargs):
         model = keras.Model(inputs, keras.layers.Conv2D(kernel.shape[-1], 1, use_bias=False, name="head")(inputs))
         model.get_layer("head").set_weights([kernel])
         opt = keras.optimizers.SGD(0.1)
-    cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=8, loss_divisor=8, validation_steps=1)
-    return Trainer(model=model, optimizer=opt, strategy=strategy, config=cfg,
-                   context=WorkerContext.single(replicas_per_worker=2), **kwargs)
+    return build(strategy, model, opt, global_batch_size=8, context=WorkerContext.single(replicas_per_worker=2),
+                 **kwargs)
 
 
 def test_evaluate_sums_one_matrix_over_replicas(cpu_mirrored):
@@ -60,7 +59,7 @@ def test_evaluate_sums_one_matrix_over_replicas(cpu_mirrored):
     kernel = rng.normal(size=(1, 1, 2, 3)).astype(np.float32)
     trainer = _conv_trainer(cpu_mirrored, kernel)
     ds = cpu_mirrored.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
-    got = trainer.evaluate(iter(ds), 1)
+    got = trainer.evaluate(ds)
     predicted = np.argmax(np.einsum("bhwc,ck->bhwk", x, kernel[0, 0]), axis=-1)
     matrix = _numpy_metrics(y, predicted, 3)
     assert got["val_confusion_matrix"] == matrix.tolist() and matrix.sum() == 8 * 16
@@ -89,7 +88,7 @@ def test_regression_metrics_sum_over_replicas_as_numpy(cpu_mirrored):
     trainer = _conv_trainer(cpu_mirrored, kernel, metrics=Regression(),
                             loss_fn=make_loss("mse", task="regression", ignore=True))
     ds = cpu_mirrored.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))
-    got = trainer.evaluate(iter(ds), 1)
+    got = trainer.evaluate(ds)
     pred = np.einsum("bhwc,c->bhw", x.astype(np.float64), kernel[0, 0, :, 0].astype(np.float64))
     ok = np.isfinite(y)
     e, t = pred[ok] - y[ok], y[ok].astype(np.float64)

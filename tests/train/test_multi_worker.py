@@ -184,3 +184,25 @@ def test_band_groups_as_a_dict_every_worker_normalizes_with_the_chiefs_statistic
     assert len(given) == 2 and given[0] == given[1]
     assert sorted(given[0]["mean"]) == ["before", "during"] and len(given[0]["mean"]["before"]) == 2
     assert all(v > 0 for g in given[0]["variance"].values() for v in g)
+
+
+def test_two_workers_score_every_validation_record_once(table_export, tmp_path_factory, tmp_path):
+    """150 validation records over 2 workers (files of 100 and 50 records), per-replica batch 32: the equal-steps
+    rule of training would score one batch per worker (64 records); every record is scored once, and both workers
+    report the same metrics (issue 19, item 6)."""
+    import io
+    val = tmp_path_factory.mktemp("val")
+    files = [synth.write_table_export(str(val / name), prefix=name, shards=1, records=n, seed=s)
+             for name, n, s in (("a", 100, 7), ("b", 50, 8))]
+    paths = [p for f in files for p in f if ".tfrecord" in p]
+    out = io.StringIO()
+    run_local([sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=2",
+               f"validation_data={','.join(paths)}"], workers=2, timeout_s=300, out=out)
+    results = _results(out.getvalue())
+    assert sorted(results) == [0, 1], out.getvalue()[-3000:]
+    summary = json.loads((tmp_path / "worker0" / "summary.json").read_text())
+    assert summary["evaluation"]["records_expected"] == 150
+    assert [e["records"] for e in summary["evaluation"]["per_epoch"]] == [150, 150]
+    assert [e["pixels"] for e in summary["evaluation"]["per_epoch"]] == [150, 150]
+    assert "validation: 150 records, each scored once" in out.getvalue()
+    assert results[0]["weights_sha256"] == results[1]["weights_sha256"]

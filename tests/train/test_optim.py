@@ -13,7 +13,7 @@ import tf_keras as keras
 from harness.distribute.context import WorkerContext
 from harness.errors import ConfigError, UserCodeError
 from harness.train import checkpoint, optim
-from harness.train.loop import LoopConfig, Trainer
+from loop_support import build
 from harness.train.optim import ScheduleConfig
 from harness.train.options import TrainOptions
 
@@ -104,9 +104,8 @@ def _linear(strategy, lr, bias=True):
 def _run(strategy, x, y, *, steps, lr=1.0, clip_norm=None, initial_step=0, model_opt=None, on_epoch_end=()):
     model, opt = model_opt or _linear(strategy, lr)
     batch = len(x) // steps
-    cfg = LoopConfig(epochs=steps, steps_per_epoch=1, global_batch_size=batch, loss_divisor=batch)
-    context = WorkerContext.single(replicas_per_worker=strategy.num_replicas_in_sync)
-    trainer = Trainer(model=model, optimizer=opt, strategy=strategy, context=context, config=cfg, clip_norm=clip_norm)
+    trainer = build(strategy, model, opt, global_batch_size=batch, epochs=steps, steps_per_epoch=1,
+                    clip_norm=clip_norm)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).skip(initial_step).repeat()
     trainer.fit(iter(strategy.experimental_distribute_dataset(ds)), initial_step=initial_step,
                 on_epoch_end=on_epoch_end)

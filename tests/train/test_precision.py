@@ -9,12 +9,9 @@ import tensorflow as tf
 import tf_keras as keras
 
 from harness.train import precision
-from harness.train.loop import LoopConfig, Trainer
+from loop_support import build
 from harness.errors import ConfigError
 
-
-class _Chief:
-    is_chief = True
 
 
 @pytest.fixture
@@ -38,11 +35,10 @@ def _one_step(strategy, scale):
         opt = precision.wrap_optimizer(keras.optimizers.SGD(1.0), "mixed_float16", initial_scale=scale,
                                        dynamic=False)
     assert isinstance(opt, keras.mixed_precision.LossScaleOptimizer)
-    cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=replicas, loss_divisor=replicas)
-    trainer = Trainer(model=model, optimizer=opt, strategy=strategy, context=_Chief(), config=cfg)
+    trainer = build(strategy, model, opt, global_batch_size=replicas)
     ds = tf.data.Dataset.from_tensors((tf.ones([1]), tf.zeros([], tf.int32))).repeat().batch(replicas)
     dist = strategy.experimental_distribute_dataset(ds)
-    loss = float(trainer.train_step(next(iter(dist))))
+    loss = trainer.train_step(next(iter(dist)))
     return loss, model.layers[0].kernel.numpy()
 
 

@@ -17,7 +17,9 @@ import tf_keras as keras
 
 from harness.distribute.context import WorkerContext
 from harness.profile.session import ProfileSession
-from harness.train.loop import LoopConfig, Trainer
+from harness.distribute.backend import TrainingBackend
+from harness.train import factory
+from harness.train.controller import Controller, Schedule
 from harness.train.probe import PROBE_MAX_STEPS, PROBE_STEPS, probe_steps, synthetic_probe
 from harness.train.synthetic import Shapes
 
@@ -37,24 +39,25 @@ def _pipeline(burn_iterations):
 def _run_with_probe(burn_iterations, output):
     strategy, context = tf.distribute.OneDeviceStrategy("/cpu:0"), WorkerContext.single()
 
-    def make_trainer(config, timer, **kwargs):
+    backend = TrainingBackend(strategy, context)
+    batch = factory.synthetic_batch(backend, BATCH)
+
+    def make_trainer():
         with strategy.scope():
             model = keras.Sequential([keras.Input([WIDTH]), *[keras.layers.Dense(1024, activation="relu")
                                                               for _ in range(3)], keras.layers.Dense(2)])
             optimizer = keras.optimizers.SGD(0.01)
-        return Trainer(model=model, optimizer=optimizer, strategy=strategy, context=context, config=config,
-                       timer=timer, **kwargs)
+        return factory.make_trainer(backend, model, optimizer, batch)
 
-    config = LoopConfig(epochs=1, steps_per_epoch=STEPS + WARMUP, global_batch_size=BATCH, loss_divisor=BATCH,
-                        warmup_steps=WARMUP, steps_per_loop=K)
     session = ProfileSession(context=context, strategy=strategy, output=str(output), warmup_steps=WARMUP,
                              interval_s=None)
-    trainer = make_trainer(config, session.timer)
+    controller = Controller(make_trainer(), Schedule(epochs=1, steps_per_epoch=STEPS + WARMUP, warmup_steps=WARMUP,
+                                                     steps_per_loop=K), context=context, **session.controller_kwargs())
     with session, contextlib.redirect_stdout(io.StringIO()):
-        trainer.fit(iter(strategy.experimental_distribute_dataset(_pipeline(burn_iterations))))
-    probe = synthetic_probe(make_trainer, strategy=strategy, shapes=Shapes("table", (WIDTH,), 2),
-                            per_replica_batch=BATCH, global_batch=BATCH, loss_divisor=BATCH, steps_per_loop=K,
-                            step_s=trainer.timer.summary()["mean_step_s"])
+        controller.fit(iter(strategy.experimental_distribute_dataset(_pipeline(burn_iterations))))
+    probe = synthetic_probe(make_trainer, context=context, shapes=Shapes("table", (WIDTH,), 2),
+                            per_replica_batch=BATCH, steps_per_loop=K,
+                            step_s=controller.timer.summary()["mean_step_s"])
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         report = session.finish(kind="test", config={}, plot=False, probe=probe)
     return report, printed.getvalue()

@@ -17,7 +17,8 @@ import tf_keras as keras  # noqa: E402
 
 from harness.distribute import horovod  # noqa: E402
 from harness.train import precision  # noqa: E402
-from harness.train.loop import LoopConfig, Trainer  # noqa: E402
+from harness.distribute.backend import HorovodBackend  # noqa: E402
+from harness.train import factory  # noqa: E402
 
 scale = float(sys.argv[1]) if len(sys.argv) > 1 else 8.0
 strategy, context = horovod.init()
@@ -26,12 +27,10 @@ model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2, use_bias=Fals
                           keras.layers.Activation("linear", dtype="float32")])
 opt = precision.wrap_optimizer(keras.optimizers.SGD(1.0), "mixed_float16", initial_scale=scale, dynamic=False)
 per_rank = 1
-cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=per_rank * context.num_workers,
-                 loss_divisor=per_rank)
-trainer = Trainer(model=model, optimizer=opt, strategy=strategy, context=context, config=cfg,
-                  **horovod.trainer_kwargs())
+backend = HorovodBackend(strategy, context)
+trainer = factory.make_trainer(backend, model, opt, factory.synthetic_batch(backend, per_rank))
 batch = (tf.ones([per_rank, 1]), tf.zeros([per_rank], tf.int32))
-loss = float(trainer.train_step(batch))
+loss = float(trainer.train_step(batch)[0])
 print("HVD_LOSS_SCALE " + json.dumps({"rank": context.rank, "size": context.num_workers, "loss": loss,
                                       "scaled": isinstance(opt, keras.mixed_precision.LossScaleOptimizer),
                                       "kernel": model.layers[0].kernel.numpy().tolist()}), flush=True)

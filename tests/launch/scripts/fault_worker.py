@@ -19,7 +19,7 @@ from harness.cli import build_parser
 from harness.commands.train import options_from_args
 from harness.distribute import environment
 from harness.train import job
-from harness.train.loop import Trainer
+from harness.train.trainer import Trainer
 
 delay = float(os.environ.get("HARNESS_TEST_STEP_DELAY_S", "0"))
 drawn = []   # batches this process took from its input pipeline: the data position

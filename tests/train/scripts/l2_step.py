@@ -17,16 +17,16 @@ n = 1 if mode == "horovod" else int(mode)
 if mode == "horovod":
     from harness.distribute import horovod
     strategy, context = horovod.init()
-    seams = horovod.trainer_kwargs()
 else:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
-    seams = {}
 
 import tf_keras as keras  # noqa: E402
 
 from harness.distribute.context import WorkerContext  # noqa: E402
-from harness.train.loop import LoopConfig, Trainer  # noqa: E402
+from harness.distribute.backend import HorovodBackend, TrainingBackend  # noqa: E402
+from harness.distribute.batch import batch_sizes  # noqa: E402
+from harness.train import factory  # noqa: E402
 
 if mode != "horovod":
     strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if n == 1 else
@@ -44,15 +44,16 @@ with strategy.scope():
     opt = keras.optimizers.SGD(0.1)
 ranks = context.num_workers if mode == "horovod" else 1
 share = 12 // ranks  # Horovod: each rank its own rows, divided by its own batch (the tape averages)
-cfg = LoopConfig(epochs=1, steps_per_epoch=1, global_batch_size=12, loss_divisor=share)
-trainer = Trainer(model=model, optimizer=opt, strategy=strategy, context=context, config=cfg, clip_norm=clip_norm,
-                  **seams)
+backend = (HorovodBackend if mode == "horovod" else TrainingBackend)(strategy, context)
+plan = batch_sizes(workers=context.num_workers, replicas_per_worker=strategy.num_replicas_in_sync,
+                   global_batch_size=12)   # the loss divisor: 12 (tf.distribute), the rank's share (Horovod)
+trainer = factory.make_trainer(backend, model, opt, plan, clip_norm=clip_norm)
 if mode == "horovod":
     batch = (tf.constant(x[context.rank * share:(context.rank + 1) * share]),
              tf.constant(y[context.rank * share:(context.rank + 1) * share]))
 else:
     batch = next(iter(strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensor_slices((x, y)).batch(12).repeat())))
-loss = float(trainer.train_step(batch))
+loss = float(trainer.train_step(batch)[0])
 print("L2_STEP " + json.dumps({"rank": context.rank, "replicas": strategy.num_replicas_in_sync * ranks, "loss": loss,
                                "weights": [w.tolist() for w in model.get_weights()]}), flush=True)

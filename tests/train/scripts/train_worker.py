@@ -35,6 +35,8 @@ def main():
     kwargs = {"epochs": 2, "per_replica_batch_size": 32, "learning_rate": 1e-2}
     kwargs.update({k: _value(v) for k, v in (kv.split("=", 1) for kv in rest[split + 1:])})
     data_config = json.loads(kwargs.pop("data_config", "{}"))
+    if "validation_data" in kwargs:   # comma-separated paths
+        kwargs["validation_data"] = tuple(str(kwargs["validation_data"]).split(","))
     strategy, context = make_strategy("auto")  # before any other TensorFlow op
     calls = call_counts.install()
     if os.environ.get("HARNESS_TEST_SEED_BY_RANK"):  # each worker's sample of the records differs

@@ -1,0 +1,305 @@
+"""The controller (orbit's `Controller`): epochs, steps per call, evaluation, step hooks, callbacks, interrupts and
+the checks at each call's end, around a `harness.train.trainer.Trainer`.
+
+Steps per loop (K): an int, a function of the global step (orbit's `steps_per_loop: Union[int, Callable[[int],
+int]]`), or None for auto (`choose_steps_per_loop` after a few timed one-step calls). A call never crosses an epoch
+end (validation, backup) nor the edges of a step hook's window (inside the profiler's trace window each call is
+one step whose batch the host draws, so that the trace's input-pipeline analyzer finds the steps); a user callback
+that must run before every step (`on_train_batch_begin`) makes every call one step (said once).
+
+After each call, on the host: the steps are recorded in the timer, their batch-end hooks run (step hooks, then
+the user's Keras callbacks once per step, with the step's index and loss), then the checks: a SIGINT that
+TensorFlow swallowed, a non-finite loss, `model.stop_training` set by a callback, and updates skipped by loss
+scaling while the loss scale sits at its floor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+from typing import Callable, Sequence, Union
+
+from tqdm import tqdm
+
+from harness.errors import LossScaleError, NonFiniteLossError
+from harness.profile.timing import StepTimer
+from harness.train import interrupt
+from harness.train.trainer import in_graph
+
+log = logging.getLogger(__name__)
+
+AUTO_TARGET_S = 0.25      # auto: one call lasts about this long (seconds), within orbit's usual 0.1-1 s
+AUTO_MEASURED_CALLS = 3   # auto: calls of one step timed after warm-up before K is chosen
+AUTO_MAX_STEPS = 1000
+LOSS_SCALE_FLOOR = 1.0    # tf_keras' dynamic loss scale never goes below 1 (LossScaleOptimizer's DynamicLossScale)
+SKIPPED_AT_FLOOR_LIMIT = 10  # consecutive skipped updates, the scale at its floor, before the run is stopped
+
+StepsPerLoop = Union[int, Callable[[int], int], None]
+
+
+def choose_steps_per_loop(step_s: float, target_s: float = AUTO_TARGET_S, max_steps: int = AUTO_MAX_STEPS) -> int:
+    """K for `steps_per_loop: auto`: the steps that fill about `target_s` seconds at `step_s` seconds per one-step
+    call (which includes the per-call overhead, so K errs low), between 1 and `max_steps`."""
+    if step_s <= 0:
+        return max_steps
+    return int(min(max_steps, max(1, round(target_s / step_s))))
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How long to train.
+
+    Attributes:
+      epochs: epochs to run in all (a resumed run continues up to this number).
+      steps_per_epoch: optimizer steps per epoch, the same on every worker (see `harness.distribute.batch`).
+      steps_per_loop: K (int >= 1), `fn(global_step) -> K` (the step the call starts after), or None (auto).
+      warmup_steps: first steps excluded from timing summaries (tracing, cache fill).
+    """
+
+    epochs: int
+    steps_per_epoch: int
+    steps_per_loop: StepsPerLoop = None
+    warmup_steps: int = 2
+
+    def __post_init__(self):
+        k = self.steps_per_loop
+        if isinstance(k, int) and k < 1:
+            raise ValueError(f"steps_per_loop must be >= 1, a function of the step, or None (auto), got {k}")
+
+
+class Controller:
+    """Runs `trainer` for `schedule`, evaluating with `evaluator` at each epoch end.
+
+    Args:
+      trainer: `harness.train.trainer.Trainer` (`harness.train.factory.make_trainer`).
+      schedule: `Schedule`.
+      context: the `WorkerContext` (the chief prints the epoch lines).
+      evaluator: `harness.train.evaluator.Evaluator`, or None.
+      step_hooks: objects with `before_step(step)` and `after_step(step)` (step: the 1-based global number of the
+        step), called for each step of a call before and after it, outside its timed span; a hook with `first`
+        and `last` steps (the profiler's trace window) gets calls of one step from `first` to `last`.
+      callbacks: `harness.train.control.KerasCallbacks` (the user's tf_keras callbacks), or None.
+      on_epoch_end: callables `(epoch, logs)` run after the epoch's evaluation, in order (e.g. the backup).
+      timer: the `StepTimer` to record steps in (default: a new one with `schedule.warmup_steps`).
+    """
+
+    def __init__(self, trainer, schedule: Schedule, *, context, evaluator=None, step_hooks: Sequence = (),
+                 callbacks=None, on_epoch_end: Sequence[Callable[[int, dict], None]] = (),
+                 timer: StepTimer | None = None):
+        self.trainer, self.schedule, self.context, self.evaluator = trainer, schedule, context, evaluator
+        self.step_hooks, self.callbacks, self.on_epoch_end = tuple(step_hooks), callbacks, tuple(on_epoch_end)
+        self.timer = timer or StepTimer(schedule.warmup_steps)
+        k = schedule.steps_per_loop
+        self.steps_per_loop = k if isinstance(k, int) else None   # the last K used (auto: None until measured)
+        self._k_fn = k if callable(k) else None
+        if callbacks is not None and callbacks.every_step:
+            log.warning("callback %s runs before every step (on_train_batch_begin): one step per call",
+                        callbacks.every_step)
+            self._k_fn, self.steps_per_loop = (lambda step: 1), 1
+        self._skipped_run = 0   # consecutive skipped updates, across calls
+        self.steps_run = self.updates_skipped = 0   # steps run by this controller, and of them updates skipped
+
+    # --- the run ----------------------------------------------------------------------------------------------
+    def fit(self, train_iterator, *, validation: Callable[[], object] | None = None,
+            initial_step: int = 0) -> list[dict]:
+        """Train from global step `initial_step` (a multiple of steps_per_epoch) to epochs × steps_per_epoch.
+
+        Args:
+          train_iterator: iterator over distributed `(inputs, labels)` batches; never exhausted (the dataset
+            repeats), so an epoch ends by step count on every worker alike.
+          validation: returns the validation dataset (scored whole, `Evaluator.evaluate`), or None.
+        Returns:
+          one logs dict per epoch run: loss, the evaluation's val_* (with val_records, val_pixels),
+          examples_per_s, input_stall_share, steps, and under loss scaling skipped_updates and loss_scale.
+        Raises:
+          NonFiniteLossError: when the loss of a step is NaN or infinite and no callback stopped the run (all
+            workers see the same reduced loss, so all stop at the same step). The check runs once per call: the
+            error names the call's first non-finite step, and the call's later steps have run.
+          LossScaleError: at least `SKIPPED_AT_FLOOR_LIMIT` consecutive updates skipped and the loss scale halved
+            down to its floor (1: no lower scale is left to try, so the overflow is not the scale's).
+          control.StopTraining: raised by an epoch-end callable (early stopping) or a callback's
+            `model.stop_training` (carries the epochs run).
+        """
+        s, history = self.schedule, []
+        step = initial_step
+        if self.callbacks is not None:
+            self.callbacks.on_train_begin()
+        for epoch in range(initial_step // s.steps_per_epoch, s.epochs):
+            if self.callbacks is not None:
+                self.callbacks.on_epoch_begin(epoch + 1)
+            bar = tqdm(total=s.steps_per_epoch, desc=f"epoch {epoch + 1}/{s.epochs}", leave=False,
+                       disable=not (self.context.is_chief and sys.stderr.isatty()))
+            first_timed = len(self.timer.steps)
+            loss_sum, skipped, epoch_start, end = 0.0, 0, step, (epoch + 1) * s.steps_per_epoch
+            stopped = False
+            while step < end:
+                k, host_fed = self._steps_this_call(step, end, train_iterator)
+                losses, skips = self._run_call(train_iterator, step, k, host_fed)
+                interrupt.check()  # a SIGINT whose KeyboardInterrupt TensorFlow swallowed (harness.train.interrupt)
+                stopped = self._after_call(step, epoch, epoch_start, losses, skips)
+                step += k
+                loss_sum += float(sum(losses))
+                skipped += int(sum(skips))
+                bar.update(k)
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+                if stopped:
+                    break
+            bar.close()
+            logs = {"epoch": epoch + 1, "step": step, "loss": loss_sum / max(step - epoch_start, 1)}
+            if stopped and step < end:  # stopped inside the epoch: no evaluation, no epoch-end backup
+                history.append({**logs, **self.timer.summary(self.timer.steps[first_timed:])})
+                self._stop(history, step, epoch)
+            if self.trainer.loss_scaling:
+                logs.update(skipped_updates=skipped, loss_scale=self.trainer.loss_scale())
+            if validation is not None and self.evaluator is not None:
+                logs.update(self.evaluator.evaluate(validation()))
+            logs.update(self.timer.summary(self.timer.steps[first_timed:]))
+            history.append(logs)
+            if self.context.is_chief:
+                print(format_epoch(logs, s.epochs), flush=True)
+            for callback in self.on_epoch_end:
+                callback(epoch + 1, logs)
+            if self.callbacks is not None:
+                self.callbacks.on_epoch_end(epoch + 1, logs)
+            interrupt.check()
+            if stopped or (self.callbacks is not None and self.callbacks.stop_requested()):
+                self._stop(history, step, epoch)
+        return history
+
+    @staticmethod
+    def _stop(history: list, step: int, epoch: int):
+        from harness.train.control import StopTraining
+
+        raise StopTraining(history, f"stopped at step {step} (epoch {epoch + 1}): a callback set "
+                                    "model.stop_training")
+
+    def end(self) -> None:
+        """After the run, stopped early or not: the callbacks' `on_train_end`."""
+        if self.callbacks is not None:
+            self.callbacks.on_train_end()
+
+    def _after_call(self, step: int, epoch: int, epoch_start: int, losses, skips) -> bool:
+        """The checks after the call of steps `step + 1 ..`: the user's batch-end hooks, a non-finite loss, the
+        skipped updates at the loss-scale floor. Returns whether a callback asked to stop."""
+        if self.callbacks is not None:
+            for i, loss in enumerate(losses):
+                self.callbacks.on_train_batch_end(step + i - epoch_start, {"loss": loss}, step + i + 1)
+            if self.callbacks.stop_requested():
+                return True
+        for i, loss in enumerate(losses):
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"loss is {loss} at step {step + i + 1} (epoch {epoch + 1}); lower the learning rate "
+                    "or check the input for NaN/inf values")
+        self.steps_run += len(skips)
+        self.updates_skipped += int(sum(skips))
+        if self.trainer.loss_scaling:
+            for skip in skips:
+                self._skipped_run = self._skipped_run + 1 if skip else 0
+            scale = self.trainer.loss_scale() if self._skipped_run >= SKIPPED_AT_FLOOR_LIMIT else None
+            if scale is not None and scale <= LOSS_SCALE_FLOOR:
+                raise LossScaleError(
+                    f"the last {self._skipped_run} updates were skipped (gradients not finite) with the loss scale "
+                    f"at its floor {scale:g}, at step {step + len(losses)} (epoch {epoch + 1}): "
+                    f"{self.steps_run - self.updates_skipped} of {self.steps_run} steps run applied an update; the "
+                    "gradients overflow even unscaled: check the loss and its inputs, lower the learning rate, or "
+                    "train with --precision float32")
+        return False
+
+    def _run_call(self, iterator, step: int, k: int, host_fed: bool) -> tuple[list[float], list[float]]:
+        """Steps `step + 1 .. step + k` in one call of the trainer; records them in the timer and returns their
+        losses (averaged over ranks) and skipped flags, after the one wait for the device. `host_fed`: one step
+        whose batch is drawn on the host and passed to `train_step` (a Python iterator; the profiler's trace
+        window, whose input-pipeline analyzer finds steps by the host's `next(iterator)`)."""
+        for s in range(step + 1, step + k + 1):
+            for hook in self.step_hooks:
+                hook.before_step(s)
+        if self.callbacks is not None and self.callbacks.every_step:
+            self.callbacks.on_train_batch_begin(step % self.schedule.steps_per_epoch)
+        batch = self.trainer.global_batch_size
+        mark = self.timer.begin()
+        if not host_fed:
+            losses, waits, durations, skips = self.trainer.run_loop(iterator, k).tolist()   # the one device wait
+            self.timer.end_call(mark, step + 1, waits, durations, batch)
+        else:
+            batch_in = next(iterator)
+            self.timer.got_input(mark)
+            loss, skip = self.trainer.train_step(batch_in).numpy().tolist()
+            losses, skips = [loss], [skip]
+            self.timer.end(mark, step + 1, batch)
+        for s in range(step + 1, step + k + 1):
+            for hook in self.step_hooks:
+                hook.after_step(s)
+        return losses, skips
+
+    def _steps_this_call(self, step: int, epoch_end: int, iterator=None) -> tuple[int, bool]:
+        """`(K, host_fed)` for the call that starts after global step `step`: the configured, scheduled or auto K,
+        never past the epoch's end, ending before a hook's window (`first`..`last`) opens; inside the window one
+        host-fed step per call (as for a Python iterator)."""
+        if self._k_fn is not None:
+            k = int(self._k_fn(step))
+            if k < 1:
+                raise ValueError(f"steps_per_loop({step}) returned {k}: K must be >= 1")
+            self.steps_per_loop = k
+        else:
+            k = self.steps_per_loop if self.steps_per_loop is not None else self._auto_steps()
+        host_fed = not in_graph(iterator)
+        for hook in self.step_hooks:
+            first, last = getattr(hook, "first", None), getattr(hook, "last", None)
+            if first is None or last is None:
+                continue
+            if first <= step + 1 <= last:
+                host_fed = True
+            elif step + 1 < first:
+                k = min(k, first - step - 1)
+        return (1, True) if host_fed else (max(1, min(k, epoch_end - step)), False)
+
+    def _auto_steps(self) -> int:
+        """Auto K: 1 through warm-up and `AUTO_MEASURED_CALLS` timed one-step calls, then `choose_steps_per_loop`
+        from their median wall time (input wait included), the same on every worker."""
+        measured = [s.step_s for s in self.timer.steps if not s.warmup]
+        if len(measured) < AUTO_MEASURED_CALLS:
+            return 1
+        step_s = self._agreed_mean(sorted(measured)[len(measured) // 2])
+        self.steps_per_loop = choose_steps_per_loop(step_s)
+        log.info("steps per loop: %d (auto, %.2f ms per one-step call)", self.steps_per_loop, 1e3 * step_s)
+        return self.steps_per_loop
+
+    def _agreed_mean(self, value: float) -> float:
+        """The mean of `value` over every worker (a collective, called at the same step on all), so that all
+        choose the same K: Horovod's per-call loss all-reduce must be submitted the same number of times."""
+        if self.context.num_workers == 1:
+            return value  # one process: nothing to agree on
+        import tensorflow as tf
+
+        backend = self.trainer.backend
+        value = tf.constant(value, tf.float32)
+        if backend.ranks_summed > 1:
+            return float(backend.mean_over_ranks(value))
+        strategy = backend.strategy
+
+        @tf.function  # a strategy run outside a function warns of its eager overhead
+        def mean_over_workers():
+            per_replica = strategy.run(lambda: tf.identity(value))
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+        return float(mean_over_workers())
+
+
+EPOCH_KEYS = ("val_loss", "val_accuracy", "val_mean_iou", "val_rmse", "val_mae", "val_r2")
+
+
+def format_epoch(logs: dict, epochs: int) -> str:
+    """One line per epoch: `epoch 2/5 step 40: loss 0.41 val_loss 0.45 val_accuracy 0.83 (1200 records) | 812
+    examples/s, input stall 3.1%`, and under loss scaling `, 3 updates skipped, loss scale 16384`."""
+    parts = [f"epoch {logs['epoch']}/{epochs} step {logs['step']}: loss {logs['loss']:.4f}"]
+    for key in EPOCH_KEYS:
+        if key in logs:
+            parts.append(f"{key} {logs[key]:.4f}")
+    if "val_records" in logs:
+        parts.append(f"({logs['val_records']} records)")
+    line = " ".join(parts) + (f" | {logs['examples_per_s']:.1f} examples/s, "
+                              f"input stall {100 * logs['input_stall_share']:.1f}%")
+    if "skipped_updates" in logs:
+        line += f", {logs['skipped_updates']} updates skipped, loss scale {logs['loss_scale']:g}"
+    return line

@@ -1,0 +1,195 @@
+"""The trainer (orbit's `StandardTrainer`): the training step written once, run one step per call or K per call.
+
+Under tf.distribute each replica divides its summed per-example loss by the global batch and the optimizer's
+`apply_gradients` all-reduces (sums) the gradients across replicas (tensorflow.org/tutorials/distribute/
+custom_training). Under Horovod the strategy is the default one, each rank divides by its own batch and the
+backend's gradient tape (`hvd.DistributedGradientTape`) averages the gradients. Loss scaling happens exactly once:
+the scaled loss is differentiated, the gradients are reduced across replicas or ranks and unscaled once.
+
+One step, two ways to call it (Keras' `Model.make_train_function` is the model: one step, wrapped in a loop of K):
+  - `train_step(batch)`: one step on a batch the host drew (the profiler's trace window, Python iterators);
+  - `train_loop(iterator, steps)`: K steps in one `tf.function` call, each drawing its batch with `next(iterator)`
+    inside the function (a `for _ in tf.range(K)` loop), as orbit's `steps_per_loop` and Keras'
+    `steps_per_execution` do; the host waits for the device once per call, for the per-step results. Each step's
+    input wait is timed in the graph (`tf.timestamp()` before and after `next(iterator)`), so the input-stall share
+    needs no per-step host sync.
+
+Skipped updates: under loss scaling (`mixed_float16`) the loss-scale optimizer applies no update in a step whose
+gradients are not finite, and halves its scale (tf_keras `LossScaleOptimizer`, tensorflow.org/guide/mixed_precision).
+Every step reports whether its update was skipped (the same test on the reduced gradients the optimizer makes), so
+the controller can count them.
+"""
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+import tf_keras as keras
+
+ROWS = ("loss", "input_wait_s", "step_s", "skipped")  # rows of `train_loop`'s result, in order
+
+
+def per_example_cross_entropy(labels, logits, class_weights):
+    """Sparse softmax cross-entropy per example, `[batch]` float32; pixel losses are averaged per patch.
+
+    Args:
+      labels: int `[batch]` or `[batch, height, width]` class ids.
+      logits: `[batch, classes]` or `[batch, height, width, classes]` (any float dtype; computed in float32).
+      class_weights: optional float32 `[classes]` multiplying each example's (pixel's) loss.
+    """
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(logits, tf.float32))
+    if class_weights is not None:
+        losses *= tf.gather(class_weights, labels)
+    if losses.shape.rank > 1:
+        losses = tf.reduce_mean(tf.reshape(losses, [tf.shape(losses)[0], -1]), axis=1)
+    return losses
+
+
+def clip_after_reduction(grads, clip_norm: float):
+    """Sum `grads` over the replicas in sync (what `apply_gradients` would do), then clip them to `clip_norm` by
+    their global norm (`tf.clip_by_global_norm`): the norm is the update's, the same on every replica, not one
+    replica's share. Under Horovod the tape has already averaged over the ranks and the default strategy's one
+    replica sums nothing."""
+    reduced = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
+    return tf.clip_by_global_norm(reduced, clip_norm)[0]
+
+
+def _all_finite(grads) -> tf.Tensor:
+    """float32 scalar: 1 when every gradient is finite, else 0 (`None` gradients, of unused weights, count as
+    finite, as the loss-scale optimizer counts them)."""
+    flags = [tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None]
+    return tf.cast(tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True), tf.float32)
+
+
+class Trainer:
+    """The training step of `model` on the backend's strategy; built by `harness.train.factory.make_trainer`.
+
+    Args:
+      backend: the `harness.distribute.backend.TrainingBackend` (its strategy, gradient tape and cross-rank sum).
+      model: Keras model, built under `backend.scope()`; maps inputs to logits `[batch, ..., classes]` float32.
+      optimizer: Keras optimizer, already wrapped by `precision.wrap_optimizer` when loss scaling is needed.
+      loss_fn: `fn(labels, logits, class_weights) -> [batch]` float32 per-example loss (`harness.train.losses`).
+      loss_divisor: what each replica divides its summed loss by (`backend.loss_divisor(plan)`).
+      global_batch_size: examples per step over all replicas (examples/s).
+      class_weights: optional `[classes]` float32 weights multiplying each example's (pixel's) loss.
+      clip_norm: clip the gradients to this global norm after the cross-replica reduction and loss unscaling
+        (`clip_after_reduction`); None: no clipping.
+    """
+
+    def __init__(self, *, backend, model, optimizer, loss_fn, loss_divisor: int, global_batch_size: int,
+                 class_weights=None, clip_norm: float | None = None):
+        self.backend, self.strategy = backend, backend.strategy
+        self.model, self.optimizer = model, optimizer
+        self.loss_fn, self.loss_divisor, self.global_batch_size = loss_fn, loss_divisor, global_batch_size
+        self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
+        self.clip_norm = clip_norm
+        self.loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+        self.train_step = tf.function(self._host_fed_step)
+        self.train_loop = tf.function(self._loop)
+        self._k_tensors = {}
+
+    # --- the step, written once -------------------------------------------------------------------------------
+    def _replica_step(self, inputs, labels, after=None):
+        """One replica's step: `[loss, finite]` float32 (`finite`: 1 when its gradients were finite)."""
+        model, opt = self.model, self.optimizer
+        if after is not None:  # start once `after` has run (the input-wait timestamp of `_loop`)
+            with tf.control_dependencies([after]):
+                inputs, labels = tf.nest.map_structure(tf.identity, (inputs, labels))
+        with tf.GradientTape() as tape:
+            logits = model(inputs, training=True)
+            loss = tf.reduce_sum(self.loss_fn(labels, logits, self.class_weights)) / self.loss_divisor
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled = opt.get_scaled_loss(loss) if self.loss_scaling else loss
+        grads = self.backend.gradient_tape(tape).gradient(scaled, model.trainable_variables)
+        if self.loss_scaling:
+            grads = opt.get_unscaled_gradients(grads)
+        finite = _all_finite(grads) if self.loss_scaling else tf.constant(1.0)
+        if self.clip_norm is not None:
+            grads = clip_after_reduction(grads, self.clip_norm)  # reduced here: the optimizer must not sum again
+            applied = opt.apply_gradients(zip(grads, model.trainable_variables), skip_gradients_aggregation=True)
+        else:
+            applied = opt.apply_gradients(zip(grads, model.trainable_variables))
+        with tf.control_dependencies([applied] if applied is not None else []):
+            return tf.stack([tf.identity(loss), finite])  # the step ends when its update is applied
+
+    def _step(self, batch, after=None):
+        """One step over every replica: `(loss, skipped)` float32 scalars. `loss` is summed over this worker's
+        replicas (and over every worker under tf.distribute), not yet over Horovod's ranks; `skipped` is 1 when
+        the optimizer applied no update (some replica's gradients were not finite: their sum is not either)."""
+        per_replica = self.strategy.run(functools.partial(self._replica_step, after=after), args=batch)
+        loss, finite = tf.unstack(tf.cast(
+            self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float32))
+        skipped = tf.cast(finite < self.strategy.num_replicas_in_sync, tf.float32)
+        return loss, skipped
+
+    def _host_fed_step(self, batch):
+        """`train_step`: one step on a batch drawn on the host; float64 `[2]`: the loss averaged over ranks, and
+        the skipped flag."""
+        loss, skipped = self._step(batch)
+        return tf.cast(tf.stack([self.backend.mean_over_ranks(loss), skipped]), tf.float64)
+
+    def _next_batch(self, iterator):
+        """`next(iterator)` inside the K-step function (a seam: tests count the batches drawn here)."""
+        return next(iterator)
+
+    def _loop(self, iterator, steps):
+        """`steps` (int32 scalar tensor, so one trace serves every K) training steps in one call.
+
+        Returns float64 `[4, steps]` (`ROWS`), one tensor so the host fetches it at once: per step, the loss (not
+        yet averaged over ranks), the seconds `next(iterator)` took (the input wait), the seconds from the step's
+        start to its update, both from `tf.timestamp()` in the graph, and 1 where the update was skipped.
+        """
+        losses = tf.TensorArray(tf.float32, size=steps)
+        skips = tf.TensorArray(tf.float32, size=steps)
+        waits = tf.TensorArray(tf.float64, size=steps)
+        durations = tf.TensorArray(tf.float64, size=steps)
+        done = tf.constant(0.0)
+        for i in tf.range(steps):
+            tf.autograph.experimental.set_loop_options(parallel_iterations=1)  # one step at a time, in order
+            with tf.control_dependencies([done]):      # after the previous step's update
+                start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                batch = self._next_batch(iterator)
+            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                got = tf.timestamp()
+            # The step starts after `got` through its inputs alone (`after`: one Identity per batch tensor, on
+            # the replica's device). A control block around the whole step put an edge from `got` on every op of
+            # the model: ~40 µs more per step on the CPU (benchmarks/step_loop.py overhead case). With no edge at
+            # all, `got` ran after the step's first ops and a step that never waited measured a 5-7% stall
+            # (tests/train/test_probe.py).
+            loss, skipped = self._step(batch, after=got)
+            with tf.control_dependencies([loss]):
+                end = tf.timestamp()
+            done = loss
+            losses = losses.write(i, loss)
+            skips = skips.write(i, skipped)
+            waits = waits.write(i, got - start)
+            durations = durations.write(i, end - start)
+        return tf.stack([tf.cast(losses.stack(), tf.float64), waits.stack(), durations.stack(),
+                         tf.cast(skips.stack(), tf.float64)])
+
+    def run_loop(self, iterator, k: int):
+        """K steps in one call: `[4, K]` float64 (`ROWS`) on the host, losses averaged over ranks (the one wait
+        for the device, and under Horovod one collective per call, so every rank sees the same losses)."""
+        out = self.train_loop(iterator, self._steps_tensor(k))
+        if self.backend.ranks_summed > 1:
+            out = tf.concat([self.backend.mean_over_ranks(out[:1]), out[1:]], 0)
+        return out.numpy()
+
+    def _steps_tensor(self, k: int):
+        """K as an int32 scalar tensor, made once per K (an eager op less per call)."""
+        if k not in self._k_tensors:
+            self._k_tensors[k] = tf.constant(k, tf.int32)
+        return self._k_tensors[k]
+
+    def loss_scale(self) -> float | None:
+        """The loss-scale optimizer's current scale, or None without loss scaling."""
+        return float(self.optimizer.loss_scale.numpy()) if self.loss_scaling else None
+
+
+def in_graph(iterator) -> bool:
+    """Whether `iterator` can be passed into a `tf.function` (a tf.data or tf.distribute iterator, or one that says
+    so: `harness.train.synthetic.OnDeviceBatches`)."""
+    return (isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
+            or getattr(iterator, "in_graph", False))

@@ -139,3 +139,9 @@ class UserCodeError(HarnessError):
 class ModelError(HarnessError):
     """A user's model does not fit the data: its output does not fit the labels or the classes, it is not float32
     under a mixed policy (naming the layer), or `--init-from` weights match none of its layers."""
+
+
+class ModelFileError(ModelError, PredictError):
+    """`--init-from` or `predict --model` names neither a `.keras` file nor a run folder holding `model.keras`
+    (`harness.data.run_folder.find_model`); the message names the flag and the path looked for. One type for
+    both commands, caught as either's error (ModelError, PredictError)."""

@@ -143,16 +143,18 @@ def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = Non
 
     if record_first is None:
         return build()
-    saved = pipeline.VECTORIZE_MAX_RECORD_BYTES, pipeline.READ_BATCH_BYTES, pipeline.READ_BATCH_MAX
+    from harness.data import stages
+
+    saved = stages.VECTORIZE_MAX_RECORD_BYTES, stages.READ_BATCH_BYTES, stages.READ_BATCH_MAX
     if record_first:
-        pipeline.VECTORIZE_MAX_RECORD_BYTES = -1
+        stages.VECTORIZE_MAX_RECORD_BYTES = -1
     else:
-        pipeline.VECTORIZE_MAX_RECORD_BYTES = float("inf")
-        pipeline.READ_BATCH_BYTES, pipeline.READ_BATCH_MAX = float("inf"), batch
+        stages.VECTORIZE_MAX_RECORD_BYTES = float("inf")
+        stages.READ_BATCH_BYTES, stages.READ_BATCH_MAX = float("inf"), batch
     try:
         return build()
     finally:
-        pipeline.VECTORIZE_MAX_RECORD_BYTES, pipeline.READ_BATCH_BYTES, pipeline.READ_BATCH_MAX = saved
+        stages.VECTORIZE_MAX_RECORD_BYTES, stages.READ_BATCH_BYTES, stages.READ_BATCH_MAX = saved
 
 
 def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int = 3, label=None,

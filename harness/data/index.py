@@ -101,7 +101,7 @@ def count_shard(shard: Shard) -> ShardStats:
         n, nbytes = ds.reduce((np.int64(0), np.int64(0)), add)
         n, nbytes = int(n), int(nbytes)
     except tf.errors.DataLossError as e:
-        good = _count_until_error(shard)
+        good = records.count_until_error(shard.path, shard.compression)
         raise records.data_loss_error(shard, good, e) from None
     if n == 0 and records.has_payload(shard):
         raise NotTFRecordError(f"{shard.path}: not a TFRecord file (it has bytes but no complete record)")
@@ -112,16 +112,6 @@ def count_shard(shard: Shard) -> ShardStats:
                                       f"{n - 1}): {size - nbytes - records.FRAMING_BYTES * n} trailing bytes "
                                       "are a partial record header")
     return ShardStats(n, nbytes)
-
-
-def _count_until_error(shard: Shard) -> int:
-    good = 0
-    try:
-        for _ in records.dataset(shard):
-            good += 1
-    except tf.errors.DataLossError:
-        pass
-    return good
 
 
 def record_stats(shards: Sequence[Shard], *, use_cache: bool = True,

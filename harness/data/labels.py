@@ -113,21 +113,23 @@ def not_a_class_id_error(where: str, label: str, value: float, num_classes: Opti
                            "before export, or give the right --label)")
 
 
-def check_first_labels(spec, shards: Sequence, records: int = 16) -> None:
+def check_first_labels(spec, shards: Sequence, records: int = 16, *, read=None) -> None:
     """Check the labels of the first `records` records of the first non-empty shard and the first record of every
     other shard, before training (a continuous band given as --label, a negative nodata value).
 
     Records further in are checked by the pipeline's per-batch check, whose failure is traced by
-    `harness.data.scan.first_bad_label`.
+    `harness.data.scan.first_bad_label`. `read`: `fn(shard, n) -> [tf.train.Example]` (`ShardSet.first_examples`:
+    the records the spec inference and validation read, read once), default `records.first_examples`.
 
     Raises:
       LabelValueError: naming the shard, record and value (a class id rule or a non-finite regression value).
     """
     from harness.data.records import first_examples
 
+    read = read or first_examples
     checked = 0
     for shard in shards:
-        examples = first_examples(shard, records if not checked else 1)
+        examples = read(shard, records if not checked else 1)[:records if not checked else 1]
         for i, ex in enumerate(examples):
             values = np.asarray(ex.features.feature[spec.label].float_list.value, np.float64)
             if not values.size:  # an int64 label

@@ -21,50 +21,36 @@ Parse order, by the mean serialized record size (VECTORIZE_MAX_RECORD_BYTES):
   nothing, and a parsed float32 patch is no larger than its serialized float list. Uncached, only the records
   an epoch keeps are parsed, after the shuffle.
 benchmarks/input_pipeline.py measures both choices against the other order and the raw read.
+
+Every choice above is taken once, without TensorFlow, by `harness.data.stages.decide` (`plan_pipeline` measures
+and calls it); `apply_plan` then builds the stages it names, one small function each (`_read`, `_parse`,
+`_cache`, `_shuffle`, `_keep`, `_batch`, `_augment`, `_prefetch`).
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
-import os
-import random
 from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
 from harness.data import filecache, index
+from harness.data import stages as stages_lib
+from harness.data.stages import (CacheChoice, PipelineOptions, PipelinePlan, choose_cache,  # noqa: F401 (API)
+                                 parse_per_record, read_batch_size)
 from harness.data.labels import LABEL_CHECK_MESSAGE, deliver, is_label_value
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard
 from harness.data.source import ShardSet
 from harness.data.spec import IMAGE, TIME, DataSpec, validate_spec
 from harness.distribute.sharding import RECORD, ShardAssignment, assign_nonempty
-from harness.errors import BatchSizeError, ConfigError, SpecError
+from harness.errors import BatchSizeError, SpecError
 
 log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
-# Mean serialized record size above which records are parsed one by one (then batched); below, batch then parse.
-VECTORIZE_MAX_RECORD_BYTES = 64 * 1024
-# The shuffle buffer holds serialized records; its default is sized to about this many bytes.
-SHUFFLE_BUFFER_BYTES = 256 * 1024 * 1024
-MAX_DEFAULT_SHUFFLE = 16384
-# "auto" caches in memory when this pipeline's records take at most this fraction of the available memory.
-MEMORY_CACHE_FRACTION = 0.5
 READ_BUFFER_BYTES = 4 * 1024 * 1024
-# Files read at once (interleave cycle), per core.
-READERS_PER_CORE = 1
-# Small records travel from the file readers in read batches of about this many serialized bytes, at most
-# READ_BATCH_MAX records, and are parsed one read batch at a time (see read_batch_size).
-READ_BATCH_BYTES = 256 * 1024
-READ_BATCH_MAX = 4096
-# A memory cache of parsed small records holds records (each epoch then reads them as a hand-written
-# `map(parse) -> cache -> shuffle` does) up to this many per pipeline; above, read batches, unbatched after the cache
-# each epoch, since each cached element costs ~100-200 bytes of tensor bookkeeping beside its values. The unbatch
-# per epoch cost the ACES points' training pipeline ~17% of its in-graph rate (522k against 626k examples/s).
-MEMORY_CACHE_MAX_RECORDS = 1_000_000
 # Bump whenever a change to this module changes what a file cache holds (the elements' structure, dtypes or
 # values): the version is part of every file cache's name, so an older pipeline's caches are not read.
 PIPELINE_VERSION = 2
@@ -223,55 +209,6 @@ def color_jitter(inputs, seed: tf.Tensor, *, brightness: float = 0.0, contrast: 
 
 
 # --- cache -------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class CacheChoice:
-    """Where the raw records are cached: kind "memory" | "file" | "none", the file (for "file") and why."""
-
-    kind: str
-    path: Optional[str]
-    reason: str
-
-
-def _available_memory() -> int:
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except ImportError:  # psutil is a dependency; keep the pipeline usable without it
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-
-
-def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
-                 available: Optional[int] = None) -> CacheChoice:
-    """Decide the cache for `nbytes` of serialized records (the index's counted bytes, about the decoded size).
-
-    Raises:
-      ConfigError: for an unknown mode, or mode "file" without cache_dir.
-    """
-    def gb(b: int) -> str:
-        return f"{b / 1e9:.2f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
-
-    path = os.path.join(cache_dir, name) if cache_dir else None
-    if mode == "none":
-        return CacheChoice("none", None, "cache='none'")
-    if mode == "memory":
-        return CacheChoice("memory", None, "cache='memory'")
-    if mode == "file":
-        if not cache_dir:
-            raise ConfigError("cache='file' needs cache_dir")
-        return CacheChoice("file", path, "cache='file'")
-    if mode != "auto":
-        raise ConfigError(f"cache must be auto, memory, file or none, got {mode!r}")
-    available = _available_memory() if available is None else available
-    budget = int(available * MEMORY_CACHE_FRACTION)
-    if nbytes <= budget:
-        return CacheChoice("memory", None, f"{gb(nbytes)} of records fit in {MEMORY_CACHE_FRACTION:.0%} of the "
-                                           f"{gb(available)} available memory")
-    if path:
-        return CacheChoice("file", path, f"{gb(nbytes)} of records exceed {gb(budget)} of memory: cached in files")
-    return CacheChoice("none", None, f"{gb(nbytes)} of records exceed {gb(budget)} of memory and no --cache-dir "
-                                     "was given: not cached")
-
-
 def cache_name(spec: DataSpec, assignment: ShardAssignment, compressions: Sequence[str], *,
                read_batch: Optional[int], training: bool) -> str:
     """The name of this input pipeline's file cache: a digest of everything the cached elements depend on, so that
@@ -291,20 +228,6 @@ def cache_name(spec: DataSpec, assignment: ShardAssignment, compressions: Sequen
 
 
 # --- the pipeline ------------------------------------------------------------------------------------------------
-def parse_per_record(mean_record_bytes: float) -> bool:
-    """True when records are large enough to parse one by one (in parallel) rather than in batches."""
-    return mean_record_bytes > VECTORIZE_MAX_RECORD_BYTES
-
-
-def read_batch_size(mean_record_bytes: float) -> int:
-    """Records per read batch for small records: about READ_BATCH_BYTES of serialized records, 1 to
-    READ_BATCH_MAX. Every element of a tf.data stage and every `parse_example` call has a fixed cost of tens of
-    microseconds; on the point export (220 bytes per record) parsing read batches of ~1000 records, then
-    regrouping the parsed tensors, ran at 0.99-1.08x the raw read against 0.77-0.92x for batches of 256
-    (benchmarks/input_pipeline.py, 2 cores)."""
-    return int(max(1, min(READ_BATCH_MAX, READ_BATCH_BYTES // max(mean_record_bytes, 1))))
-
-
 def decoded_record_bytes(spec: DataSpec) -> int:
     """Bytes of one decoded example as delivered (float32 bands, int32 or float32 label; images cropped and
     resized to `output_size`): what a cache of parsed records holds per record."""
@@ -313,14 +236,16 @@ def decoded_record_bytes(spec: DataSpec) -> int:
 
 
 def read_files(paths: Sequence[str], compressions: Sequence[str], *, deterministic: bool, shuffle_files: bool,
-               seed: int, read_batch: Optional[int]) -> tf.data.Dataset:
-    """Serialized records (tf.string scalars) of the files, READERS_PER_CORE x cores files read at once
+               seed: int, read_batch: Optional[int], parallel_reads: Optional[int] = None) -> tf.data.Dataset:
+    """Serialized records (tf.string scalars) of the files, `parallel_reads` files read at once (default
+    stages.READERS_PER_CORE x cores)
     (a parallel interleave, one element from each file in turn); with `read_batch`, elements are tf.string
     [<= read_batch] read batches of one file each (small records: every interleave element costs microseconds).
 
     Args:
       compressions: per file, "GZIP" or "" (uncompressed), as sniffed by shards.discover_shards.
       shuffle_files: shuffle the file order each epoch (seeded with `seed`).
+      parallel_reads: the interleave cycle (1: the files one after the other).
     """
     files = tf.data.Dataset.from_tensor_slices((list(paths), list(compressions)))
     if shuffle_files and len(paths) > 1:
@@ -330,60 +255,39 @@ def read_files(paths: Sequence[str], compressions: Sequence[str], *, determinist
         ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
         return ds.batch(read_batch) if read_batch else ds
 
-    cycle = max(1, min(len(paths), int(READERS_PER_CORE * (os.cpu_count() or 4))))
+    cycle = parallel_reads or stages_lib.decide_parallel_reads(len(paths))
     if cycle == 1:
         return files.flat_map(read)
     return files.interleave(read, cycle_length=cycle, block_length=1, num_parallel_calls=cycle,
                             deterministic=deterministic)
 
 
-@dataclasses.dataclass(frozen=True)
-class PipelineOptions:
-    """How one input pipeline reads its shards (the `DataConfig` of tf-models' input_reader, frozen).
-
-    Attributes:
-      per_replica_batch_size: examples per batch delivered to one replica.
-      training: True: read order not deterministic, shuffle, keep records_per_epoch, repeat forever, optional
-        augmentation. False: one deterministic pass, no shuffle or augmentation.
-      records_per_epoch: keep exactly the first this-many records of each epoch of this pipeline's shuffled
-        stream and drop the rest (read, not parsed), so every worker runs the same number of steps.
-      shuffle_buffer: records in the shuffle buffer; default min(records, ~256 MB of records, 16384).
-      cache: "auto" (memory when the pipeline's records fit in half the available memory, else files under
-        cache_dir, else none), "memory", "file" (needs cache_dir) or "none". The cache is filled before any
-        randomness, with parsed tensors (sized as decoded float32: `decoded_record_bytes`): read batches for
-        small records, single records for large ones.
-      cache_dir: folder of the file cache. Its name (cache_name) changes with the files, spec and pipeline version;
-        one process at a time fills it, and what a killed run left is cleared (harness.data.filecache).
-      augment: random flips and 90-degree rotations of image and mask together (training images only).
-      brightness, contrast: maximum relative change of `color_jitter` (training only; 0: none).
-      seed: seeds file order, shuffle and augmentation; None for a random seed.
-      validate: check the spec against the first record of every shard first (spec.validate_spec; one record
-        read per shard, once per process). False when the caller validated already (the training job).
-    """
-
-    per_replica_batch_size: int
-    training: bool
-    records_per_epoch: Optional[int] = None
-    shuffle_buffer: Optional[int] = None
-    cache: str = "auto"
-    cache_dir: Optional[str] = None
-    augment: bool = False
-    seed: Optional[int] = None
-    validate: bool = True
-    brightness: float = 0.0
-    contrast: float = 0.0
-
-
 def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, options: PipelineOptions, *,
                   input_pipeline_id: int = 0, num_input_pipelines: int = 1,
                   assignment: Optional[ShardAssignment] = None) -> tf.data.Dataset:
-    """The dataset of one input pipeline, yielding `(inputs, labels)` batches of `options.per_replica_batch_size`.
+    """The dataset of one input pipeline, yielding `(inputs, labels)` batches of `options.per_replica_batch_size`:
+    `apply_plan(plan_pipeline(...))`.
 
     Shapes and dtypes (B = per_replica_batch_size; H = W = spec.output_size; C = bands):
       image: inputs float32 [B, H, W, C]; with band groups a dict {group: [B, H, W, Cg]} or, for
         group_delivery "time", [B, T, H, W, Cg]; labels int32 [B, H, W] (float32 for regression).
       table: inputs float32 [B, C] (dict / [B, T, Cg] with groups); labels int32 [B].
-    Batches always have exactly B examples (drop_remainder=True); records left over are logged.
+    Training batches always have exactly B examples (drop_remainder=True); an evaluation pass keeps its last,
+    partial batch (every record scored once).
+
+    Args and Raises: as `plan_pipeline`, and CacheInUseError if another live process is filling the same file
+    cache (filecache.claim).
+    """
+    plan = plan_pipeline(data, spec, options, input_pipeline_id=input_pipeline_id,
+                         num_input_pipelines=num_input_pipelines, assignment=assignment)
+    return apply_plan(plan, spec)
+
+
+def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, options: PipelineOptions, *,
+                  input_pipeline_id: int = 0, num_input_pipelines: int = 1,
+                  assignment: Optional[ShardAssignment] = None) -> PipelinePlan:
+    """Measure one input pipeline's share (records, serialized and decoded bytes) and decide its stages
+    (`stages.decide`): what `apply_plan` builds, the job logs and the profile reports.
 
     Args:
       data: the dataset's `ShardSet` (counted once: `source.open_shards`), or its shards in order (counted here
@@ -400,118 +304,144 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
       BatchSizeError: if records_per_epoch exceeds this pipeline's records or is below one batch, or an
         evaluation pass would yield no batch.
       ConfigError: from assign_nonempty (bad pipeline id or count, no files) or for a bad cache mode.
-      CacheInUseError: if another live process is filling the same file cache (filecache.claim).
       and the errors of spec.validate_spec (declared features vs records) and index.record_stats (bad or
         truncated shards), raised before any batch is produced.
     """
-    o = options
-    per_replica_batch_size, training, records_per_epoch = o.per_replica_batch_size, o.training, o.records_per_epoch
     if spec.label is None:
         raise SpecError("the spec has no label: declare `label:` to build a training or evaluation dataset")
-    if per_replica_batch_size < 1:
-        raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {per_replica_batch_size}")
-    seed = random.randrange(2 ** 31) if o.seed is None else o.seed
-    shards = data.shards if isinstance(data, ShardSet) else tuple(data)
-    if o.validate:
-        _validate_once(spec, shards)
-    stats = data.stats if isinstance(data, ShardSet) else index.record_stats(shards)
-    nonempty = [(s, st) for s, st in zip(shards, stats) if st.records > 0]
-    if len(nonempty) < len(shards):
-        log.info("skipping %d zero-record shard(s)", len(shards) - len(nonempty))
-    if not nonempty:
+    if options.per_replica_batch_size < 1:
+        raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {options.per_replica_batch_size}")
+    if not isinstance(data, ShardSet):
+        shards = tuple(data)
+        data = ShardSet(shards=shards, stats=tuple(index.record_stats(shards)), mixer=None, sources=())
+    if options.validate:
+        _validate_once(spec, data.shards, data.first_examples)
+    holding = data.files_with_records
+    if len(holding) < len(data.shards):
+        log.info("skipping %d zero-record shard(s)", len(data.shards) - len(holding))
+    if not holding:
         raise BatchSizeError("every shard holds zero records")
     if assignment is None:
-        assignment = assign_nonempty([(s.path, st.records) for s, st in zip(shards, stats)], num_input_pipelines,
-                                     input_pipeline_id)
-    input_pipeline_id, num_input_pipelines = assignment.input_pipeline_id, assignment.num_input_pipelines
-    by_path = {s.path: (s, st) for s, st in nonempty}
-    my_records = assignment.records({p: st.records for p, (_, st) in by_path.items()})
-    total_bytes = sum(st.bytes for _, st in nonempty)
-    mean_bytes = total_bytes / sum(st.records for _, st in nonempty)
-    my_bytes = int(my_records * mean_bytes)
+        assignment = assign_nonempty(data.counts, num_input_pipelines, input_pipeline_id)
+    compression = {s.path: s.compression for s in data.shards}
+    compressions = [compression[p] for p in assignment.files]
+    mean_bytes = data.nbytes() / data.records  # zero-record shards hold zero bytes
+    plan = stages_lib.decide(
+        options, files=assignment.files, compressions=compressions,
+        records=assignment.records(dict(data.counts)),
+        mean_record_bytes=mean_bytes, decoded_record_bytes=decoded_record_bytes(spec), image=spec.kind == IMAGE,
+        record_sharding=assignment.policy == RECORD, input_pipeline_id=assignment.input_pipeline_id,
+        num_input_pipelines=assignment.num_input_pipelines,
+        cache_name=lambda read_batch: cache_name(spec, assignment, compressions, read_batch=read_batch,
+                                                 training=options.training))
+    log.info("%s", plan.describe())
+    return plan
 
-    deterministic = not training or assignment.policy == RECORD  # record sharding needs one order on all workers
-    per_record = parse_per_record(mean_bytes)
-    # Small records: read batches, parsed as they come, so every later stage (cache, shuffle, batch) moves parsed
-    # tensors. Record sharding takes single records from the readers, shards them, then groups read batches.
-    read_batched = not per_record
-    compressions = [by_path[p][0].compression for p in assignment.files]
-    read_batch = read_batch_size(mean_bytes) if read_batched else None
-    ds = read_files(assignment.files, compressions, deterministic=deterministic,
-                    shuffle_files=training and assignment.policy != RECORD, seed=seed,
-                    read_batch=None if assignment.policy == RECORD else read_batch)
-    if assignment.policy == RECORD:
-        ds = ds.shard(num_input_pipelines, input_pipeline_id)
-        if read_batched:
-            ds = ds.batch(read_batch)
-    if read_batched:
-        ds = ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    my_bytes = my_records * decoded_record_bytes(spec)  # a cache holds parsed tensors
 
-    may_use_files = o.cache_dir and o.cache in ("file", "auto")  # the name stats every file: only when needed
-    name = cache_name(spec, assignment, compressions, read_batch=read_batch, training=training) if may_use_files \
-        else "unused"
-    choice = choose_cache(o.cache, my_bytes, cache_dir=o.cache_dir, name=name)
-    log.info("input pipeline %d/%d: %d files, %d records, cache: %s (%s)", input_pipeline_id,
-             num_input_pipelines, len(assignment.files), my_records, choice.kind, choice.reason)
-    parsed = read_batched
-    if per_record and choice.kind != "none":  # parse once, into the cache (uncached: only the records kept)
-        ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        parsed = True
-    batched = read_batched  # elements are read batches (parsed), not records
-    by_record = batched and (training or records_per_epoch is not None)  # shuffle and the keep work on records
-    if by_record and choice.kind == "memory" and my_records <= MEMORY_CACHE_MAX_RECORDS:
-        ds, batched = ds.unbatch(), False  # records cached: no unbatch per epoch
-    if choice.kind == "memory":
+def apply_plan(plan: PipelinePlan, spec: DataSpec) -> tf.data.Dataset:
+    """Build the stages `plan` names, in order (see the module docstring); shapes as `build_dataset`.
+
+    Raises:
+      CacheInUseError: if another live process is filling the same file cache (filecache.claim).
+    """
+    ds = _read(plan)
+    ds = _parse_before_cache(ds, spec, plan)
+    ds = _cache(ds, plan)
+    ds = _shuffle(ds, plan)
+    ds = _keep(ds, plan)
+    ds = _batch(ds, spec, plan)
+    ds = _augment(ds, spec, plan)
+    return _prefetch(ds)
+
+
+def _read(plan: PipelinePlan) -> tf.data.Dataset:
+    """Serialized records, or read batches of `plan.read_batch` (record sharding: sharded first, then grouped)."""
+    ds = read_files(plan.files, plan.compressions, deterministic=plan.deterministic,
+                    shuffle_files=plan.shuffle_files, seed=plan.seed, parallel_reads=plan.parallel_reads,
+                    read_batch=None if plan.record_sharding else plan.read_batch)
+    if plan.record_sharding:
+        ds = ds.shard(plan.num_input_pipelines, plan.input_pipeline_id)
+        if plan.read_batch:
+            ds = ds.batch(plan.read_batch)
+    return ds
+
+
+def _parse_records(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:
+    return ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=plan.deterministic)
+
+
+def _parse_before_cache(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:
+    """Read batches parsed as they come (small records), or single records parsed into the cache (large)."""
+    if plan.parse == stages_lib.PARSE_READ_BATCHES:
+        return ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=plan.deterministic)
+    if plan.parse == stages_lib.PARSE_BEFORE_CACHE:
+        return _parse_records(ds, spec, plan)
+    return ds
+
+
+def _cache(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
+    """The cache of `plan.cache` (before any randomness), holding records or read batches; read batches are split
+    into records after it when the shuffle and the keep need records."""
+    if plan.cache_holds_records and plan.read_batch:
+        ds = ds.unbatch()  # records cached: no unbatch per epoch
+    if plan.cache.kind == "memory":
         ds = ds.cache()
-    elif choice.kind == "file":
-        tf.io.gfile.makedirs(o.cache_dir)
-        filecache.claim(choice.path)  # one live filler; a dead one's lockfile and partial files are cleared
-        ds = ds.cache(choice.path)
+    elif plan.cache.kind == "file":
+        tf.io.gfile.makedirs(plan.cache_dir)
+        filecache.claim(plan.cache.path)  # one live filler; a dead one's lockfile and partial files are cleared
+        ds = ds.cache(plan.cache.path)
+    return ds.unbatch() if plan.unbatch_after_cache else ds
 
-    if batched and by_record:
-        ds, batched = ds.unbatch(), False
-    if training:
-        buffer = o.shuffle_buffer or max(1, min(my_records, int(SHUFFLE_BUFFER_BYTES // max(mean_bytes, 1)),
-                                              MAX_DEFAULT_SHUFFLE))
-        ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-        if records_per_epoch is not None and parsed and records_per_epoch % per_replica_batch_size == 0:
-            # Parsed records: batch each epoch's shuffled stream, then keep its first batches: the same batches
-            # as keeping the first records and batching after `repeat`, at no per-record cost.
-            ds = _keep_first_batches(ds, records_per_epoch, my_records, per_replica_batch_size)
-            batched = True
-        elif records_per_epoch is not None:
-            ds = _keep_first(ds, records_per_epoch, my_records, per_replica_batch_size)
-        ds = ds.repeat()
-    else:
-        per_pass = my_records if records_per_epoch is None else min(records_per_epoch, my_records)
-        if records_per_epoch is not None and records_per_epoch < my_records:
-            ds = _keep_first(ds, records_per_epoch, my_records, per_replica_batch_size)
-        # evaluation keeps its last, partial batch: every record is scored once (harness.train.evaluator)
 
-    if batched and training:  # batched per epoch above
-        pass
-    elif batched:  # evaluation: regroup the parsed read batches across file boundaries
-        ds = ds.rebatch(per_replica_batch_size, drop_remainder=False)
-    elif parsed:
-        ds = ds.batch(per_replica_batch_size, drop_remainder=training)
-    else:  # large records, not cached: parse each record kept, in parallel, then batch
-        ds = ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        ds = ds.batch(per_replica_batch_size, drop_remainder=training)
+def _shuffle(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
+    if plan.shuffle_buffer is None:
+        return ds
+    return ds.shuffle(plan.shuffle_buffer, seed=plan.seed, reshuffle_each_iteration=True)
 
-    if o.augment and training:
-        if spec.kind != IMAGE:
-            log.warning("augment ignored: flips and rotations apply to image patches, not tables")
-        else:
-            seeds = tf.data.Dataset.random(seed=seed).batch(2, drop_remainder=True)
-            ds = tf.data.Dataset.zip((ds, seeds)).map(
-                lambda batch, s: augment_batch(spec, batch[0], batch[1], s), num_parallel_calls=AUTOTUNE,
-                deterministic=deterministic)
-    if (o.brightness or o.contrast) and training:
-        seeds = tf.data.Dataset.random(seed=seed + 1).batch(2, drop_remainder=True)
+
+def _keep(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
+    """The first `records_per_epoch` records of each epoch (as batches when parsed and a whole number of
+    batches), then `repeat` (training)."""
+    if plan.keep == stages_lib.KEEP_BATCHES:
+        # Parsed records: batch each epoch's shuffled stream, then keep its first batches: the same batches
+        # as keeping the first records and batching after `repeat`, at no per-record cost.
+        ds = _keep_first_batches(ds, plan.records_per_epoch, plan.batch_size, filtered=plan.keep_filter)
+    elif plan.keep == stages_lib.KEEP_RECORDS:
+        ds = _keep_first(ds, plan.records_per_epoch)
+    return ds.repeat() if plan.repeat else ds
+
+
+def _batch(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:
+    """Batches of `batch_size` (`drop_remainder` but for a whole evaluation pass, whose last batch is partial);
+    large uncached records are parsed here, only those kept."""
+    if plan.dropped:
+        log.info("evaluation drops the last %d records (drop_remainder)", plan.dropped)
+    if plan.batch == stages_lib.BATCHED_BY_KEEP:
+        return ds
+    if plan.batch == stages_lib.REBATCH:  # evaluation: regroup the parsed read batches across file boundaries
+        return ds.rebatch(plan.batch_size, drop_remainder=plan.drop_remainder)
+    if plan.parse == stages_lib.PARSE_KEPT:  # large records, not cached: parse each record kept, in parallel
+        ds = _parse_records(ds, spec, plan)
+    return ds.batch(plan.batch_size, drop_remainder=plan.drop_remainder)
+
+
+def _augment(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:
+    """Flips and rotations of image and mask together, then color jitter of the inputs (training only)."""
+    if plan.augment:
+        seeds = tf.data.Dataset.random(seed=plan.seed).batch(2, drop_remainder=True)
         ds = tf.data.Dataset.zip((ds, seeds)).map(
-            lambda batch, s: (color_jitter(batch[0], s, brightness=o.brightness, contrast=o.contrast), batch[1]),
-            num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+            lambda batch, s: augment_batch(spec, batch[0], batch[1], s), num_parallel_calls=AUTOTUNE,
+            deterministic=plan.deterministic)
+    if plan.brightness or plan.contrast:
+        seeds = tf.data.Dataset.random(seed=plan.seed + 1).batch(2, drop_remainder=True)
+        ds = tf.data.Dataset.zip((ds, seeds)).map(
+            lambda batch, s: (color_jitter(batch[0], s, brightness=plan.brightness, contrast=plan.contrast),
+                              batch[1]),
+            num_parallel_calls=AUTOTUNE, deterministic=plan.deterministic)
+    return ds
+
+
+def _prefetch(ds: tf.data.Dataset) -> tf.data.Dataset:
     ds = ds.prefetch(AUTOTUNE)
     options = tf.data.Options()
     # The harness shards by itself (assign_files); tf.distribute must not shard again.
@@ -519,58 +449,39 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
     return ds.with_options(options)
 
 
-def _check_keep(keep: int, available: int, batch: int) -> None:
-    """Keeping `keep` of `available` records per pass in batches of `batch`: refuse what yields no step, log
-    what is dropped."""
-    if keep > available:
-        raise BatchSizeError(f"records_per_epoch {keep} exceeds the {available} records of this input pipeline")
-    if keep < batch:
-        raise BatchSizeError(f"records_per_epoch {keep} < per-replica batch {batch}: an epoch would have no step")
-    if keep < available:
-        log.info("records_per_epoch %d: %d of this input pipeline's %d records are read and dropped each epoch",
-                 keep, available - keep, available)
-
-
-def _keep_first_batches(ds: tf.data.Dataset, keep: int, available: int, batch: int) -> tf.data.Dataset:
-    """Batches of `batch` holding the first `keep` records (a multiple of `batch`) of each pass over the
-    `available` records of `ds` (one epoch of a shuffled stream, repeated after).
+def _keep_first_batches(ds: tf.data.Dataset, keep: int, batch: int, *, filtered: bool) -> tf.data.Dataset:
+    """Batches of `batch` holding the first `keep` records (a multiple of `batch`) of each pass of `ds` (one
+    epoch of a shuffled stream, repeated after).
 
     When `keep` is every whole batch of the pass (one worker: the epoch drops only the last `available % batch`
-    records), `batch(drop_remainder=True)` does it alone, as a hand-written pipeline does. Else the batches past
-    `keep` are read and dropped by `_keep_first` (enumerate + filter: ~70 µs more per batch on 2 busy cores,
-    which ran the ACES points at 320k examples/s against 480k without it; a per-record keep ran at 22k).
-
-    Raises:
-      BatchSizeError: if keep > available or keep < batch.
+    records; `filtered` False), `batch(drop_remainder=True)` does it alone, as a hand-written pipeline does. Else
+    the batches past `keep` are read and dropped by `_keep_first` (enumerate + filter: ~70 µs more per batch on 2
+    busy cores, which ran the ACES points at 320k examples/s against 480k without it; a per-record keep ran at
+    22k).
     """
     ds = ds.batch(batch, drop_remainder=True)
-    if keep // batch == available // batch:
-        _check_keep(keep, available, batch)
-        return ds
-    return _keep_first(ds, keep, available, batch, per_element=batch)
-
+    return _keep_first(ds, keep, per_element=batch) if filtered else ds
 
 _VALIDATED: set = set()
 
 
-def _validate_once(spec: DataSpec, shards: Sequence[Shard]) -> None:
+def _validate_once(spec: DataSpec, shards: Sequence[Shard], read=None) -> None:
     """validate_spec, once per process for a given spec and shard list (build_dataset runs once per input
-    pipeline, and the training job builds several datasets on the same shards)."""
+    pipeline, and the training job builds several datasets on the same shards); `read`: the first records'
+    reader (`ShardSet.first_examples`, read once per shard), default records.first_examples."""
     key = (repr(spec), tuple(shards))
     if key not in _VALIDATED:
-        validate_spec(spec, shards)
+        validate_spec(spec, shards, **({"read": read} if read else {}))
         _VALIDATED.add(key)
 
 
-def _keep_first(ds: tf.data.Dataset, keep: int, available: int, batch: int, *, per_element: int = 1
-                ) -> tf.data.Dataset:
+def _keep_first(ds: tf.data.Dataset, keep: int, *, per_element: int = 1) -> tf.data.Dataset:
     """Keep the first `keep` records of each pass and drop the rest with enumerate + filter (not take), so the
-    upstream is still read to its end and a cache before it completes during the first epoch.
+    upstream is still read to its end and a cache before it completes during the first epoch (the counts were
+    checked by `stages.check_keep`).
 
     Args:
       per_element: records per element of `ds` (1: records; B: batches of B, `keep` a multiple of B)."""
-    _check_keep(keep, available, batch)
-
     def first(i, _):
         return i < keep // per_element
 

@@ -107,12 +107,12 @@ def _good_records(shard: Shard) -> int:
     """Records readable before the first error. A GZIP shard is decompressed (up to the zlib error) into a temporary
     uncompressed copy first: TensorFlow inflates 256 kB at a time and returns no record of a failing block."""
     if shard.compression != GZIP:
-        return _count_until_error(shard.path, NONE)
+        return count_until_error(shard.path, NONE)
     with tempfile.TemporaryDirectory(prefix="harness-corrupt-") as tmp:
         copy = os.path.join(tmp, "records")
         with tf.io.gfile.GFile(shard.path, "rb") as src, open(copy, "wb") as dst:
             _inflate_until_error(src, dst)
-        return _count_until_error(copy, NONE)
+        return count_until_error(copy, NONE)
 
 
 def _inflate_until_error(src, dst) -> None:
@@ -132,7 +132,9 @@ def _inflate_until_error(src, dst) -> None:
                 return
 
 
-def _count_until_error(path: str, compression: str) -> int:
+def count_until_error(path: str, compression: str) -> int:
+    """Records of the file readable before its first DataLossError (all of them when there is none), read one by
+    one: the good records before a truncation or a failed CRC (`compression`: "GZIP" or "")."""
     good = 0
     try:
         for _ in tf.data.TFRecordDataset(path, compression_type=compression):

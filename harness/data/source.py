@@ -13,6 +13,10 @@ from typing import Iterable, Optional, Sequence
 from harness.data import index
 from harness.data.shards import Mixer, Shard, discover_shards, find_mixer
 
+# Records of the first shard holding any read at its first look: what the spec inference (8) and the label check
+# (`labels.check_first_labels`: 16) read of it, so it is read once.
+FIRST_SHARD_RECORDS = 16
+
 
 @dataclasses.dataclass(frozen=True)
 class ShardSet:
@@ -29,11 +33,38 @@ class ShardSet:
     stats: tuple[index.ShardStats, ...]
     mixer: Optional[Mixer]
     sources: tuple[str, ...]
+    _heads: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def counts(self) -> list[tuple[str, int]]:
         """`(path, records)` per shard, in order: what `harness.distribute.plan.make_plan` takes."""
         return [(s.path, st.records) for s, st in zip(self.shards, self.stats)]
+
+    @property
+    def files_with_records(self) -> list[str]:
+        """The paths of the shards holding at least one record, in shard order (`sharding.files_with_records`)."""
+        from harness.distribute.sharding import files_with_records
+        return files_with_records(self.counts)
+
+    def first_examples(self, shard: Shard, n: int) -> list:
+        """The first `n` records of `shard` as `tf.train.Example`s (fewer if it holds fewer), read once per run
+        (`records.first_examples`: two round trips on gs://, the compression sniff and the read) and shared by
+        the spec inference, `validate_spec` and `check_first_labels`. The first shard holding records is read
+        FIRST_SHARD_RECORDS deep at once; a later ask for more records than were read reads again.
+
+        Raises:
+          the errors of `records.first_examples` (bad framing, compression, not an Example), at every ask.
+        """
+        from harness.data import records
+
+        have = self._heads.get(shard.path)
+        if have is not None and (len(have[0]) >= n or len(have[0]) < have[1]):  # enough, or the whole shard
+            return have[0][:n]
+        first = next((s for s, st in zip(self.shards, self.stats) if st.records > 0), None)
+        asked = max(n, FIRST_SHARD_RECORDS) if first is not None and shard.path == first.path else n
+        examples = records.first_examples(shard, asked)
+        self._heads[shard.path] = (examples, asked)
+        return examples[:n]
 
     @property
     def records(self) -> int:

@@ -436,7 +436,7 @@ def _values(info: FeatureInfo) -> int:
 
 def infer_spec(shards: Sequence[Shard], *, mixer: Optional[Mixer] = None, label: Optional[str] = None,
                kernel_margin: Optional[int] = None, records_to_read: int = 8, group_bands: bool = False,
-               schema: Optional[Mapping[str, FeatureInfo]] = None) -> DataSpec:
+               schema: Optional[Mapping[str, FeatureInfo]] = None, read=None) -> DataSpec:
     """Infer a spec from the first records of the first non-empty shard.
 
     Image when the most common value count is a square S*S > 1 (or a mixer is present): bands are the features
@@ -447,6 +447,8 @@ def infer_spec(shards: Sequence[Shard], *, mixer: Optional[Mixer] = None, label:
     Args:
       group_bands: also group bands by suffix (guess_band_groups) into a dict-delivered spec.
       schema: a schema already read (skips reading).
+      read: `fn(shard, n) -> [tf.train.Example]`, the first records' reader (`ShardSet.first_examples` reads each
+        shard's first records once per run).
 
     Raises:
       SpecError: if label is not a string, no shard holds a record, or the mixer and the stored side disagree.
@@ -455,7 +457,7 @@ def infer_spec(shards: Sequence[Shard], *, mixer: Optional[Mixer] = None, label:
     """
     label = _label(label)  # a YAML `label: 3` reaches here before from_config
     if schema is None:
-        schema = read_schema(shards, records_to_read)
+        schema = read_schema(shards, records_to_read, read=read)
     if label is not None and label not in schema:
         hint = _closest(label, list(schema))
         raise MissingFeatureError(f"{shards[0].path}: label {label!r} absent from the records" +
@@ -495,14 +497,14 @@ def infer_spec(shards: Sequence[Shard], *, mixer: Optional[Mixer] = None, label:
                     kernel_margin=margin, band_groups=groups)
 
 
-def read_schema(shards: Sequence[Shard], n: int = 8) -> dict[str, FeatureInfo]:
-    """merged_schema of the first `n` records of the first shard holding any.
+def read_schema(shards: Sequence[Shard], n: int = 8, *, read=None) -> dict[str, FeatureInfo]:
+    """merged_schema of the first `n` records of the first shard holding any (`read`: as infer_spec's).
 
     Raises:
       SpecError: if every shard is empty; and the errors of records.first_examples.
     """
     for shard in shards:
-        examples = records.first_examples(shard, n)
+        examples = (read or records.first_examples)(shard, n)[:n]
         if examples:
             return merged_schema(examples)
     raise SpecError(f"no record in any of the {len(shards)} shard(s): nothing to infer a spec from")
@@ -561,10 +563,11 @@ def check_feature(spec: DataSpec, name: str, schema: Mapping[str, FeatureInfo],
     return None
 
 
-def validate_spec(spec: DataSpec, shards: Sequence[Shard]) -> ValidationReport:
+def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None) -> ValidationReport:
     """Check the spec against the first record of every shard, before any training.
 
-    Also a cheap framing check of each shard (its first record is read with its compression).
+    Also a cheap framing check of each shard (its first record is read with its compression). `read`: the first
+    records' reader, as infer_spec's (`ShardSet.first_examples`: each shard's first records read once per run).
 
     Returns:
       a ValidationReport; zero-record shards are listed there and logged, not an error.
@@ -583,7 +586,7 @@ def validate_spec(spec: DataSpec, shards: Sequence[Shard]) -> ValidationReport:
     good: dict[str, list[tuple[Shard, FeatureInfo]]] = {f: [] for f in spec.features}
     checked, empty = [], []
     for shard in shards:
-        examples = records.first_examples(shard, 1)
+        examples = (read or records.first_examples)(shard, 1)[:1]
         if not examples:
             empty.append(shard.path)
             continue

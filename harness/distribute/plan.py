@@ -58,6 +58,13 @@ class Plan:
         return self.batch.per_worker_batch_size
 
     @property
+    def records_kept_per_worker(self) -> int:
+        """Records each worker keeps (trains on) per epoch, the same on every worker: steps_per_epoch x
+        per-worker batch (the rest of its `records` are read and dropped); what its input pipeline keeps
+        (`PipelineOptions.records_per_epoch`)."""
+        return self.steps_per_epoch * self.per_worker_batch_size
+
+    @property
     def dropped_share(self) -> float:
         """Records read and dropped per epoch / records read per epoch, over all workers."""
         return sum(self.dropped) / max(sum(self.records), 1)

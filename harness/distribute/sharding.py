@@ -91,8 +91,12 @@ def assign_nonempty(file_counts: Sequence[tuple[str, int]], num_input_pipelines:
     Raises:
       ShardDiscoveryError, ClusterConfigError: as `assign_files` (every file holding zero records: no files).
     """
-    return assign_files([path for path, n in file_counts if n > 0], num_input_pipelines, input_pipeline_id,
-                        warn=warn)
+    return assign_files(files_with_records(file_counts), num_input_pipelines, input_pipeline_id, warn=warn)
+
+
+def files_with_records(file_counts: Sequence[tuple[str, int]]) -> list[str]:
+    """The paths of `(path, records)` pairs holding at least one record, in order: the files an epoch reads."""
+    return [path for path, n in file_counts if n > 0]
 
 
 def contiguous_runs(counts: Sequence[int], workers: int) -> list[range]:

@@ -15,6 +15,7 @@ from typing import Mapping, Optional
 
 import tensorflow as tf
 
+from harness.data.run_folder import find_model
 from harness.data.spec import IMAGE, TIME, DataSpec
 from harness.errors import ModelMismatchError, PredictError
 
@@ -41,14 +42,11 @@ def load(path: str) -> LoadedModel:
     is read when present).
 
     Raises:
-      PredictError: if the model file is missing or cannot be loaded.
+      ModelFileError (a PredictError): if the model file is missing; PredictError: if it cannot be loaded.
     """
     import tf_keras as keras
 
-    model_path = os.path.join(path, "model.keras") if tf.io.gfile.isdir(path) else path
-    if not tf.io.gfile.exists(model_path):
-        raise PredictError(f"--model {path}: {model_path} not found (give a run folder holding model.keras, or a "
-                           ".keras file)")
+    model_path = find_model(path, flag="--model")
     with tf.io.gfile.GFile(model_path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     try:

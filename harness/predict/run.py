@@ -28,7 +28,7 @@ from harness.data import spec as spec_lib
 from harness.data.shards import check_mixer
 from harness.data.source import ShardSet, open_shards
 from harness.distribute.context import WorkerContext
-from harness.distribute.sharding import contiguous_runs
+from harness.distribute.sharding import contiguous_runs, files_with_records
 from harness.errors import ConfigError, MissingFeatureError, MixerError, OutputExistsError
 from harness.predict import model as model_lib, reader, writer
 from harness.predict.options import CLASSIFICATION, CSV, PredictOptions
@@ -120,7 +120,8 @@ def prepare(options: PredictOptions) -> Job:
     shards = open_shards(options.data, mixer=options.mixer)
     spec = _read_spec(options, loaded, shards)
     where = shards.shards[0].path
-    spec_lib.validate_spec(spec, list(shards.shards))  # every band in every shard's first record, S*S values
+    # every band in every shard's first record, S*S values (the first records read once: ShardSet.first_examples)
+    spec_lib.validate_spec(spec, list(shards.shards), read=shards.first_examples)
     geometry = model_lib.check(loaded, spec, where)
     if spec.kind == spec_lib.IMAGE:
         if shards.mixer is None:
@@ -146,12 +147,12 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
     `--bands`, else the run's, else every band inferred, and the run's band groups and their delivery. No label:
     predict reads none."""
     run = loaded.spec
-    exported = spec_lib.infer_spec(list(shards.shards), mixer=shards.mixer)
+    exported = spec_lib.infer_spec(list(shards.shards), mixer=shards.mixer, read=shards.first_examples)
     if run is not None and run.kind != exported.kind:
         raise model_lib.ModelMismatchError(f"{loaded.path}: the run was trained on a {run.kind} export, "
                                            f"{shards.shards[0].path} is a {exported.kind} export")
     bands = options.bands or (run.bands if run else exported.bands)
-    schema = spec_lib.read_schema(list(shards.shards))
+    schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
     absent = [b for b in bands if b not in schema]
     if absent:
         hint = spec_lib._closest(absent[0], list(schema))
@@ -193,7 +194,7 @@ def _kept(options: PredictOptions, shards: ShardSet, spec, names) -> dict:
         return {}
     if spec.kind == spec_lib.IMAGE:
         raise ConfigError("--keep copies properties of table exports; an image export's predictions are bands")
-    schema = spec_lib.read_schema(list(shards.shards))
+    schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
     absent = reader.missing_kept(options.keep, schema)
     if absent:
         raise MissingFeatureError(f"{shards.shards[0].path}: --keep {absent[0]!r} is absent from the records "
@@ -333,7 +334,7 @@ def _step_fn(job: Job):
 def upload_line(job: Job) -> str:
     """The `earthengine upload` command for the outputs (zero-record shards left out), in order: for images the
     mixer copy last; for tables the whole CSV (or the TFRecord files). ASSET is the user's to choose."""
-    files = [p for p, (_, n) in zip(job.outputs, job.shards.counts) if n > 0]
+    files = files_with_records([(out, n) for out, (_, n) in zip(job.outputs, job.shards.counts)])
     if job.image:
         return shlex.join(["earthengine", "upload", "image", "--asset_id=ASSET", *files, job.mixer_copy])
     if job.options.format == CSV:

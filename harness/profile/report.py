@@ -228,6 +228,7 @@ def build_report(parts: Sequence[dict], *, kind: str, config: dict, replicas_in_
     summary["verdict"] = verdict(summary["input_stall_share"], summary["input_cost"])
     summary["disagreements"] = disagreements(summary)
     facts = dict(parts[0].get("facts") or {})
+    summary["cache"] = facts.get("cache")  # the cache the chief's input pipeline applied (its PipelinePlan)
     report = {"kind": kind, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": versions(), "config": config, "summary": summary, "verdict": summary["verdict"],
               "advice": advice(summary, workers, facts), "workers": workers, "parts": list(parts)}
@@ -312,6 +313,9 @@ def format_table(report: dict) -> str:
                  f"{s['warmup_steps']} warm-up steps excluded")
     prof = s.get("profiler_input_percent")
     lines.append(input_line(s))
+    stages = (report["parts"][0].get("facts") or {}).get("input_pipeline") if report.get("parts") else None
+    if stages:
+        lines.append(stages)  # the chief's PipelinePlan.describe(): the stages its input pipeline applied
     lines.append(f"verdict: {s['verdict']} (profiler thresholds: >= {HIGHLY:.0%} highly, >= {MODERATELY:.0%} "
                  f"moderately)" + (f"; the profiler measured {prof:.1f}% input" if prof is not None else ""))
     lines += [f"  ! {line}" for line in s.get("disagreements", ())]

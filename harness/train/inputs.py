@@ -42,6 +42,8 @@ class Inputs:
         (`harness.train.models.band_moments`): with group_delivery "time" `[bands per group]` over every time
         step, with group_delivery "dict" a dict `{group: [bands of the group]}`.
       class_weights: `[num_classes]` loss weights, or None.
+      pipelines: the `PipelinePlan` of every input pipeline this process built, by `(training,
+        input_pipeline_id)`: what the profile reports (`worker_facts`), never decided again.
     """
 
     train: ShardSet
@@ -54,6 +56,7 @@ class Inputs:
     variance: object
     class_weights: Optional[list]
     options: TrainOptions
+    pipelines: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def all_shards(self) -> list:
@@ -65,28 +68,36 @@ class Inputs:
         o, plan = self.options, self.plan
         return pipeline_lib.PipelineOptions(
             per_replica_batch_size=plan.per_replica_batch_size, training=training,
-            records_per_epoch=plan.steps_per_epoch * plan.per_worker_batch_size if training else None,
+            records_per_epoch=plan.records_kept_per_worker if training else None,
             shuffle_buffer=o.shuffle_buffer, cache=o.cache, cache_dir=o.cache_dir, augment=o.augment and training,
             seed=o.seed, validate=False,  # validated once by prepare
             brightness=o.brightness if training else 0.0, contrast=o.contrast if training else 0.0)
 
     def dataset_fn(self, training: bool) -> Callable:
         """`fn(tf.distribute.InputContext) -> tf.data.Dataset` of one worker, reading the files its plan assigns."""
-        data, plan = (self.train, self.plan) if training else (self.validation, self.validation_plan)
-        options = self.pipeline_options(training)
+        plan = self.plan if training else self.validation_plan
 
         def fn(input_context):
             if input_context.num_input_pipelines != plan.batch.workers:
                 raise ConfigError(f"{input_context.num_input_pipelines} input pipelines for a plan of "
                                   f"{plan.batch.workers} workers")
-            ds = pipeline_lib.build_dataset(data, self.spec, options,
-                                            assignment=plan.assignments[input_context.input_pipeline_id])
+            ds = pipeline_lib.apply_plan(self.pipeline_plan(training, input_context.input_pipeline_id), self.spec)
             if self.options.data_service:
                 from harness.data import service
                 job = f"harness-{'train' if training else 'eval'}-p{input_context.input_pipeline_id}"
                 ds = service.distribute(ds, self.options.data_service, job_name=job)
             return ds
         return fn
+
+    def pipeline_plan(self, training: bool, input_pipeline_id: int) -> pipeline_lib.PipelinePlan:
+        """The stages of one worker's input pipeline (`pipeline.plan_pipeline`), decided once per process: the
+        plan `dataset_fn` applies and `worker_facts` reports."""
+        key = (training, input_pipeline_id)
+        if key not in self.pipelines:
+            data, plan = (self.train, self.plan) if training else (self.validation, self.validation_plan)
+            self.pipelines[key] = pipeline_lib.plan_pipeline(data, self.spec, self.pipeline_options(training),
+                                                             assignment=plan.assignments[input_pipeline_id])
+        return self.pipelines[key]
 
     def datasets(self, backend) -> tuple:
         """`(training, validation or None)` distributed datasets for `backend` (`TrainingBackend.distribute`)."""
@@ -101,17 +112,17 @@ class Inputs:
 
     def worker_facts(self, rank: int) -> dict:
         """What the profile's advice needs to know of this worker's input."""
-        mine = self.plan.files[rank]
-        choice = pipeline_lib.choose_cache(self.options.cache, self.train.nbytes(mine),
-                                           cache_dir=self.options.cache_dir, name="profile")
-        return {"compression": self.train.shards[0].compression or "none", "files_per_worker": len(mine),
-                "cpu_count": os.cpu_count(), "cache": choice.kind, "data_service": bool(self.options.data_service)}
+        stages = self.pipeline_plan(True, rank)  # the training pipeline this worker built (the cache it applied)
+        return {"compression": self.train.shards[0].compression or "none", "files_per_worker": len(stages.files),
+                "cpu_count": os.cpu_count(), "cache": stages.cache.kind, "input_pipeline": stages.describe(),
+                "data_service": bool(self.options.data_service)}
 
 
 def resolve_spec(data: dict, train: ShardSet) -> spec_lib.DataSpec:
     """The spec inferred from the training shards, refined by whatever the config or flags declare
     (`spec.refine`: declared keys win, the rest stays as inferred)."""
-    inferred = spec_lib.infer_spec(list(train.shards), mixer=train.mixer, label=data.get("label"))
+    inferred = spec_lib.infer_spec(list(train.shards), mixer=train.mixer, label=data.get("label"),
+                                  read=train.first_examples)
     return spec_lib.refine(inferred, data) if data else inferred
 
 
@@ -139,8 +150,8 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
     if spec.label is None:
         raise ConfigError(f"no label feature found in {train.shards[0].path}: give --label")
     say(f"spec: {json.dumps(spec.to_config())}")
-    spec_lib.validate_spec(spec, list(train.shards))
-    check_first_labels(spec, train.shards)
+    spec_lib.validate_spec(spec, list(train.shards), read=train.first_examples)  # the first records, read once
+    check_first_labels(spec, train.shards, read=train.first_examples)
     _check_mixer(train, options)
     context = backend.context
     plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
@@ -167,7 +178,7 @@ def _validation(options, train: ShardSet, spec, plan, say):
     if shared:
         raise ConfigError(f"{len(shared)} file(s) are both training and validation data (e.g. {shared[0]}): "
                           "validation would score records the model trained on")
-    spec_lib.validate_spec(spec, list(validation.shards))
+    spec_lib.validate_spec(spec, list(validation.shards), read=validation.first_examples)
     try:
         val_plan = plan_lib.make_plan(validation.counts, workers=plan.batch.workers,
                                       replicas_per_worker=plan.batch.replicas_per_worker,
@@ -190,7 +201,7 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
 
     from harness.train import models
 
-    every_file = ShardAssignment(files=tuple(p for p, n in train.counts if n > 0), policy=FILE, input_pipeline_id=0,
+    every_file = ShardAssignment(files=tuple(train.files_with_records), policy=FILE, input_pipeline_id=0,
                                  num_input_pipelines=1)
     sample = pipeline_lib.build_dataset(
         train, spec, pipeline_lib.PipelineOptions(per_replica_batch_size=plan.per_replica_batch_size, training=True,

@@ -165,7 +165,7 @@ def _on_plan(backend: TrainingBackend, options: TrainOptions, plan, train, say) 
     control = backend.control_plane()
     if control is None:
         raise ConfigError("--check-sharding gathers file sets over Horovod or MPI: use --backend horovod")
-    files = [path for path, n in train.counts if n > 0]
+    files = train.files_with_records
     assignments = mpi.check_sharding(control, plan.assignments[backend.context.rank], files)
     say(mpi.describe_sharding(assignments, files))
 

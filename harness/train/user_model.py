@@ -266,14 +266,11 @@ def _check_init_from(source: str) -> None:
     is read (local or `gs://`).
 
     Raises:
-      ModelError: naming the path looked for.
+      ModelFileError (a ModelError): naming the path looked for.
     """
-    import tensorflow as tf
+    from harness.data.run_folder import find_model
 
-    path = os.path.join(source, "model.keras") if tf.io.gfile.isdir(source) else source
-    if not tf.io.gfile.exists(path):
-        raise ModelError(f"--init-from {source}: no file {path} (give a .keras model or a run folder holding "
-                         "model.keras)")
+    find_model(source, flag="--init-from")
 
 
 def builtin(inputs: ModelInputs):
@@ -393,9 +390,9 @@ def init_weights(model, source: str) -> str:
     """
     import tf_keras as keras
 
-    import tensorflow as tf
+    from harness.data.run_folder import model_path
 
-    path = os.path.join(source, "model.keras") if tf.io.gfile.isdir(source) else source
+    path = model_path(source)
     try:
         saved = keras.models.load_model(path, compile=False)
     except Exception as e:  # missing file, custom objects, a Keras 3 file: name it

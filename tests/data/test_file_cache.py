@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from harness.data import filecache, pipeline as P, shards as S, spec as SP, synth
+from harness.data import filecache, pipeline as P, shards as S, spec as SP, stages, synth
 from harness.errors import CacheInUseError
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "fill_cache.py"
@@ -102,7 +102,7 @@ def test_rerun_after_a_fill_killed_midway_reads_every_record_once(export, every_
 
 
 def test_a_cache_being_filled_by_a_live_process_is_refused_by_name(export, every_id, tmp_path, monkeypatch):
-    monkeypatch.setattr(P, "READ_BATCH_MAX", 8)  # as fill_cache.py: the same parse order, the same cache
+    monkeypatch.setattr(stages, "READ_BATCH_MAX", 8)  # as fill_cache.py: the same parse order, the same cache
     cache = tmp_path / "cache"
     filler = _Filler(export, cache, hold=20)
     try:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from harness.data import pipeline as P, shards as S, spec as SP
+from harness.data import pipeline as P, shards as S, spec as SP, stages
 from harness.errors import BatchSizeError
 
 
@@ -65,7 +65,7 @@ def test_table_real_points_labels_int32(shared_data):
 def test_vectorized_and_per_record_parse_agree(image, monkeypatch):
     found, spec = image
     a = _all(_build(found, spec, 5, training=False))
-    monkeypatch.setattr(P, "VECTORIZE_MAX_RECORD_BYTES", 0)
+    monkeypatch.setattr(stages, "VECTORIZE_MAX_RECORD_BYTES", 0)
     b = _all(_build(found, spec, 5, training=False))
     (xa, ya), (xb, yb) = [(np.concatenate([x for x, _ in r]), np.concatenate([y for _, y in r])) for r in (a, b)]
     ia, ib = np.argsort(xa[:, 0, 0, 0]), np.argsort(xb[:, 0, 0, 0])  # the interleave order may differ
@@ -247,9 +247,9 @@ def test_build_checks_the_spec_before_any_batch(image):
 
 
 def test_read_batch_size_follows_record_bytes(monkeypatch):
-    monkeypatch.setattr(P, "READ_BATCH_BYTES", 256 * 1024)
+    monkeypatch.setattr(stages, "READ_BATCH_BYTES", 256 * 1024)
     assert P.read_batch_size(220) == 256 * 1024 // 220 == 1191  # the point export's records
-    assert P.read_batch_size(1) == P.READ_BATCH_MAX
+    assert P.read_batch_size(1) == stages.READ_BATCH_MAX
     assert P.read_batch_size(60_000) == 4 and P.read_batch_size(2_000_000) == 1
 
 
@@ -257,8 +257,8 @@ def test_read_batch_size_follows_record_bytes(monkeypatch):
 def test_read_batches_yield_every_record_once_in_one_order(table, monkeypatch, read_batch):
     found, spec = table
     reference = _ids(_all(_build(found, spec, 1, training=False)))
-    monkeypatch.setattr(P, "READ_BATCH_BYTES", float("inf"))
-    monkeypatch.setattr(P, "READ_BATCH_MAX", read_batch)
+    monkeypatch.setattr(stages, "READ_BATCH_BYTES", float("inf"))
+    monkeypatch.setattr(stages, "READ_BATCH_MAX", read_batch)
     ids = _ids(_all(_build(found, spec, 7, training=False)))
     assert len(ids) == 63 and len(set(ids)) == 63 and set(ids) <= set(reference)  # 64 // 7 batches of 7
     assert ids == _ids(_all(_build(found, spec, 7, training=False)))
@@ -269,10 +269,10 @@ def test_memory_cache_of_parsed_read_batches_reshuffles_each_epoch(table, monkey
     """Records cached (up to MEMORY_CACHE_MAX_RECORDS: no unbatch each epoch) or read batches (above it): every
     record once per epoch, reshuffled."""
     found, spec = table
-    monkeypatch.setattr(P, "READ_BATCH_BYTES", float("inf"))
-    monkeypatch.setattr(P, "READ_BATCH_MAX", 5)
+    monkeypatch.setattr(stages, "READ_BATCH_BYTES", float("inf"))
+    monkeypatch.setattr(stages, "READ_BATCH_MAX", 5)
     every = sorted(_ids(_all(_build(found, spec, 1, training=False))))
-    monkeypatch.setattr(P, "MEMORY_CACHE_MAX_RECORDS", max_records)  # the table's pipeline holds 64 records
+    monkeypatch.setattr(stages, "MEMORY_CACHE_MAX_RECORDS", max_records)  # the table's pipeline holds 64 records
     ds = _build(found, spec, 8, training=True, cache="memory", seed=3)
     assert _cache_input_op(ds).startswith(cached)
     ids = _ids(_all(ds.take(24)))  # 3 epochs of 64 records
@@ -330,7 +330,7 @@ def test_cached_large_records_are_parsed_before_the_cache(image, monkeypatch):
     """Large records cached: parsed once into the cache (later epochs parse nothing), each record once per epoch,
     reshuffled; the same tensors as the uncached pipeline, which parses only the records kept."""
     found, spec = image
-    monkeypatch.setattr(P, "VECTORIZE_MAX_RECORD_BYTES", -1)  # every record "large": parse per record
+    monkeypatch.setattr(stages, "VECTORIZE_MAX_RECORD_BYTES", -1)  # every record "large": parse per record
     cached = _build(found, spec, 2, training=True, records_per_epoch=10, cache="memory", seed=4)
     assert _cache_input_op(cached).startswith("ParallelMapDataset") and not _has_filter(cached)
     batches = _all(cached.take(10))  # 2 epochs of 5 steps

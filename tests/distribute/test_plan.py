@@ -91,3 +91,18 @@ def test_uneven_files_warn_with_the_split_and_the_fix():
     # A batch remainder above the share, with even files: the advice is the batch, not resharding.
     small = make_plan([("a", 10), ("b", 10)], workers=2, replicas_per_worker=1, global_batch_size=8)
     assert small.dropped == (2, 2) and small.waste_warning().endswith("a smaller batch than 8 drops fewer")
+
+
+def test_records_kept_per_worker_is_the_steps_times_the_per_worker_batch():
+    """Uneven files (100/100/50 over 3 workers at 2 replicas x 8): every worker keeps 3 steps x 16 = 48 records;
+    the rest of each worker's records are dropped, and the pipeline keeps exactly that (records_per_epoch)."""
+    plan = make_plan([("a", 100), ("b", 100), ("c", 50)], workers=3, replicas_per_worker=2, per_replica_batch_size=8)
+    assert (plan.steps_per_epoch, plan.per_worker_batch_size, plan.records_kept_per_worker) == (3, 16, 48)
+    assert [r - plan.records_kept_per_worker for r in plan.records] == list(plan.dropped) == [52, 52, 2]
+
+
+def test_files_with_records_skips_zero_record_files_in_order():
+    from harness.distribute.sharding import assign_nonempty, files_with_records
+
+    counts = [("a", 3), ("empty", 0), ("b", 1)]
+    assert files_with_records(counts) == ["a", "b"] == list(assign_nonempty(counts, 1, 0).files)

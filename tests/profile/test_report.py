@@ -56,3 +56,15 @@ def test_no_whole_call_of_k_steps_is_no_input_cost_not_100_percent():
     assert s["input_cost"] is None and s["real_examples_per_s"] == 0.0
     assert s["verdict"] == "not input-bound"
     assert "input cost not measured (the run had no whole call of 32 steps" in report_lib.input_line(s)
+
+
+def test_the_report_states_the_cache_and_the_stages_the_pipeline_applied():
+    line = "input pipeline 0/1: 2 files, 64 records; cache: memory (cache='memory'); prefetch: autotune"
+    steps = [{"step": i + 1, "start_s": float(i), "input_wait_s": 0.0, "compute_s": 1.0, "examples": 8,
+              "warmup": i == 0, "step_s": 1.0, "call_steps": 1} for i in range(6)]
+    part = {"rank": 0, "host": "h", "pid": 1, "replicas": 1, "gpu": "no GPU", "gpu_available": False,
+            "sample_interval_s": 0.5, "steps": steps, "samples": [], "trace": None, "profiler": None,
+            "facts": {"cache": "memory", "input_pipeline": line}}
+    report = report_lib.build_report([part], kind="train", config={}, replicas_in_sync=1)
+    assert report["summary"]["cache"] == "memory"
+    assert line in report_lib.format_table(report).splitlines()

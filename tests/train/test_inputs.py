@@ -69,3 +69,59 @@ def test_ignore_label_inside_the_classes_is_warned(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert ("warning: ignore_label 1 is inside the classes [0, 4): class 1 gets no loss and no metrics (its output is "
             "never trained); if it is a class, not nodata, drop ignore_label") in r.stdout + r.stderr
+
+
+def _one_worker():
+    return TrainingBackend(None, WorkerContext(0, 1, 0, 1, "worker", 0, Backend.SINGLE))
+
+
+def test_the_first_records_of_every_shard_are_read_once(tmp_path, monkeypatch):
+    """The spec inference, validate_spec and check_first_labels each read the first records of every shard (two
+    round trips each on gs://: the compression sniff and the read): 3 reads of the first shard, 2 of the others.
+    Now `ShardSet.first_examples` reads each shard once and they share it."""
+    from harness.data import records
+
+    synth.write_table_export(str(tmp_path / "t"), prefix="t", shards=3, records=60, classes=3, seed=1)
+    synth.write_table_export(str(tmp_path / "v"), prefix="v", shards=2, records=40, classes=3, seed=2)
+    reads, read_records = [], records.read_records
+    monkeypatch.setattr(records, "read_records", lambda shard, n: reads.append(shard.path) or read_records(shard, n))
+    prepared = inputs.prepare(TrainOptions(data=(str(tmp_path / "t"),), validation_data=(str(tmp_path / "v"),),
+                                           per_replica_batch_size=8), _one_worker())
+    every = [s.path for s in (*prepared.train.shards, *prepared.validation.shards)]
+    assert sorted(reads) == sorted(every) and len(every) == 5  # each shard once
+    head = prepared.train.first_examples(prepared.train.shards[0], 16)
+    assert len(head) == 16 and len(reads) == 5  # the first shard was read 16 records deep, for the label check
+
+
+def test_the_profile_names_the_cache_the_pipeline_applied(tmp_path, monkeypatch, caplog):
+    """The pipeline decides the cache on the decoded size (parsed tensors), the profile's facts decided it again
+    on the serialized size: with the memory budget between the two, the pipeline cached in memory and the profile
+    said "not cached" (and advised --cache memory). The facts now read the plan the pipeline applied."""
+    import logging
+    import types
+
+    import psutil
+    import tensorflow as tf
+
+    from harness.data import pipeline
+    from harness.profile import report as report_lib
+
+    synth.write_table_export(str(tmp_path), prefix="t", shards=2, records=400, classes=3, seed=1)
+    prepared = inputs.prepare(TrainOptions(data=(str(tmp_path),), per_replica_batch_size=8, cache="auto"),
+                              _one_worker())
+    serialized = prepared.train.nbytes()
+    decoded = sum(prepared.plan.records) * pipeline.decoded_record_bytes(prepared.spec)
+    assert decoded < serialized  # an Example names every feature: its bytes exceed the float32 values
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=decoded + serialized))
+    with caplog.at_level(logging.INFO, logger="harness.data.pipeline"):
+        ds = prepared.dataset_fn(True)(tf.distribute.InputContext())
+    applied = [r.getMessage() for r in caplog.records if "cache: " in r.getMessage()]
+    assert len(applied) == 1 and "cache: memory (" in applied[0], applied
+    assert any(n.op == "CacheDataset" or n.op.startswith("CacheDatasetV")
+               for n in tf.compat.v1.GraphDef.FromString(
+                   ds._as_serialized_graph().numpy()).node)  # a memory cache in the built graph
+    facts = prepared.worker_facts(0)
+    assert facts["cache"] == "memory"
+    assert facts["input_pipeline"] == applied[0]  # the one text: the job's log line and the profile's
+    tips = report_lib.advice({"input_stall_share": 0.9, "accelerator_busy_share": None}, [], facts)
+    assert not any("the records are not cached" in t for t in tips)

@@ -333,3 +333,18 @@ def test_regression_output_of_the_wrong_shape_names_both_shapes_it_takes():
 def dataclasses_replace(obj, **kw):
     import dataclasses
     return dataclasses.replace(obj, **kw)
+
+
+def test_a_missing_model_file_is_one_error_for_init_from_and_predict(tmp_path):
+    """`--init-from` raised ModelError, `predict --model` PredictError, each with its own wording and its own copy
+    of "model.keras in a run folder": now one function (run_folder.find_model) and one type, caught as either."""
+    from harness.errors import ModelFileError, PredictError
+    from harness.predict import model as predict_model
+
+    with pytest.raises(ModelFileError) as init:
+        user_model.resolve(TrainOptions(data=["d"], init_from=str(tmp_path)))
+    with pytest.raises(ModelFileError) as predict:
+        predict_model.load(str(tmp_path))
+    assert isinstance(init.value, ModelError) and isinstance(predict.value, PredictError)
+    tail = f" {tmp_path}: no file {tmp_path}/model.keras (give a .keras model or a run folder holding model.keras)"
+    assert (str(init.value), str(predict.value)) == ("--init-from" + tail, "--model" + tail)

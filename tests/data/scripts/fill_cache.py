@@ -10,7 +10,7 @@ import sys
 
 import harness  # noqa: F401
 
-from harness.data import pipeline as P, shards as S, spec as SP
+from harness.data import pipeline as P, shards as S, spec as SP, stages
 
 
 def main() -> int:
@@ -19,7 +19,7 @@ def main() -> int:
     parser.add_argument("cache_dir")
     parser.add_argument("--hold", type=int, default=None)
     args = parser.parse_args()
-    P.READ_BATCH_MAX = 8  # many small cache elements, so the fill is partial when the reader stops
+    stages.READ_BATCH_MAX = 8  # many small cache elements, so the fill is partial when the reader stops
     found = S.discover_shards(args.export)
     ds = P.build_dataset(found, SP.infer_spec(found), P.PipelineOptions(
         per_replica_batch_size=1, training=False, cache="file", cache_dir=args.cache_dir))

@@ -53,9 +53,9 @@ KERAS_SPE = (1, 8, 32, 128)
 CASES = ("points", "unet", "mirrored", "horovod", "overhead")
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 CHILD_TIMEOUT_S = 1200  # the mirrored child and each horovodrun launch: killed (process group) past this
-# --smoke: every case, one round of 2 epochs, 8 U-Net patches, 20 overhead steps; `make test` runs it
+# --smoke: every case, one round of 2 epochs, 32 U-Net patches (2 steps of 16), 20 overhead steps; `make test` runs it
 # (tests/bench/test_benchmarks_start.py)
-SMOKE = dict(rounds=1, epochs=2, unet_epochs=2, unet_records=8, overhead_steps=20)
+SMOKE = dict(rounds=1, epochs=2, unet_epochs=2, unet_records=32, overhead_steps=20)
 
 
 @dataclasses.dataclass(frozen=True)

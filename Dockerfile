@@ -18,10 +18,11 @@ ARG CUDA_CC_LIST=70,80,86,89,90
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Python 3.10 (Ubuntu 22.04's; TF 2.18 supports 3.9-3.12). Open MPI, g++ and cmake are installed by tools/install.sh.
+# Python 3.11 (Ubuntu 22.04's python3.11 package; its default python3 is 3.10, older than setup.cfg allows), the
+# version CI tests. Open MPI, g++ and cmake are installed by tools/install.sh.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
+ && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/harness
@@ -32,7 +33,7 @@ COPY harness/ harness/
 # Exact versions within setup.cfg's ranges (pip reads PIP_CONSTRAINT on every install tools/install.sh runs).
 RUN printf 'tensorflow==%s\ntf-keras==%s\n' "$TF_VERSION" "$TF_KERAS_VERSION" > /opt/constraints.txt
 # HARNESS_HOROVOD_GPU=1: a GPU build even though no GPU is visible while building (nvcc is what matters).
-ENV PIP_CONSTRAINT=/opt/constraints.txt HARNESS_HOROVOD_GPU=1 HOROVOD_GPU_OPERATIONS=NCCL \
+ENV PIP_CONSTRAINT=/opt/constraints.txt HARNESS_HOROVOD_GPU=1 HOROVOD_GPU_OPERATIONS=NCCL PYTHON=python3.11 \
     HOROVOD_BUILD_CUDA_CC_LIST=${CUDA_CC_LIST}
 RUN bash tools/install.sh /opt/venv gpu \
  && /opt/venv/bin/python -c "import horovod.tensorflow as hvd; assert hvd.nccl_built(), 'Horovod without NCCL'"
@@ -47,10 +48,11 @@ ARG HARNESS_UID=1000
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
 
-# Package versions are those of the pinned base image's Ubuntu release (security updates included).
+# Package versions are those of the pinned base image's Ubuntu release (security updates included); python3.11 is
+# the interpreter the venv was made with.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 openmpi-bin libopenmpi3 openssh-server openssh-client \
+ && apt-get install -y --no-install-recommends python3.11 openmpi-bin libopenmpi3 openssh-server openssh-client \
  && rm -rf /var/lib/apt/lists/*
 
 # ssh between pods as the mpi-operator expects of a non-root image: no host key prompts, no known_hosts writes

@@ -33,6 +33,8 @@ from harness.predict.run import predict_shards, prepare  # noqa: E402
 from harness.train.models import unet  # noqa: E402
 
 BANDS = ["B2", "B3", "B4", "B8"]
+# --smoke: 4 patches of 16 + 8, one timed run; `make test` runs it (tests/bench/test_benchmarks_start.py)
+SMOKE = dict(patch_size=16, kernel_size=8, records=4, shards=2, batch=2, repeats=1)
 
 
 def main() -> None:
@@ -44,7 +46,12 @@ def main() -> None:
     p.add_argument("--shards", type=int, default=4, help="files of the export")
     p.add_argument("--batch", type=int, default=16, help="patches per model call (both paths)")
     p.add_argument("--repeats", type=int, default=7, help="timed runs of each path")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the benchmark runs; "
+                   "its figures mean nothing (flags given explicitly still apply)")
     a = p.parse_args()
+    if a.smoke:
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="harness-bench-predict-")
     data = os.path.join(tmp, "data")
     synth.write_image_export(data, prefix="scene", shards=a.shards, records=a.records, bands=BANDS, label=None,

@@ -24,6 +24,9 @@ sys.path.insert(0, ROOT)
 
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 
+# --smoke: one timed pair of 3 steps of 16x16 patches; `make test` runs it (tests/bench/test_benchmarks_start.py)
+SMOKE = dict(pairs=2, steps=3, patch=16, batch=2)
+
 
 class NullTimer:
     """A StepTimer that records nothing: the loop without a timeline."""
@@ -39,6 +42,9 @@ class NullTimer:
     def end(self, mark, step, examples):
         return None
 
+    def end_call(self, mark, first_step, waits_s, durations_s, examples):
+        return []
+
     def summary(self, steps=None):
         return {"examples_per_s": 0.0, "input_stall_share": 0.0}
 
@@ -51,7 +57,12 @@ def main(argv=None) -> int:
     p.add_argument("--patch", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--interval", type=float, default=0.05, help="utilization sampling period, seconds")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the benchmark runs; "
+                   "its figures mean nothing (flags given explicitly still apply)")
     args = p.parse_args(argv)
+    if args.smoke:
+        p.set_defaults(**SMOKE)
+        args = p.parse_args(argv)
 
     import tensorflow as tf
     import tf_keras as keras

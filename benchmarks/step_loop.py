@@ -53,6 +53,9 @@ KERAS_SPE = (1, 8, 32, 128)
 CASES = ("points", "unet", "mirrored", "horovod", "overhead")
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 CHILD_TIMEOUT_S = 1200  # the mirrored child and each horovodrun launch: killed (process group) past this
+# --smoke: every case, one round of 2 epochs, 32 U-Net patches (2 steps of 16), 20 overhead steps; `make test` runs it
+# (tests/bench/test_benchmarks_start.py)
+SMOKE = dict(rounds=1, epochs=2, unet_epochs=2, unet_records=32, overhead_steps=20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,7 +449,12 @@ def main(argv=None) -> int:
     p.add_argument("--overhead-steps", type=int, default=2000, help="steps per epoch of the one-weight model")
     p.add_argument("--mirrored-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--horovod-rank", help=argparse.SUPPRESS)  # a folder for this rank's result
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the benchmark runs; "
+                   "its figures mean nothing (flags given explicitly still apply)")
     args = p.parse_args(argv)
+    if args.smoke:
+        p.set_defaults(**SMOKE)
+        args = p.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - set(CASES)
     if unknown:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One install path for `make install`, CI and the Dockerfile.
 #   tools/install.sh VENV [EXTRAS]     e.g. tools/install.sh .venv cpu,profile,test
+# PYTHON: the interpreter that makes VENV (default python3; it must be one setup.cfg's python_requires allows).
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 VENV=${1:-.venv}
@@ -20,7 +21,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
 
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+[ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
 # setuptools < 81: 81 dropped the pkg_resources that TensorBoard 2.18 imports (setup.cfg's `profile` extra pins the
 # same bound; repeated here so that this upgrade, run on every install, never undoes it). Horovod's build uses it.

@@ -1,0 +1,169 @@
+"""Every script in benchmarks/ starts and prints its figures: each runs as a real subprocess at its `--smoke` size
+(seconds, figures meaningless), and the table it prints is checked for its rows and for positive numbers in them.
+The scripts are found by globbing benchmarks/, so a new benchmark without a smoke run here fails. The Makefile's
+`bench` target names only scripts and commands that exist (issue 19, item 9: `make bench` stopped at a
+SyntaxError that nothing ran)."""
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from harness.data import synth
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+NUM = r"([0-9][0-9,]*\.?[0-9]*)"  # a printed figure: 1,234.5 / 0.97 / 282
+RUN_TIMEOUT_S = 420
+
+# script -> its smoke runs: (extra arguments besides --smoke, {name: regex}); every regex must match a line of
+# stdout (re.MULTILINE) and each of its groups must be a positive number. {points}, {images}, {tmp} are filled in.
+_TABLE_PIPES = ("raw-seq", "raw-par", "raw-reader", "harness", "harness-alt", "per-record")
+_STEP_ROW = r"^  {name}\s+" + NUM + r" (?:examples/s|µs/step) \(median; range"
+_RATIO = r"^  {a} / {b} = " + NUM
+RUNS = {
+    "fit_ratio.py": [(["--data", "{images}", "--output", "{tmp}/fit", "--json", "{tmp}/fit.json"], {
+        f"round 1 {name}": rf"^round 1 {name}\s+{NUM} examples/s" for name in ("harness", "fit_spe1", "fit_speK")} | {
+        "ratio": rf"^harness/fit ratio \(unet, mixed_float16, batch 4\): {NUM} against steps_per_execution 1, {NUM} "
+                 rf"against steps_per_execution \d+"})],
+    "input_pipeline.py": [(["--points", "{points}"], {
+        "header": r"^  pipeline\s+examples/s\s+spread\s+best\s+MB/s\s+CPU us/ex\s+cores\s+note$",
+        **{f"row {pipe}": rf"^  {re.escape(pipe)}\s+{NUM}\s+\d+%\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s"
+           for pipe in _TABLE_PIPES},
+        "read limit ratio": rf"^  harness / read limit \(fastest raw read\) = {NUM} \[",
+        "points": r"^== small records \(Earth Engine point export\): 1 shard\(s\), 256 records",
+        "patches": r"^== large records \(256x256x8 float GZIP patches\): 2 shard\(s\), 4 records"})],
+    "predict.py": [([], {
+        "title": r"^4 patches of 24x24x4 \(P=16, k=8\) in 2 shards, batch 2, U-Net, 1 timed runs",
+        "predict": rf"^  predict\s+{NUM} examples/s  spread",
+        "ceiling": rf"^  ceiling\s+{NUM} examples/s  spread",
+        "ratio": rf"^  predict / ceiling = {NUM} \[{NUM}-{NUM}\]"})],
+    "profile_overhead.py": [([], {
+        "title": r"U-Net 16x16x4, batch 2, 1 timed pairs of 3 steps",
+        "off": rf"^  timeline off\s+{NUM} examples/s \(median",
+        "on": rf"^  timeline on\s+{NUM} examples/s \(median",
+        "ratio": rf"^  on / off = {NUM} \(median of 1 adjacent pairs; ratio of medians {NUM}\)"})],
+    "reshard.py": [([], {
+        "header": r"^  data\s+pipeline\s+examples/s\s+spread\s+MB/s$",
+        **{f"row {data} {pipe}": rf"^  {data}\s+{pipe}\s+{NUM}\s+[0-9.]+%\s+{NUM}$"
+           for data in ("GZIP export", "resharded") for pipe in ("read limit", "harness")},
+        "gain": rf"^  gain, harness: {NUM}x"})],
+    # in-process cases, then the two that start child processes (the mirrored child, horovodrun -np 2)
+    "step_loop.py": [
+        (["--data", "{points}", "--cases", "points,unet,overhead"], {
+            **{f"points {n}": _STEP_ROW.format(name=re.escape(n)) for n in (
+                "harness auto", "harness steps_per_loop=1", "fit spe=1", "fit spe=8", "fit spe=32", "fit spe=128",
+                "harness auto, OneDeviceStrategy", "harness loop, hand-written input", "harness pipeline alone",
+                "hand-written pipeline alone")},
+            "points ratio": _RATIO.format(a="harness auto", b="fit spe=1") + r" \(target >= 1.0",
+            "unet": r"^== U-Net: 32 records, 2 steps of global batch 16 per epoch",
+            "overhead": r"^== per-step overhead: one-weight model, batch 1, 20 steps per epoch",
+            "overhead row": _STEP_ROW.format(name="fit spe=128"),
+            "done": r"^done \[load average"}),
+        (["--data", "{points}", "--cases", "mirrored,horovod"], {
+            "horovod all": _STEP_ROW.format(name="horovod 2 ranks, all"),
+            "horovod rank 1": _STEP_ROW.format(name="horovod rank 1"),
+            "mirrored points": r"^== mirrored, points: 256 records, 4 steps of global batch 64 per epoch, 2 epochs, "
+                               r"MirroredStrategy with 2 replica",
+            "mirrored unet": r"^== mirrored, U-Net: 32 records",
+            "mirrored ratio": _RATIO.format(a="harness auto", b="fit spe=1")})],
+}
+SHELL_ONLY = {"gpu_check.sh": "needs a GPU and a GPU build of TensorFlow (it stops at once without one): its "
+                              "syntax is checked with bash -n; it runs on the GPU machine"}
+
+
+def _cases():
+    """(script, run index) for every benchmarks/*.py; index None for a script that has no smoke run here."""
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        runs = RUNS.get(path.name)
+        if not runs:
+            yield pytest.param(path.name, None, id=path.name)
+        for i in range(len(runs or ())):
+            yield pytest.param(path.name, i, id=f"{path.name}-{i}" if len(runs) > 1 else path.name)
+
+
+@pytest.fixture(scope="module")
+def smoke_data(tmp_path_factory):
+    """A synthetic point export (one GZIP file of 256 rows, label `class`) and image export (16x16 patches)."""
+    out = tmp_path_factory.mktemp("smoke_data")
+    synth.write_table_export(str(out / "points"), prefix="points", shards=1, records=256, seed=1)
+    synth.write_image_export(str(out / "images"), prefix="img", shards=2, records=16, patch_size=16, classes=3,
+                             seed=3)
+    return {"points": str(out / "points" / "points.tfrecord.gz"), "images": str(out / "images")}
+
+
+def _run(cmd: list, timeout_s: float) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+@pytest.mark.parametrize("script, index", list(_cases()))
+def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_path):
+    assert index is not None, (f"benchmarks/{script} has no smoke run: give it a --smoke size (seconds) and add "
+                               f"it to RUNS in {pathlib.Path(__file__).name}")
+    extra, shape = RUNS[script][index]
+    args = [a.format(tmp=tmp_path, **smoke_data) for a in extra]
+    done = _run([sys.executable, str(BENCHMARKS / script), "--smoke", *args], RUN_TIMEOUT_S)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    missing = []
+    for name, pattern in shape.items():
+        m = re.search(pattern, done.stdout, re.MULTILINE)
+        if m is None:
+            missing.append(name)
+            continue
+        for value in m.groups():
+            assert float(value.replace(",", "")) > 0, f"{name}: {m.group(0)!r}"
+    assert not missing, f"benchmarks/{script} printed no {missing}:\n{done.stdout[-4000:]}"
+    if script == "fit_ratio.py":   # --json: the same figures, one per round and variant
+        result = json.loads((tmp_path / "fit.json").read_text())
+        assert {k: len(v) for k, v in result["examples_per_s"].items()} == {"harness": 1, "fit_spe1": 1,
+                                                                            "fit_speK": 1}
+        assert result["model"] == "unet" and result["global_batch"] == 4 and result["ratio_fit_spe1"] > 0
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.iterdir() if p.suffix not in (".py", "")))
+def test_other_benchmark_scripts_parse(script):
+    assert script in SHELL_ONLY, f"benchmarks/{script}: neither a Python benchmark nor listed in SHELL_ONLY"
+    done = _run(["bash", "-n", str(BENCHMARKS / script)], 60)
+    assert done.returncode == 0, done.stderr
+    pytest.skip(f"benchmarks/{script} parses (bash -n); not run: {SHELL_ONLY[script]}")
+
+
+def _make_recipe(target: str) -> list[str]:
+    """The recipe lines of a Makefile target, with $(PY) and $(VENV) expanded from the Makefile's own values."""
+    text = (ROOT / "Makefile").read_text()
+    variables = dict(re.findall(r"^(\w+) \??:?= (.*)$", text, re.MULTILINE))
+    lines, inside = [], False
+    for line in text.splitlines():
+        if re.match(rf"^{target}:", line):
+            inside = True
+        elif inside and line.startswith("\t"):
+            lines.append(line.strip())
+        elif inside:
+            break
+    expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: expand(variables[m.group(1)]), s)  # noqa: E731
+    return [expand(line) for line in lines]
+
+
+def test_make_bench_names_what_exists():
+    from harness.cli import build_parser
+
+    lines = _make_recipe("bench")
+    assert lines, "the Makefile has no bench recipe"
+    for line in lines:
+        argv = shlex.split(line)
+        if argv[0].endswith("/python"):
+            script = ROOT / argv[1]
+            assert script.is_file() and script.parent == BENCHMARKS, line
+            assert script.name in RUNS, f"{line}: no smoke run in this file"
+            compile(script.read_text(), str(script), "exec")
+        elif argv[0].endswith("/harness"):   # the console script: the arguments parse as harness parses them
+            args = build_parser().parse_args(argv[1:])
+            assert args.command == "bench", line
+        else:
+            pytest.fail(f"make bench line neither a benchmarks/ script nor the harness CLI: {line}")

@@ -34,6 +34,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
+from harness.choices import CACHE_MODES
 from harness.data import filecache, index
 from harness.data.labels import LABEL_CHECK_MESSAGE, deliver, is_label_value
 from harness.data.records import BYTES, INT64
@@ -260,7 +261,7 @@ def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
             raise ConfigError("cache='file' needs cache_dir")
         return CacheChoice("file", path, "cache='file'")
     if mode != "auto":
-        raise ConfigError(f"cache must be auto, memory, file or none, got {mode!r}")
+        raise ConfigError(f"cache must be one of {', '.join(CACHE_MODES)}, got {mode!r}")
     available = _available_memory() if available is None else available
     budget = int(available * MEMORY_CACHE_FRACTION)
     if nbytes <= budget:

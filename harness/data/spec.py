@@ -18,6 +18,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from harness.choices import DATA_KINDS, TASKS
 from harness.data import records
 from harness.data.records import BYTES, EMPTY, FLOAT, INT64, FeatureInfo
 from harness.data.shards import Mixer, Shard
@@ -26,9 +27,9 @@ from harness.errors import (EmptyFeatureError, FeatureDtypeError, FeatureLengthE
 
 log = logging.getLogger(__name__)
 
-IMAGE, TABLE = "image", "table"
+IMAGE, TABLE = DATA_KINDS
 DICT, TIME = "dict", "time"
-CLASSIFICATION, REGRESSION = "classification", "regression"
+CLASSIFICATION, REGRESSION = TASKS
 DTYPES = (FLOAT, INT64, BYTES)
 # Names Earth Engine users give the label, most likely first (checked case-insensitively).
 LABEL_NAMES = ("label", "labels", "class", "classes", "landcover", "land_cover", "lc", "target", "y")

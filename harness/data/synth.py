@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from harness.choices import SYNTH_DTYPES
 from harness.data.records import BYTES, FLOAT, INT64
 from harness.errors import ConfigError
 
@@ -121,7 +122,7 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
       ConfigError: before writing anything, if patch_size < 1, kernel_size is negative or odd above 1, shards < 1,
         records < shards, bands is empty or repeats a name (or the label's), classes < 1, or for an unknown dtype.
     """
-    _check(shards=shards, records=records, bands=bands, label=label, classes=classes, dtypes=(FLOAT, INT64, BYTES),
+    _check(shards=shards, records=records, bands=bands, label=label, classes=classes, dtypes=SYNTH_DTYPES,
            dtype=dtype)
     kernel_size = _margin(patch_size, kernel_size)
     tf.io.gfile.makedirs(out_dir)

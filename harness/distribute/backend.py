@@ -23,11 +23,11 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from harness.choices import BACKENDS
 from harness.distribute import environment, mpi
 from harness.distribute.context import Backend, WorkerContext
 from harness.errors import ClusterConfigError, ConfigError
 
-BACKENDS = ("tf", "horovod")  # tf.distribute strategies; Horovod (one process per device)
 
 
 class TrainingBackend:

@@ -22,11 +22,11 @@ TASKS = ("classification", "regression")
   classification: class ids (stored as float by Earth Engine: 3.0 is class 3); softmax logits, one per class.
   regression: a number per pixel or row; the model's raw outputs."""
 
-SYNTH_DTYPES = ("float", "int64", "bytes")
-"""How `harness synth --dtype` stores the bands (`harness.data.records` kinds).
-  float: a float_list per band, as Earth Engine writes every number.
-  int64: an int64_list per band.
-  bytes: one bytes_list of uint8 values per band (image exports only)."""
+DTYPES = ("float", "int64", "bytes")
+"""How a band is stored in a record (`harness.data.records`; `data.dtype` / `data.dtypes`, `harness synth --dtype`).
+  float: a float_list, as Earth Engine writes every number.
+  int64: an int64_list.
+  bytes: one bytes_list of raw values (uint8 bands; `harness synth` writes them for image exports only)."""
 
 CACHE_MODES = ("auto", "memory", "file", "none")
 """Where the parsed records are kept after the first epoch (`--cache`, `train.cache`;

@@ -10,9 +10,9 @@ import os
 import sys
 from typing import Callable
 
-from harness.choices import (BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, EPOCH_METRICS, EXPORT_FORMATS,
-                             HOROVOD_CONTROLLERS, K8S_KINDS, LOSSES, LR_SCALINGS, MPI_LAUNCHERS, OPTIMIZERS,
-                             PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, SYNTH_DTYPES, TASKS)
+from harness.choices import (BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES, EPOCH_METRICS,
+                             EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOSSES, LR_SCALINGS, MPI_LAUNCHERS,
+                             OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
 from harness.commands import predict as predict_cmd, train as train_cmd
 from harness.errors import HarnessError
@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--patch-size", type=POSITIVE, default=64, help="patchDimensions P (without margin), pixels")
     p.add_argument("--kernel-size", type=NON_NEGATIVE, default=0,
                    help="kernelSize k: 0 or 1 store no margin, an even k a stored patch of P + k (k/2 per side)")
-    p.add_argument("--dtype", choices=SYNTH_DTYPES, default="float", help="band storage")
+    p.add_argument("--dtype", choices=DTYPES, default="float", help="band storage")
     p.add_argument("--uncompressed", action="store_true", help="write .tfrecord without GZIP")
     p.add_argument("--seed", type=int, default=0, help="random fields and classes")
 

@@ -33,7 +33,7 @@ FLAGS = {
     (("predict",), "--format"): choices.PREDICTION_FORMATS,
     (("export",), "--format"): choices.EXPORT_FORMATS,
     (("synth",), "--kind"): choices.DATA_KINDS,
-    (("synth",), "--dtype"): choices.SYNTH_DTYPES,
+    (("synth",), "--dtype"): choices.DTYPES,
     (("launch", "k8s"), "--kind"): choices.K8S_KINDS,
     (("launch", "k8s"), "--mpi-launcher"): choices.MPI_LAUNCHERS,
     (("launch", "horovod"), "--controller"): choices.HOROVOD_CONTROLLERS,
@@ -97,7 +97,7 @@ def test_tasks_and_kinds_are_the_specs():
 
     assert (spec.CLASSIFICATION, spec.REGRESSION) == choices.TASKS == (options.CLASSIFICATION, options.REGRESSION)
     assert (spec.IMAGE, spec.TABLE) == choices.DATA_KINDS
-    assert (records.FLOAT, records.INT64, records.BYTES) == choices.SYNTH_DTYPES
+    assert (records.FLOAT, records.INT64, records.BYTES) == choices.DTYPES == spec.DTYPES
     assert (options.CSV, options.TFRECORD) == choices.PREDICTION_FORMATS
     assert set(choices.TASK_LOSSES) == set(choices.TASK_METRICS) == set(choices.MONITORS) == set(choices.TASKS)
 
@@ -219,3 +219,33 @@ def test_launch_tables_cover_the_kinds():
 
     assert tuple(k8s.RESTART_POLICIES) == choices.K8S_KINDS == k8s.KINDS
     assert mpi.CONTROLLERS == choices.HOROVOD_CONTROLLERS
+
+
+def _string_literals(tree):
+    """`(line, frozenset of names)` for every list, tuple or set literal of two or more string constants."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)) and len(node.elts) >= 2 and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+            yield node.lineno, frozenset(e.value for e in node.elts)
+
+
+def test_no_module_writes_a_choice_list_again():
+    """A copy of a list (in a `choices=`, a check or an error message) is how two lists drift apart."""
+    package = pathlib.Path(cli.__file__).parent
+    lists = {}
+    for name in (n for n in vars(choices) if n.isupper()):
+        value = getattr(choices, name)
+        for names in (value.values() if isinstance(value, dict) else [value]):
+            if len(names) >= 2:
+                lists[frozenset(names)] = name
+    copies = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "choices.py":
+            continue
+        tree = ast.parse(path.read_text())
+        copies += [f"{path.relative_to(package)}:{line}: {lists[found]}" for line, found in _string_literals(tree)
+                   if found in lists]
+        copies += [f"{path.relative_to(package)}:{node.lineno}: choices= literal" for node in ast.walk(tree)
+                   if isinstance(node, ast.keyword) and node.arg == "choices"
+                   and isinstance(node.value, (ast.List, ast.Tuple, ast.Set))]
+    assert copies == []

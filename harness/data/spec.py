@@ -2,7 +2,7 @@
 
 One source of truth for shapes: the pipeline parses by it, the model is built from `input_shape`/`label_shape`,
 `validate_spec` checks the shards against it before training, and `harness inspect` prints one ready to use.
-Storage facts (../shared/GEE_FORMAT.md): one feature per band, keyed by band name, in arbitrary order; numbers are
+Storage facts (docs/GEE_FORMAT.md): one feature per band, keyed by band name, in arbitrary order; numbers are
 float lists (int64 and bytes lists exist too); an image band is a flat row-major list of S*S values where
 S = patchDimensions + kernel margin; labels are stored as floats and are cast after parsing.
 """

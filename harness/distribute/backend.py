@@ -29,7 +29,6 @@ from harness.distribute.context import Backend, WorkerContext
 from harness.errors import ClusterConfigError, ConfigError
 
 
-
 class TrainingBackend:
     """tf.distribute: MirroredStrategy, MultiWorkerMirroredStrategy or one device (`strategy.make_strategy`).
 

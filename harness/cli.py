@@ -10,6 +10,9 @@ import os
 import sys
 from typing import Callable
 
+from harness.choices import (BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES, EPOCH_METRICS,
+                             EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOSSES, LR_SCALINGS, MPI_LAUNCHERS,
+                             OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
 from harness.commands import predict as predict_cmd, train as train_cmd
 from harness.errors import HarnessError
@@ -91,7 +94,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixer", default=S, help="mixer.json when not beside the shards as <prefix>-mixer.json")
     p.add_argument("--label", default=S, help="label feature (class ids, stored as float by Earth Engine)")
     p.add_argument("--bands", nargs="+", default=S, help="input bands (default: every feature but the label)")
-    p.add_argument("--task", choices=["classification", "regression"], default=S,
+    p.add_argument("--task", choices=TASKS, default=S,
                    help="default classification (class ids); regression: the label is a number per pixel/row")
     p.add_argument("--ignore-label", type=float, default=S, metavar="VALUE",
                    help="the label's nodata value: those pixels are left out of the loss and every metric")
@@ -101,16 +104,16 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--global-batch-size", type=int, default=S, help="examples per step over all replicas")
     g.add_argument("--per-replica-batch-size", type=int, default=S, help="default 32 when neither is given")
-    p.add_argument("--precision", choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"], default=S,
+    p.add_argument("--precision", choices=PRECISIONS, default=S,
                    help="default float32; auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 CPUs/TPUs")
-    p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default=S,
+    p.add_argument("--strategy", choices=STRATEGIES, default=S,
                    help="default auto: multi-worker when TF_CONFIG names several tasks, mirrored on several GPUs")
     p.add_argument("--cpu-replicas", type=POSITIVE, default=S,
                    help="logical CPU devices for MirroredStrategy on a machine without GPUs (default 1)")
     p.add_argument("--output", default=S, help="output folder (chief only): backup, model, summary; default runs/train")
     p.add_argument("--num-classes", type=int, default=S, help="default: the spec's, else max label + 1 in a sample")
-    p.add_argument("--class-weights", default=S, help="none | balanced | w0,w1,... (default none)")
-    p.add_argument("--cache", choices=["auto", "memory", "file", "none"], default=S,
+    p.add_argument("--class-weights", default=S, help=" | ".join((*CLASS_WEIGHTS, "w0,w1,... (default none)")))
+    p.add_argument("--cache", choices=CACHE_MODES, default=S,
                    help="parsed records kept after the first epoch; default auto: in memory when they fit, else in "
                         "files under --cache-dir when given, else none")
     p.add_argument("--cache-dir", default=S, help="folder of the file cache (--cache file)")
@@ -133,7 +136,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                                                     "each; shared storage on several hosts); default OUTPUT/tensorboard")
     p.add_argument("--data-service", default=S, metavar="grpc://HOST:PORT",
                    help="run the input pipeline on a tf.data service (see `harness data-service`)")
-    p.add_argument("--backend", choices=["tf", "horovod"], default=S,
+    p.add_argument("--backend", choices=BACKENDS, default=S,
                    help="default tf (tf.distribute); horovod: one process per device under mpirun/horovodrun")
     p.add_argument("--steps-per-loop", type=_auto_or_positive, default=S, metavar="K|auto",
                    help="training steps per tf.function call (the host waits for the device once per call); "
@@ -142,12 +145,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
     o = p.add_argument_group("optimizer and schedule", "built by the harness inside the strategy's scope; the "
                              "learning rate is a function of the restored step (a resume continues the schedule)")
-    o.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], default=S, help="default adam")
+    o.add_argument("--optimizer", choices=OPTIMIZERS, default=S, help="default adam")
     o.add_argument("--learning-rate", type=float, default=S, help="base learning rate, default 1e-3")
     o.add_argument("--momentum", type=float, default=S, help="sgd momentum (default 0)")
     o.add_argument("--nesterov", action="store_true", default=S, help="sgd: Nesterov momentum")
     o.add_argument("--weight-decay", type=float, default=S, help="decoupled weight decay (adamw default 0.004)")
-    o.add_argument("--schedule", choices=["constant", "cosine", "step", "exponential"], default=S,
+    o.add_argument("--schedule", choices=SCHEDULES, default=S,
                    help="after warm-up, default constant; cosine decays to 0 at the last step")
     w = o.add_mutually_exclusive_group()
     w.add_argument("--warmup-steps", type=NON_NEGATIVE, default=S, help="linear warm-up to the peak (default 0)")
@@ -155,22 +158,21 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--decay-epochs", type=float, default=S, help="step/exponential: epochs per decay period (default 1)")
     o.add_argument("--decay-rate", type=float, default=S,
                    help="step/exponential: factor per period (default 0.1 for step, 0.5 for exponential)")
-    o.add_argument("--scale-lr", choices=["none", "linear", "sqrt"], default=S,
+    o.add_argument("--scale-lr", choices=LR_SCALINGS, default=S,
                    help="peak = learning rate x (global batch / --base-batch-size), or its square root (Goyal et "
                         "al. 2017); default none: nothing is scaled")
     o.add_argument("--base-batch-size", type=POSITIVE, default=S, help="the batch the learning rate was tuned for")
     o.add_argument("--clip-norm", type=float, default=S,
                    help="clip gradients by global norm after the cross-replica reduction (default: none)")
     lo = p.add_argument_group("loss", "per example, reduced by the global batch (the same on any number of replicas)")
-    lo.add_argument("--loss", default=S, metavar="crossentropy|focal|dice|crossentropy+dice|mse|mae|MODULE:FUNCTION",
+    lo.add_argument("--loss", default=S, metavar="|".join((*LOSSES, "MODULE:FUNCTION")),
                     help="default crossentropy (regression: mse); a function(labels, logits) returns [batch] or "
                          "[batch, H, W]")
     lo.add_argument("--focal-gamma", type=float, default=S, help="focal loss gamma (default 2)")
     c = p.add_argument_group("training control", "decided on metrics reduced over every worker: all stop together")
     c.add_argument("--monitor", default=S, metavar="METRIC",
-                   help="keep the best epoch's model in OUTPUT/best/model.keras: loss, val_loss, val_accuracy, "
-                        "val_mean_iou, val_rmse, val_mae, val_r2 (default with --early-stopping: val_loss, or loss "
-                        "without validation)")
+                   help=f"keep the best epoch's model in OUTPUT/best/model.keras: {', '.join(EPOCH_METRICS)} "
+                        "(default with --early-stopping: val_loss, or loss without validation)")
     c.add_argument("--early-stopping", type=POSITIVE, default=S, metavar="PATIENCE",
                    help="stop after PATIENCE epochs without improvement of --monitor")
     c.add_argument("--min-delta", type=float, default=S, help="the least change that counts as improvement (default 0)")
@@ -206,16 +208,16 @@ def _bench_commands(sub) -> None:
     p.add_argument("--warmup", type=NON_NEGATIVE, default=5, help="untimed first steps (tracing, autotuning, cache fill)")
     p.add_argument("--output", default="runs/bench", help="report folder (chief only)")
     p.add_argument("--per-replica-batch-size", type=POSITIVE, default=16, help="examples per replica per step")
-    p.add_argument("--precision", choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"], default="float32",
+    p.add_argument("--precision", choices=PRECISIONS, default="float32",
                    help="auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 CPUs/TPUs")
-    p.add_argument("--strategy", choices=["auto", "single", "mirrored", "multi_worker"], default="auto",
+    p.add_argument("--strategy", choices=STRATEGIES, default="auto",
                    help="auto: multi-worker when TF_CONFIG names several tasks, mirrored on several GPUs")
     p.add_argument("--cpu-replicas", type=POSITIVE, default=None,
                    help="logical CPU replicas (mirrored, no GPU); default 1")
     p.add_argument("--patch-size", type=POSITIVE, default=64, help="synthetic: patch side, pixels")
     p.add_argument("--bands", type=POSITIVE, default=4, help="synthetic: bands")
     p.add_argument("--classes", type=POSITIVE, default=4, help="synthetic: classes")
-    p.add_argument("--cache", choices=["auto", "memory", "file", "none"], default="auto",
+    p.add_argument("--cache", choices=CACHE_MODES, default="auto",
                    help="real shards: parsed records kept after the first pass (auto: in memory when they fit, else in "
                         "files under --cache-dir when given, else none)")
     p.add_argument("--cache-dir", help="folder of the file cache (--cache file); default: none")
@@ -263,20 +265,20 @@ def _predict_command(sub) -> None:
     p.add_argument("--batch-size", type=POSITIVE, default=16, help="patches or rows per model call")
     p.add_argument("--bands", nargs="+", help="the model's input bands in order (default: the run's spec, else "
                                               "every band of the export)")
-    p.add_argument("--task", choices=["classification", "regression"],
+    p.add_argument("--task", choices=TASKS,
                    help="default: the run's; classification: class ids (argmax); regression: the raw outputs")
     p.add_argument("--probabilities", action="store_true", help="also one float band per class (softmax)")
     p.add_argument("--output-bands", nargs="+", metavar="NAME",
                    help="names of the written bands: class band, then one per class (default class, "
                         "probability_<i>; regression: prediction or prediction_<i>)")
-    p.add_argument("--format", choices=["csv", "tfrecord"], default="csv", help="table exports' output")
+    p.add_argument("--format", choices=PREDICTION_FORMATS, default="csv", help="table exports' output")
     p.add_argument("--keep", nargs="+", metavar="PROPERTY", help="table exports: input properties copied to each row")
     p.add_argument("--prefix", help="output file prefix (default: the input shards')")
     p.add_argument("--overwrite", action="store_true", help="replace another run's files in --output")
 
     p = _command(sub, "export", predict_cmd.export,
                  "Write a SavedModel for Earth Engine's hosted models (ee.Model.fromVertexAi) and print its arguments")
-    p.add_argument("--format", choices=["savedmodel"], default="savedmodel", help="what to write")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="savedmodel", help="what to write")
     p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json) or a .keras file")
     p.add_argument("--output", required=True, help="SavedModel folder")
     p.add_argument("--probabilities", action="store_true", help="also return per-class probabilities")
@@ -303,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "synth", data_cmd.synth,
                  "Write a synthetic export laid out exactly as Earth Engine writes it")
     p.add_argument("output", help="folder to write into")
-    p.add_argument("--kind", choices=["image", "table"], default="image", help="patches (image) or points (table)")
+    p.add_argument("--kind", choices=DATA_KINDS, default="image", help="patches (image) or points (table)")
     p.add_argument("--prefix", default="export", help="file name prefix")
     p.add_argument("--shards", type=POSITIVE, default=4, help="files (at most --records)")
     p.add_argument("--records", type=POSITIVE, default=16, help="records (patches or rows) in all")
@@ -313,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--patch-size", type=POSITIVE, default=64, help="patchDimensions P (without margin), pixels")
     p.add_argument("--kernel-size", type=NON_NEGATIVE, default=0,
                    help="kernelSize k: 0 or 1 store no margin, an even k a stored patch of P + k (k/2 per side)")
-    p.add_argument("--dtype", choices=["float", "int64", "bytes"], default="float", help="band storage")
+    p.add_argument("--dtype", choices=DTYPES, default="float", help="band storage")
     p.add_argument("--uncompressed", action="store_true", help="write .tfrecord without GZIP")
     p.add_argument("--seed", type=int, default=0, help="random fields and classes")
 
@@ -327,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--per-replica-batch-size", type=int, help="examples per step per replica")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--learning-rate", type=float, help="with it, the effective peak learning rate is printed")
-    p.add_argument("--scale-lr", choices=["none", "linear", "sqrt"], default="none",
+    p.add_argument("--scale-lr", choices=LR_SCALINGS, default="none",
                    help="as harness train: scale the learning rate with global / --base-batch-size")
     p.add_argument("--base-batch-size", type=POSITIVE, help="the batch the learning rate was tuned for")
 
@@ -353,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
     p = _command(lsub, "k8s", launch_cmd.k8s,
                  "Write Kubernetes manifests (TFJob, MPIJob, or Indexed Job + headless Service) for a command")
-    p.add_argument("--kind", choices=["tfjob", "mpijob", "indexed-job"], required=True,
+    p.add_argument("--kind", choices=K8S_KINDS, required=True,
                    help="Kubeflow TFJob or MPIJob, or a plain Indexed Job with a headless Service")
     p.add_argument("--workers", type=int, required=True, help="training pods")
     p.add_argument("--gpus-per-worker", type=int, default=0, help="nvidia.com/gpu per pod (mpijob: MPI slots too)")
@@ -374,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="faults the job survives, each restarting the pods (sizes --backoff-limit)")
     p.add_argument("--backoff-limit", type=int, default=None,
                    help="the job's backoffLimit (default: workers x max-restarts + 1)")
-    p.add_argument("--mpi-launcher", choices=["mpirun", "horovodrun"], default="mpirun", help="mpijob only")
+    p.add_argument("--mpi-launcher", choices=MPI_LAUNCHERS, default="mpirun", help="mpijob only")
     p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
@@ -386,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also export this variable to every rank (repeatable); see README, Horovod and MPI")
     p = _command(lsub, "horovod", launch_cmd.horovod, "N ranks under horovodrun (Gloo or MPI)")
     _rank_launch_args(p)
-    p.add_argument("--controller", choices=["gloo", "mpi"], default="gloo", help="horovodrun's rendezvous")
+    p.add_argument("--controller", choices=HOROVOD_CONTROLLERS, default="gloo", help="horovodrun's rendezvous")
     p.add_argument("--horovodrun-args", help="further horovodrun arguments, one quoted string")
 
     return parser

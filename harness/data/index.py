@@ -1,11 +1,11 @@
 """Record counts (and uncompressed record bytes) per shard, counted once and cached in a small JSON index.
 
 Earth Engine and the tools around it do not record how many Examples a shard holds, and declared sizes are wrong
-(../shared/data/gee-aces-points/SOURCE.md: 8531 declared, 8316 present), so the harness counts. Counting reads
-the whole shard once inside TensorFlow (batched, no per-record Python); the result is cached under
-`$HARNESS_CACHE_DIR` (default `~/.cache/harness/`) in `record_index.json`, keyed by path, size in bytes and
-modification time (`file_identity`), so a later run, or another worker sharing the home folder, does not read the
-data again. A rewritten shard changes size or mtime and is counted again.
+(the ACES points export of the test data, tests/shared_data.py: 8531 declared, 8316 present; docs/GEE_FORMAT.md),
+so the harness counts. Counting reads the whole shard once inside TensorFlow (batched, no per-record Python); the
+result is cached under `$HARNESS_CACHE_DIR` (default `~/.cache/harness/`) in `record_index.json`, keyed by path,
+size in bytes and modification time (`file_identity`), so a later run, or another worker sharing the home folder,
+does not read the data again. A rewritten shard changes size or mtime and is counted again.
 """
 from __future__ import annotations
 

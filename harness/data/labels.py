@@ -2,7 +2,7 @@
 and below `num_classes` when the number of classes is known; a regression label value is finite (a NaN or inf
 target makes the loss NaN at some later step, far from the record that holds it).
 
-Earth Engine stores class ids as floats (3.0; `../shared/GEE_FORMAT.md`), so the rule is checked on the float
+Earth Engine stores class ids as floats (3.0; `docs/GEE_FORMAT.md`), so the rule is checked on the float
 values before they are cast to int32. The input pipeline applies it to every batch (`harness.data.pipeline`), the
 job to the first records of every shard before training (`check_first_labels`), and the scan that names a failing
 record applies it again (`harness.data.scan.first_bad_label`): the same function each time.

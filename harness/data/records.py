@@ -27,12 +27,13 @@ from google.protobuf import unknown_fields
 
 from harness.data.shards import (GZIP, NONE, RECORD_HEADER_BYTES, Shard, check_compression, is_record_header,
                                  sniff_compression)
+from harness.choices import DTYPES
 from harness.errors import (CompressionMismatchError, CorruptShardError, HarnessError, NotExampleError,
                             NotTFRecordError, TruncatedShardError)
 
 FRAMING_BYTES = 16  # per record: uint64 length, uint32 masked CRC of the length, uint32 masked CRC of the data
 
-FLOAT, INT64, BYTES = "float", "int64", "bytes"
+FLOAT, INT64, BYTES = DTYPES
 EMPTY = "empty"  # a feature present with no kind set (TFX writes these for missing values)
 _KIND_TO_DTYPE = {"float_list": FLOAT, "int64_list": INT64, "bytes_list": BYTES, None: EMPTY}
 _CORRUPT_RECORD = re.compile(r"corrupted record at \d+")

@@ -1,6 +1,6 @@
 """Find the shards of an export (folder, glob or paths; local or gs://), in order, with their compression and mixer.
 
-Naming conventions recognised (see ../shared/GEE_FORMAT.md, "Files"):
+Naming conventions recognised (see docs/GEE_FORMAT.md, "Files"):
   - Earth Engine: `<prefix>-00000.tfrecord.gz`, `<prefix>-00001.tfrecord.gz`, ... (uncompressed: `.tfrecord`);
   - TFDS / Beam: `<prefix>-00000-of-00012` with any extension (`data_tfrecord-00003-of-00012.gz`);
   - other indexed names: `<prefix>-00003.tfrecords` (a dash and at least 5 digits);
@@ -68,7 +68,7 @@ class Shard:
 
 @dataclasses.dataclass(frozen=True)
 class Mixer:
-    """An image export's `<prefix>-mixer.json` (GEE_FORMAT.md, "mixer.json").
+    """An image export's `<prefix>-mixer.json` (docs/GEE_FORMAT.md, "mixer.json").
 
     Attributes:
       path: where it was read from.
@@ -338,7 +338,7 @@ def check_compression(shard: Shard) -> None:
 
 def _mixer_candidates(prefix: str) -> Iterable[str]:
     yield f"{prefix}-mixer.json"
-    yield f"{prefix}.json"  # renamed by hand, as in ../shared/data/gee-aces-image
+    yield f"{prefix}.json"  # renamed by hand, as the ACES image export of the test data (tests/shared_data.py)
 
 
 def find_mixer(shards: Sequence[Shard], mixer_path: Optional[str] = None) -> Optional[Mixer]:

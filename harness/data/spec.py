@@ -2,7 +2,7 @@
 
 One source of truth for shapes: the pipeline parses by it, the model is built from `input_shape`/`label_shape`,
 `validate_spec` checks the shards against it before training, and `harness inspect` prints one ready to use.
-Storage facts (../shared/GEE_FORMAT.md): one feature per band, keyed by band name, in arbitrary order; numbers are
+Storage facts (docs/GEE_FORMAT.md): one feature per band, keyed by band name, in arbitrary order; numbers are
 float lists (int64 and bytes lists exist too); an image band is a flat row-major list of S*S values where
 S = patchDimensions + kernel margin; labels are stored as floats and are cast after parsing.
 """
@@ -18,6 +18,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from harness.choices import DATA_KINDS, TASKS
 from harness.data import records
 from harness.data.records import BYTES, EMPTY, FLOAT, INT64, FeatureInfo
 from harness.data.shards import Mixer, Shard
@@ -26,9 +27,9 @@ from harness.errors import (EmptyFeatureError, FeatureDtypeError, FeatureLengthE
 
 log = logging.getLogger(__name__)
 
-IMAGE, TABLE = "image", "table"
+IMAGE, TABLE = DATA_KINDS
 DICT, TIME = "dict", "time"
-CLASSIFICATION, REGRESSION = "classification", "regression"
+CLASSIFICATION, REGRESSION = TASKS
 DTYPES = (FLOAT, INT64, BYTES)
 # Names Earth Engine users give the label, most likely first (checked case-insensitively).
 LABEL_NAMES = ("label", "labels", "class", "classes", "landcover", "land_cover", "lc", "target", "y")

@@ -21,6 +21,7 @@ import os
 import random
 from typing import Callable, Optional, Sequence
 
+from harness.choices import CACHE_MODES
 from harness.errors import BatchSizeError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
             raise ConfigError("cache='file' needs cache_dir")
         return CacheChoice("file", path, "cache='file'")
     if mode != "auto":
-        raise ConfigError(f"cache must be auto, memory, file or none, got {mode!r}")
+        raise ConfigError(f"cache must be one of {', '.join(CACHE_MODES)}, got {mode!r}")
     available = _available_memory() if available is None else available
     budget = int(available * MEMORY_CACHE_FRACTION)
     if nbytes <= budget:

@@ -1,4 +1,4 @@
-"""Write synthetic exports laid out exactly as Earth Engine writes them (../shared/GEE_FORMAT.md).
+"""Write synthetic exports laid out exactly as Earth Engine writes them (docs/GEE_FORMAT.md).
 
 Image export: shards `<prefix>-00000.tfrecord.gz` ... (GZIP unless uncompressed: `.tfrecord`), one
 tf.train.Example per patch, one feature per band holding a flat row-major list of S*S values (S = P + k, the
@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from harness.choices import DTYPES
 from harness.data.records import BYTES, FLOAT, INT64
 from harness.errors import ConfigError
 
@@ -82,7 +83,7 @@ def _check(*, shards: int, records: int, bands: Sequence[str], label: Optional[s
 
 def _margin(patch_size: int, kernel_size: int) -> int:
     """The kernel margin k stored around a P x P patch: kernelSize 0 or 1 (Earth Engine's default [1, 1]) store
-    none; otherwise kernelSize must be even (k/2 per side; ../shared/GEE_FORMAT.md)."""
+    none; otherwise kernelSize must be even (k/2 per side; docs/GEE_FORMAT.md)."""
     if patch_size < 1:
         raise ConfigError(f"patch size must be >= 1, got {patch_size}")
     if kernel_size < 0 or (kernel_size > 1 and kernel_size % 2):
@@ -121,7 +122,7 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
       ConfigError: before writing anything, if patch_size < 1, kernel_size is negative or odd above 1, shards < 1,
         records < shards, bands is empty or repeats a name (or the label's), classes < 1, or for an unknown dtype.
     """
-    _check(shards=shards, records=records, bands=bands, label=label, classes=classes, dtypes=(FLOAT, INT64, BYTES),
+    _check(shards=shards, records=records, bands=bands, label=label, classes=classes, dtypes=DTYPES,
            dtype=dtype)
     kernel_size = _margin(patch_size, kernel_size)
     tf.io.gfile.makedirs(out_dir)

@@ -1,7 +1,7 @@
 """The training backend: what a job asks of tf.distribute or of Horovod, behind one small interface.
 
-After orbit's split of the loop by job (../shared/STYLE.md): the job never branches on the backend; it asks a
-`TrainingBackend` for
+After orbit's split of the loop by job (tensorflow/models `orbit/runner.py`, `controller.py`): the job never
+branches on the backend; it asks a `TrainingBackend` for
   - `strategy` and `context`: the `tf.distribute.Strategy` the steps run under (the default one under Horovod)
     and this process's `WorkerContext`;
   - `distribute(dataset_fn)`: the per-worker datasets as the strategy wants them;
@@ -25,11 +25,10 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from harness.choices import BACKENDS
 from harness.distribute import environment, mpi
 from harness.distribute.context import Backend, WorkerContext
 from harness.errors import ClusterConfigError, ConfigError
-
-BACKENDS = ("tf", "horovod")  # tf.distribute strategies; Horovod (one process per device)
 
 
 class TrainingBackend:

@@ -47,6 +47,7 @@ from typing import Mapping, Optional, Union
 
 import tensorflow as tf
 
+from harness.choices import STRATEGIES
 from harness.distribute import environment
 from harness.distribute.context import Backend, WorkerContext
 from harness.errors import ClusterConfigError, WorkerFailedError
@@ -157,7 +158,7 @@ def _resolve_kind(kind: Union[str, Backend], config: Optional[environment.TFConf
     try:
         backend = Backend(kind)
     except ValueError:
-        raise ClusterConfigError(f"unknown strategy kind {kind!r}: one of auto, single, mirrored, multi_worker") from None
+        raise ClusterConfigError(f"unknown strategy kind {kind!r}: one of {', '.join(STRATEGIES)}") from None
     if backend is Backend.HOROVOD:
         raise ClusterConfigError("Horovod builds no tf.distribute strategy: use WorkerContext.from_horovod(hvd)")
     return backend

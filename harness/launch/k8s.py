@@ -40,10 +40,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
+from harness.choices import K8S_KINDS, MPI_LAUNCHERS
 from harness.errors import ConfigError
 from harness.launch import mpi
 
-KINDS = ("tfjob", "mpijob", "indexed-job")
+KINDS = K8S_KINDS
 PORT = 2222
 TF_CONTAINER = "tensorflow"      # the training-operator finds the TF container and its port by these names
 TF_PORT_NAME = "tfjob-port"
@@ -138,8 +139,8 @@ class K8sOptions:
         if self.restart_policy not in RESTART_POLICIES[self.kind]:
             raise ConfigError(f"--restart-policy {self.restart_policy!r} is not valid for {self.kind}: one of "
                               f"{', '.join(RESTART_POLICIES[self.kind])}")
-        if self.mpi_launcher not in ("mpirun", "horovodrun"):
-            raise ConfigError(f"--mpi-launcher {self.mpi_launcher!r}: mpirun or horovodrun")
+        if self.mpi_launcher not in MPI_LAUNCHERS:
+            raise ConfigError(f"--mpi-launcher {self.mpi_launcher!r}: one of {', '.join(MPI_LAUNCHERS)}")
         unknown = set(self.overrides or {}) - set(OVERRIDE_SECTIONS)
         if unknown:
             raise ConfigError(f"overrides: unknown sections {sorted(unknown)}; expected {list(OVERRIDE_SECTIONS)}")

@@ -27,6 +27,7 @@ import subprocess
 import sys
 from typing import Mapping, Optional, Sequence
 
+from harness.choices import HOROVOD_CONTROLLERS
 from harness.distribute import environment
 from harness.errors import ConfigError, WorkerFailedError
 
@@ -46,7 +47,7 @@ EXPORTED_PREFIXES = ("HARNESS_", "HOROVOD_", "NCCL_")
 # One process's own identity: exporting the launching shell's value would give every rank the same one.
 PER_PROCESS = frozenset([environment.TF_CONFIG] + [name for row in environment.LAUNCHERS for name in
                                                    (row.rank, row.size, row.local_rank, row.local_size) if name])
-CONTROLLERS = ("gloo", "mpi")
+CONTROLLERS = HOROVOD_CONTROLLERS
 GRACE_S = 10.0  # seconds the launcher gets to stop its ranks before they are killed
 
 

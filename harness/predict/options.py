@@ -4,10 +4,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from harness.choices import PREDICTION_FORMATS, TASKS
 from harness.errors import ConfigError
 
-CLASSIFICATION, REGRESSION = "classification", "regression"
-CSV, TFRECORD = "csv", "tfrecord"
+CLASSIFICATION, REGRESSION = TASKS
+CSV, TFRECORD = PREDICTION_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Write predictions as Earth Engine takes them back (../shared/GEE_FORMAT.md, "Predictions back").
+"""Write predictions as Earth Engine takes them back (docs/GEE_FORMAT.md, "Predictions back").
 
 Image: one `tf.train.Example` per input patch, in input order, each band a flat row-major list of exactly P*P
 values: class ids as an int64 list, probabilities and regression values as float lists. Table: one row per input

@@ -13,6 +13,7 @@ import math
 import os
 from typing import Callable, Optional
 
+from harness import choices
 from harness.errors import ConfigError
 
 
@@ -115,8 +116,7 @@ class EarlyStopping:
 
 
 # What `--monitor` can name, per task: the training loss and, with validation data, the validation metrics.
-MONITORS = {"classification": ("val_loss", "val_accuracy", "val_mean_iou"),
-            "regression": ("val_loss", "val_rmse", "val_mae", "val_r2")}
+MONITORS = choices.MONITORS
 
 
 def check(options, task: str = "classification") -> None:
@@ -135,7 +135,7 @@ def check(options, task: str = "classification") -> None:
         raise ConfigError(f"--min-delta must be >= 0 (the least improvement that counts), got {options.min_delta}")
     if not options.monitor:
         return
-    known = ("loss", *MONITORS.get(task, ()))
+    known = MONITORS.get(task, ("loss",))
     if options.monitor not in known:
         other = [t for t, names in MONITORS.items() if t != task and options.monitor in names]
         why = f" (a {other[0]} metric)" if other else ""

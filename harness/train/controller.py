@@ -22,6 +22,7 @@ from typing import Callable, Sequence, Union
 
 from tqdm import tqdm
 
+from harness.choices import EPOCH_METRICS
 from harness.errors import LossScaleError, NonFiniteLossError
 from harness.profile.timing import StepTimer
 from harness.train import interrupt
@@ -286,7 +287,7 @@ class Controller:
         return float(mean_over_workers())
 
 
-EPOCH_KEYS = ("val_loss", "val_accuracy", "val_mean_iou", "val_rmse", "val_mae", "val_r2")
+EPOCH_KEYS = EPOCH_METRICS[1:]   # the loss is printed first
 
 
 def format_epoch(logs: dict, epochs: int) -> str:

@@ -31,13 +31,10 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from harness.choices import CLASSIFICATION_LOSSES, LOSSES as BUILTIN, REGRESSION_LOSSES, TASK_LOSSES
 from harness.data.labels import valid
 from harness.errors import ConfigError, UserCodeError
 
-CLASSIFICATION_LOSSES = ("crossentropy", "focal", "dice", "crossentropy+dice")
-REGRESSION_LOSSES = ("mse", "mae")
-BUILTIN = CLASSIFICATION_LOSSES + REGRESSION_LOSSES
-TASK_LOSSES = {"classification": CLASSIFICATION_LOSSES, "regression": REGRESSION_LOSSES}
 DICE_SMOOTH = 1.0  # added to the numerator and denominator of each class's Dice ratio (empty classes score 1)
 
 

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from harness.choices import PER_CLASS_METRICS
 from harness.data.labels import valid
 
 
@@ -121,7 +122,7 @@ def for_task(task: str, num_classes: int):
     return Regression() if task == "regression" else Classification(num_classes)
 
 
-PER_CLASS = ("precision", "recall", "f1", "iou")
+PER_CLASS = PER_CLASS_METRICS
 
 
 def per_class_scalars(logs: dict, class_names: Sequence[str] = ()) -> dict:

@@ -16,11 +16,9 @@ import dataclasses
 import math
 from typing import Optional
 
+from harness.choices import LR_SCALINGS as SCALINGS, OPTIMIZERS, SCHEDULES
 from harness.errors import ConfigError, UserCodeError
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
-SCHEDULES = ("constant", "cosine", "step", "exponential")
-SCALINGS = ("none", "linear", "sqrt")
 DEFAULT_DECAY_RATE = {"step": 0.1, "exponential": 0.5}
 
 

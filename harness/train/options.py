@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.distribute.backend import BACKENDS
+from harness.choices import BACKENDS, CACHE_MODES, CLASS_WEIGHTS, PRECISIONS, STRATEGIES
 from harness.errors import ConfigError
 
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
@@ -101,9 +101,11 @@ class TrainOptions:
         optim.refuse_built(self.schedule, "schedule")
         _check_option_types(self)
         optim.check_options(self)
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.class_weights not in ("none", "balanced"):
+        for name, choices in (("backend", BACKENDS), ("precision", PRECISIONS), ("strategy", STRATEGIES),
+                              ("cache", CACHE_MODES)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        if self.class_weights not in CLASS_WEIGHTS:
             _weights(self.class_weights)
         if self.backend == "horovod" and (self.strategy != "auto" or self.cpu_replicas != 1):
             raise ConfigError("--strategy and --cpu-replicas choose a tf.distribute strategy; --backend horovod runs "

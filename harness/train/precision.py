@@ -12,11 +12,10 @@ import logging
 
 import tensorflow as tf
 import tf_keras as keras
+from harness.choices import PRECISIONS as CHOICES
 from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-CHOICES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 
 
 CPUINFO = "/proc/cpuinfo"

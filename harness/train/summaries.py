@@ -9,10 +9,11 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from harness.choices import EPOCH_METRICS
 from harness.train.metrics import per_class_scalars
 
-SCALARS = ("loss", "val_loss", "val_accuracy", "val_mean_iou", "val_rmse", "val_mae", "val_r2", "examples_per_s",
-           "input_stall_share", "skipped_updates", "loss_scale", "val_records", "val_pixels")
+SCALARS = (*EPOCH_METRICS, "examples_per_s", "input_stall_share", "skipped_updates", "loss_scale", "val_records",
+           "val_pixels")
 
 
 class EpochSummaries:

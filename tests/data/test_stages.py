@@ -52,10 +52,15 @@ def test_a_keep_of_fewer_batches_filters_and_a_keep_of_odd_records_keeps_records
     assert (odd.keep, odd.keep_filter, odd.batch, odd.records_per_epoch) == (S.KEEP_RECORDS, True, S.BATCH, 803)
 
 
-def test_evaluation_regroups_read_batches_deterministically_and_counts_the_drop():
+def test_evaluation_regroups_read_batches_deterministically_and_keeps_every_record():
     plan, _ = _decide(training=False, records=1003, cache="none")
-    assert (plan.batch, plan.dropped, plan.shuffle_buffer, plan.keep) == (S.REBATCH, 3, None, S.KEEP_ALL)
+    assert (plan.batch, plan.dropped, plan.shuffle_buffer, plan.keep) == (S.REBATCH, 0, None, S.KEEP_ALL)
+    assert not plan.drop_remainder and "the last batch partial" in plan.describe()
     assert plan.deterministic and not plan.shuffle_files and not plan.repeat and not plan.unbatch_after_cache
+    small, _ = _decide(training=False, records=5)   # fewer records than one batch: one partial batch
+    assert not small.drop_remainder and small.dropped == 0
+    first, _ = _decide(training=False, records=1003, records_per_epoch=803)   # the first records, whole batches
+    assert first.drop_remainder and first.dropped == 3
 
 
 def test_large_records_are_parsed_into_a_cache_or_only_when_kept():
@@ -101,9 +106,9 @@ def test_augmentation_applies_to_training_images_only(caplog):
 @pytest.mark.parametrize("kwargs, error, words", [
     (dict(records=100, records_per_epoch=101), BatchSizeError, "exceeds the 100 records"),
     (dict(records=100, records_per_epoch=5), BatchSizeError, "< per-replica batch 8"),
-    (dict(training=False, records=5), BatchSizeError, "5 records < per-replica batch 8: no batch"),
+    (dict(training=False, records=100, records_per_epoch=5), BatchSizeError, "5 < per-replica batch 8"),
     (dict(batch=0), BatchSizeError, "per_replica_batch_size must be >= 1"),
-    (dict(cache="disk"), ConfigError, "cache must be auto, memory, file or none"),
+    (dict(cache="disk"), ConfigError, "cache must be one of auto, memory, file, none"),
     (dict(cache="file"), ConfigError, "cache='file' needs cache_dir"),
 ])
 def test_refused_plans_name_the_reason(kwargs, error, words):

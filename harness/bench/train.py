@@ -92,15 +92,13 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     Raises:
       ConfigError: for a bad --baseline; the errors of `harness.train.inputs.prepare` for real shards.
     """
-    import tf_keras as keras
-
     from harness.distribute.backend import TrainingBackend
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession, default_window
     from harness.profile.trace import parse_step_window
-    from harness.train import models, precision
-    from harness.train import factory
+    from harness.train import factory, models, optim, precision
     from harness.train.controller import Controller, Schedule
+    from harness.train.options import TrainOptions
     from harness.train.synthetic import Shapes, synthetic_batches
 
     strategy, context = make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
@@ -116,7 +114,8 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     with strategy.scope():
         moments = dict(mean=real.mean, variance=real.variance) if real else {}
         model = models.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes, **moments)
-        optimizer = precision.wrap_optimizer(keras.optimizers.Adam(1e-3), policy)
+        defaults = TrainOptions(data=tuple(options.data))   # `harness train`'s optimizer and learning rate
+        optimizer = precision.wrap_optimizer(optim.make_optimizer(defaults, defaults.learning_rate), policy)
     total = options.warmup + options.steps
     window = None if options.no_trace else (parse_step_window(options.profile_steps) if options.profile_steps
                                             else default_window(total, options.warmup))

@@ -203,7 +203,10 @@ class KerasCallbacks:
         run after the call, in step order; a callback that sets `model.stop_training` stops the run after that
         call (its later steps have run);
       - `on_train_batch_begin(batch)` before each step, when a callback implements it: then every call is one step
-        (`every_step` names that callback).
+        (`every_step` names that callback);
+      - `on_test_begin()` and `on_test_end(logs)` around each epoch's evaluation (logs: its `val_*` numbers without
+        the prefix, as Keras' evaluate gives them). The evaluation is one call over the whole validation set, so
+        `on_test_batch_begin`/`on_test_batch_end` are not called: a callback that implements them is named once.
 
     Callbacks that write files (tf_keras `CSVLogger`, `TensorBoard`, or any with `harness_writes = True`) run on
     the chief only; the rest on every worker, so that a callback that changes training state does so everywhere.
@@ -229,7 +232,13 @@ class KerasCallbacks:
         self.batch_hooks = any(_overrides(cb, "on_train_batch_end", "on_batch_end") or
                                (name_of(cb) == "TensorBoard" and getattr(cb, "update_freq", "epoch") != "epoch")
                                for cb in chosen)
-        self._epoch_steps = 0
+        test_batch = [type(cb).__name__ for cb in chosen if _overrides(cb, "on_test_batch_begin", "on_test_batch_end")
+                      and not type(cb).__module__.startswith("tf_keras")]
+        if test_batch:
+            import logging
+            logging.getLogger(__name__).warning(
+                "callback %s: on_test_batch_begin/on_test_batch_end are not called (the evaluation is one call over "
+                "the whole validation set); on_test_begin/on_test_end are", test_batch[0])
         if chosen and optimizer is not None and getattr(model, "optimizer", None) is None:
             model.optimizer = optimizer   # what callbacks read (`self.model.optimizer.iterations`, `.lr`)
         for cb in chosen:
@@ -259,6 +268,15 @@ class KerasCallbacks:
         self.model._train_counter.assign(global_step)
         for cb in self.callbacks:
             cb.on_train_batch_end(batch, dict(logs))
+
+    def on_test_begin(self) -> None:
+        for cb in self.callbacks:
+            cb.on_test_begin({})
+
+    def on_test_end(self, logs: dict) -> None:
+        numbers = {k[4:]: v for k, v in logs.items() if k.startswith("val_") and isinstance(v, (int, float))}
+        for cb in self.callbacks:
+            cb.on_test_end(dict(numbers))
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and k not in ("epoch", "step")}

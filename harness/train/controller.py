@@ -154,7 +154,12 @@ class Controller:
             if self.trainer.loss_scaling:
                 logs.update(skipped_updates=skipped, loss_scale=self.trainer.loss_scale())
             if validation is not None and self.evaluator is not None:
-                logs.update(self.evaluator.evaluate(validation()))
+                if self.callbacks is not None:
+                    self.callbacks.on_test_begin()
+                scores = self.evaluator.evaluate(validation())
+                if self.callbacks is not None:
+                    self.callbacks.on_test_end(scores)
+                logs.update(scores)
             logs.update(self.timer.summary(self.timer.steps[first_timed:]))
             history.append(logs)
             if self.context.is_chief:

@@ -120,3 +120,34 @@ def test_callbacks_that_set_the_learning_rate_are_refused_by_name(callback, flag
     with pytest.raises(UserCodeError, match=f"{type(callback).__name__}.*{flag}"):
         KerasCallbacks([callback], keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]),
                        WorkerContext.single())
+
+
+class TestHooks(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def on_test_begin(self, logs=None):
+        self.events.append(("test_begin",))
+
+    def on_test_end(self, logs=None):
+        self.events.append(("test_end", logs["loss"], logs["records"], logs["accuracy"]))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.events.append(("epoch_end", epoch, logs["val_loss"]))
+
+
+def test_evaluation_hooks_run_around_every_evaluation():
+    hooks = TestHooks()
+    run, _, _, batches = _run([hooks])
+    strategy = run.trainer.strategy
+    x = np.random.default_rng(3).normal(size=(20, 3)).astype(np.float32)
+    val = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, (x[:, 0] > 0).astype(np.int32))).batch(BATCH))
+    with contextlib.redirect_stdout(io.StringIO()):
+        history = run.fit(batches, validation=lambda: val)
+    assert [e[0] for e in hooks.events] == ["test_begin", "test_end", "epoch_end"] * EPOCHS
+    for epoch in range(EPOCHS):
+        _, loss, records, accuracy = hooks.events[3 * epoch + 1]
+        assert (loss, records, accuracy) == (history[epoch]["val_loss"], 20, history[epoch]["val_accuracy"])
+        assert hooks.events[3 * epoch + 2] == ("epoch_end", epoch, history[epoch]["val_loss"])

@@ -56,7 +56,7 @@ def test_table_real_points_labels_int32(shared_data):
     found = S.discover_shards(str(shared_data / "gee-aces-points/testing.tfrecord.gz"))
     spec = SP.infer_spec(found)
     batches = _all(_build(found, spec, 100, training=False))
-    assert len(batches) == 1219 // 100
+    assert len(batches) == 13 and [len(b[1]) for b in batches[-2:]] == [100, 19]   # every record, the last partial
     x, y = batches[0]
     assert x.shape == (100, 8) and x.dtype == np.float32 and y.shape == (100,) and y.dtype == np.int32
     assert set(np.unique(np.concatenate([b[1] for b in batches]))) <= {0, 1, 2, 3, 4}
@@ -233,10 +233,11 @@ def test_file_cache_name_follows_the_spec_and_the_pipeline_version(table, tmp_pa
     assert len(build(spec)) == 3
 
 
-def test_eval_smaller_than_batch(table):
+def test_eval_smaller_than_batch_is_one_partial_batch(table):
+    """64 records, batch 100: the whole pass is one batch of 64 (every record scored once, issue 19 item 6)."""
     found, spec = table
-    with pytest.raises(BatchSizeError):
-        _build(found, spec, 100, training=False)
+    batches = list(_build(found, spec, 100, training=False))
+    assert [int(b[1].shape[0]) for b in batches] == [64]
 
 
 def test_build_checks_the_spec_before_any_batch(image):
@@ -260,7 +261,7 @@ def test_read_batches_yield_every_record_once_in_one_order(table, monkeypatch, r
     monkeypatch.setattr(stages, "READ_BATCH_BYTES", float("inf"))
     monkeypatch.setattr(stages, "READ_BATCH_MAX", read_batch)
     ids = _ids(_all(_build(found, spec, 7, training=False)))
-    assert len(ids) == 63 and len(set(ids)) == 63 and set(ids) <= set(reference)  # 64 // 7 batches of 7
+    assert len(ids) == 64 and set(ids) == set(reference)  # 9 batches of 7, then 1: every record once
     assert ids == _ids(_all(_build(found, spec, 7, training=False)))
 
 

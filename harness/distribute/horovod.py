@@ -42,13 +42,15 @@ def _hvd():
 def init(*, config=tf.config) -> tuple[tf.distribute.Strategy, WorkerContext]:
     """Initialize Horovod (before any other TensorFlow op) and pin this process's GPU.
 
-    Under an MPI launcher mpi4py initializes MPI first: Horovod then leaves MPI running when it shuts down (as it
-    does on every rank once any rank exits), so the control plane works until the process ends.
+    Under an MPI launcher mpi4py initializes MPI first, with MPI_THREAD_MULTIPLE checked
+    (`mpi.init_thread_multiple`): Horovod then leaves MPI running when it shuts down (as it does on every rank once
+    any rank exits), so the control plane works until the process ends.
 
     Returns:
       `(default strategy, context)`: every rank runs its step on the default strategy; the context says who it is.
     Raises:
-      ClusterConfigError: if this host has GPUs but fewer than local rank + 1 (see `pin_gpu`).
+      ClusterConfigError: if this host has GPUs but fewer than local rank + 1 (see `pin_gpu`); under an MPI
+        launcher, if MPI grants less than MPI_THREAD_MULTIPLE (before Horovod starts its thread).
     """
     hvd = _hvd()
     if mpi.launched_by_mpi():

@@ -6,12 +6,21 @@ Under `mpirun` (Open MPI, MVAPICH2, MPICH / Intel MPI) it is mpi4py on `COMM_WOR
 rank, size and local rank without Horovod (`discover`). Under `horovodrun --gloo` there is no MPI: Horovod's object
 collectives serve (`harness.distribute.horovod.HorovodControlPlane`). No TensorFlow here.
 
-mpi4py and Horovod share one MPI in a process: Horovod initializes MPI with MPI_THREAD_MULTIPLE and talks on its
-own duplicate of COMM_WORLD from its background thread, so the main thread may use COMM_WORLD meanwhile.
+mpi4py and Horovod share one MPI in a process and call it from two threads: Horovod's background thread (on its own
+duplicate of COMM_WORLD, every cycle) and ours. That is only defined under MPI_THREAD_MULTIPLE (MPI 4.1 standard,
+section 11.6), so `init_thread_multiple` initializes MPI through mpi4py before Horovod, checks the level the library
+granted (`MPI.Query_thread`) and refuses a lower one by name: Horovod itself only logs "This will likely cause a
+segmentation fault" and carries on (horovod/common/mpi/mpi_context.cc). The control plane talks on its own duplicate
+of COMM_WORLD (`MPIControlPlane`), one collective at a time, so no other user of COMM_WORLD in the process (a
+user's mpi4py code, another library) can interleave with it. And `init_thread_multiple` finalizes MPI itself at
+interpreter exit, after Horovod's thread has been joined and while Python is still whole, instead of mpi4py's
+default hook, which runs after the interpreter has been torn down.
 """
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from harness.distribute import environment
@@ -54,49 +63,110 @@ class LocalControlPlane:
 
 
 class MPIControlPlane:
-    """mpi4py on a communicator (default `MPI.COMM_WORLD`)."""
+    """mpi4py on a communicator: by default its own duplicate of `MPI.COMM_WORLD`, made here (a collective: every
+    rank builds its plane at the same point). Calls are serialized by a lock, so two threads of one rank never run
+    collectives on it at once (MPI requires every rank to issue a communicator's collectives in one order, which
+    concurrent threads cannot promise)."""
 
     def __init__(self, comm=None):
         from mpi4py import MPI  # initializes MPI unless Horovod (or someone) already did
 
-        self.comm = comm or MPI.COMM_WORLD
+        self.comm = comm if comm is not None else MPI.COMM_WORLD.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._lock = threading.Lock()
 
     def allgather(self, obj):
-        return self.comm.allgather(obj)
+        with self._lock:
+            return self.comm.allgather(obj)
 
     def gather(self, obj, root=0):
-        return self.comm.gather(obj, root=root)
+        with self._lock:
+            return self.comm.gather(obj, root=root)
 
     def bcast(self, obj, root=0):
-        return self.comm.bcast(obj, root=root)
+        with self._lock:
+            return self.comm.bcast(obj, root=root)
 
     def local_rank(self) -> int:
         """This process's index among the ranks on its host (shared-memory split of the communicator)."""
         from mpi4py import MPI
 
-        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        try:
-            return node.Get_rank()
-        finally:
-            node.Free()
+        with self._lock:
+            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            try:
+                return node.Get_rank()
+            finally:
+                node.Free()
 
 
-def init_thread_multiple() -> bool:
-    """Initialize MPI through mpi4py (MPI_THREAD_MULTIPLE: Horovod's thread and ours both call MPI), before
+def thread_level_name(level: int) -> str:
+    """'single', 'funneled', 'serialized' or 'multiple' for one of mpi4py's `MPI.THREAD_*` constants."""
+    from mpi4py import MPI
+
+    return {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", MPI.THREAD_SERIALIZED: "serialized",
+            MPI.THREAD_MULTIPLE: "multiple"}.get(level, str(level))
+
+
+def init_thread_multiple(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Initialize MPI through mpi4py with MPI_THREAD_MULTIPLE (Horovod's thread and ours both call MPI), before
     Horovod, so that Horovod does not own MPI: Horovod finalizes an MPI it initialized as soon as any rank shuts
-    Horovod down, which would pull MPI away from under a rank still gathering its statistics.
+    Horovod down, which would pull MPI away from under a rank still gathering its statistics. MPI is finalized by
+    a Python exit hook registered here, before Horovod's own (exit hooks run last-in first-out): after Horovod's
+    background thread has been joined, on the main thread, while the interpreter is still intact.
 
     Returns:
-      False when mpi4py is not installed (Horovod then initializes MPI itself).
+      "multiple", the level granted; None when mpi4py is not installed (Horovod then initializes MPI itself).
+    Raises:
+      ClusterConfigError: if MPI grants less than MPI_THREAD_MULTIPLE, under which two threads calling MPI at once
+        is undefined behaviour (a crash at random). It names the causes found: MPI4PY_RC_THREAD_LEVEL or
+        MPI4PY_RC_THREADS in the environment (mpi4py reads them over `mpi4py.rc`), mpi4py.MPI imported (and MPI
+        initialized) earlier by other code, or an MPI library built without thread support.
     """
+    import os
+    env = os.environ if environ is None else environ
     try:
         import mpi4py
     except ImportError:
-        return False
+        return None
+    imported_before = "mpi4py.MPI" in sys.modules
     mpi4py.rc.thread_level = "multiple"
     from mpi4py import MPI
-    return MPI.Is_initialized()
+    granted = MPI.Query_thread()
+    if granted < MPI.THREAD_MULTIPLE:
+        causes = [f"{k}={env[k]} is set (unset it)" for k in ("MPI4PY_RC_THREAD_LEVEL", "MPI4PY_RC_THREADS")
+                  if k in env]
+        if imported_before:
+            causes.append("mpi4py.MPI was imported before harness.distribute.horovod.init (set "
+                          "mpi4py.rc.thread_level = 'multiple' before that import)")
+        causes.append(f"or the MPI library ({MPI.Get_library_version().splitlines()[0].strip()}) lacks "
+                      "MPI_THREAD_MULTIPLE")
+        raise ClusterConfigError(
+            f"MPI granted thread level {thread_level_name(granted)!r}; Horovod's background thread and the "
+            "harness's control plane call MPI from two threads at once, which needs 'multiple': "
+            + "; ".join(causes))
+    _finalize_at_exit()
+    return thread_level_name(granted)
+
+
+_finalizer: list = []  # the exit hook, once registered
+
+
+def _finalize_at_exit() -> None:
+    """Register, once, a Python exit hook that shuts Horovod down (if imported) and then finalizes MPI."""
+    if _finalizer:
+        return
+    import atexit
+
+    def finalize():
+        from mpi4py import MPI
+        hvd = sys.modules.get("horovod.tensorflow")
+        if hvd is not None:
+            hvd.shutdown()  # joins the background thread; a no-op once Horovod's own hook ran
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
+
+    atexit.register(finalize)
+    _finalizer.append(finalize)
 
 
 def launched_by_mpi(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -90,7 +91,9 @@ class Trainer:
 
     # --- the step, written once -------------------------------------------------------------------------------
     def _replica_step(self, inputs, labels, after=None):
-        """One replica's step: `[loss, finite]` float32 (`finite`: 1 when its gradients were finite)."""
+        """One replica's step: its loss, float32 scalar; under loss scaling `[loss, finite]` float32 (`finite`: 1
+        when its gradients were finite). Without loss scaling the step has no finiteness test at all: every op in
+        the step costs a few µs per step on a CPU (benchmarks/step_loop.py overhead case)."""
         model, opt = self.model, self.optimizer
         if after is not None:  # start once `after` has run (the input-wait timestamp of `_loop`)
             with tf.control_dependencies([after]):
@@ -104,29 +107,32 @@ class Trainer:
         grads = self.backend.gradient_tape(tape).gradient(scaled, model.trainable_variables)
         if self.loss_scaling:
             grads = opt.get_unscaled_gradients(grads)
-        finite = _all_finite(grads) if self.loss_scaling else tf.constant(1.0)
+        finite = _all_finite(grads) if self.loss_scaling else None
         if self.clip_norm is not None:
             grads = clip_after_reduction(grads, self.clip_norm)  # reduced here: the optimizer must not sum again
             applied = opt.apply_gradients(zip(grads, model.trainable_variables), skip_gradients_aggregation=True)
         else:
             applied = opt.apply_gradients(zip(grads, model.trainable_variables))
-        with tf.control_dependencies([applied] if applied is not None else []):
-            return tf.stack([tf.identity(loss), finite])  # the step ends when its update is applied
+        with tf.control_dependencies([applied] if applied is not None else []):  # the step ends with its update
+            return tf.identity(loss) if finite is None else tf.stack([tf.identity(loss), finite])
 
     def _step(self, batch, after=None):
         """One step over every replica: `(loss, skipped)` float32 scalars. `loss` is summed over this worker's
         replicas (and over every worker under tf.distribute), not yet over Horovod's ranks; `skipped` is 1 when
-        the optimizer applied no update (some replica's gradients were not finite: their sum is not either)."""
+        the optimizer applied no update (some replica's gradients were not finite: their sum is not either), None
+        without loss scaling (no update is ever skipped)."""
         per_replica = self.strategy.run(functools.partial(self._replica_step, after=after), args=batch)
-        loss, finite = tf.unstack(tf.cast(
-            self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float32))
-        skipped = tf.cast(finite < self.strategy.num_replicas_in_sync, tf.float32)
-        return loss, skipped
+        reduced = tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None), tf.float32)
+        if not self.loss_scaling:
+            return reduced, None
+        loss, finite = tf.unstack(reduced)
+        return loss, tf.cast(finite < self.strategy.num_replicas_in_sync, tf.float32)
 
     def _host_fed_step(self, batch):
         """`train_step`: one step on a batch drawn on the host; float64 `[2]`: the loss averaged over ranks, and
         the skipped flag."""
         loss, skipped = self._step(batch)
+        skipped = tf.constant(0.0) if skipped is None else skipped
         return tf.cast(tf.stack([self.backend.mean_over_ranks(loss), skipped]), tf.float64)
 
     def _next_batch(self, iterator):
@@ -136,12 +142,13 @@ class Trainer:
     def _loop(self, iterator, steps):
         """`steps` (int32 scalar tensor, so one trace serves every K) training steps in one call.
 
-        Returns float64 `[4, steps]` (`ROWS`), one tensor so the host fetches it at once: per step, the loss (not
-        yet averaged over ranks), the seconds `next(iterator)` took (the input wait), the seconds from the step's
-        start to its update, both from `tf.timestamp()` in the graph, and 1 where the update was skipped.
+        Returns float64 `[4, steps]` (`ROWS`; `[3, steps]` without loss scaling), one tensor so the host fetches it
+        at once: per step, the loss (not yet averaged over ranks), the seconds `next(iterator)` took (the input
+        wait), the seconds from the step's start to its update, both from `tf.timestamp()` in the graph, and 1
+        where the update was skipped.
         """
         losses = tf.TensorArray(tf.float32, size=steps)
-        skips = tf.TensorArray(tf.float32, size=steps)
+        skips = tf.TensorArray(tf.float32, size=steps if self.loss_scaling else 0)  # written under loss scaling
         waits = tf.TensorArray(tf.float64, size=steps)
         durations = tf.TensorArray(tf.float64, size=steps)
         done = tf.constant(0.0)
@@ -163,11 +170,12 @@ class Trainer:
                 end = tf.timestamp()
             done = loss
             losses = losses.write(i, loss)
-            skips = skips.write(i, skipped)
+            if self.loss_scaling:
+                skips = skips.write(i, skipped)
             waits = waits.write(i, got - start)
             durations = durations.write(i, end - start)
-        return tf.stack([tf.cast(losses.stack(), tf.float64), waits.stack(), durations.stack(),
-                         tf.cast(skips.stack(), tf.float64)])
+        rows = [tf.cast(losses.stack(), tf.float64), waits.stack(), durations.stack()]
+        return tf.stack(rows + ([tf.cast(skips.stack(), tf.float64)] if self.loss_scaling else []))
 
     def run_loop(self, iterator, k: int):
         """K steps in one call: `[4, K]` float64 (`ROWS`) on the host, losses averaged over ranks (the one wait
@@ -175,7 +183,8 @@ class Trainer:
         out = self.train_loop(iterator, self._steps_tensor(k))
         if self.backend.ranks_summed > 1:
             out = tf.concat([self.backend.mean_over_ranks(out[:1]), out[1:]], 0)
-        return out.numpy()
+        out = out.numpy()
+        return out if self.loss_scaling else np.concatenate([out, np.zeros((1, k))])  # no update skipped
 
     def _steps_tensor(self, k: int):
         """K as an int32 scalar tensor, made once per K (an eager op less per call)."""

@@ -141,7 +141,7 @@ class Controller:
                 stopped = self._after_call(step, epoch, epoch_start, losses, skips)
                 step += k
                 loss_sum += float(sum(losses))
-                skipped += int(sum(skips))
+                skipped += int(sum(skips)) if skips else 0
                 bar.update(k)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
                 if stopped:
@@ -198,9 +198,9 @@ class Controller:
                 raise NonFiniteLossError(
                     f"loss is {loss} at step {step + i + 1} (epoch {epoch + 1}); lower the learning rate "
                     "or check the input for NaN/inf values")
-        self.steps_run += len(skips)
-        self.updates_skipped += int(sum(skips))
+        self.steps_run += len(losses)
         if self.trainer.loss_scaling:
+            self.updates_skipped += int(sum(skips))
             for skip in skips:
                 self._skipped_run = self._skipped_run + 1 if skip else 0
             scale = self.trainer.loss_scale() if self._skipped_run >= SKIPPED_AT_FLOOR_LIMIT else None
@@ -215,7 +215,8 @@ class Controller:
 
     def _run_call(self, iterator, step: int, k: int, host_fed: bool) -> tuple[list[float], list[float]]:
         """Steps `step + 1 .. step + k` in one call of the trainer; records them in the timer and returns their
-        losses (averaged over ranks) and skipped flags, after the one wait for the device. `host_fed`: one step
+        losses (averaged over ranks) and skipped flags (1: skipped; empty without loss scaling), after the one wait
+        for the device. `host_fed`: one step
         whose batch is drawn on the host and passed to `train_step` (a Python iterator; the profiler's trace
         window, whose input-pipeline analyzer finds steps by the host's `next(iterator)`)."""
         for s in range(step + 1, step + k + 1):
@@ -226,7 +227,9 @@ class Controller:
         batch = self.trainer.global_batch_size
         mark = self.timer.begin()
         if not host_fed:
-            losses, waits, durations, skips = self.trainer.run_loop(iterator, k).tolist()   # the one device wait
+            rows = self.trainer.run_loop(iterator, k).tolist()   # the one wait for the device
+            losses, waits, durations = rows[:3]
+            skips = rows[3] if len(rows) > 3 else ()   # () without loss scaling: no update is ever skipped
             self.timer.end_call(mark, step + 1, waits, durations, batch)
         else:
             batch_in = next(iterator)

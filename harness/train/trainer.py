@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -178,13 +177,13 @@ class Trainer:
         return tf.stack(rows + ([tf.cast(skips.stack(), tf.float64)] if self.loss_scaling else []))
 
     def run_loop(self, iterator, k: int):
-        """K steps in one call: `[4, K]` float64 (`ROWS`) on the host, losses averaged over ranks (the one wait
-        for the device, and under Horovod one collective per call, so every rank sees the same losses)."""
+        """K steps in one call: float64 `[4, K]` (`ROWS`; `[3, K]` without loss scaling) on the host, losses
+        averaged over ranks (the one wait for the device, and under Horovod one collective per call, so every rank
+        sees the same losses)."""
         out = self.train_loop(iterator, self._steps_tensor(k))
         if self.backend.ranks_summed > 1:
             out = tf.concat([self.backend.mean_over_ranks(out[:1]), out[1:]], 0)
-        out = out.numpy()
-        return out if self.loss_scaling else np.concatenate([out, np.zeros((1, k))])  # no update skipped
+        return out.numpy()
 
     def _steps_tensor(self, k: int):
         """K as an int32 scalar tensor, made once per K (an eager op less per call)."""

@@ -122,7 +122,7 @@ def test_callbacks_that_set_the_learning_rate_are_refused_by_name(callback, flag
                        WorkerContext.single())
 
 
-class TestHooks(keras.callbacks.Callback):
+class EvaluationHooks(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.events = []
@@ -138,7 +138,7 @@ class TestHooks(keras.callbacks.Callback):
 
 
 def test_evaluation_hooks_run_around_every_evaluation():
-    hooks = TestHooks()
+    hooks = EvaluationHooks()
     run, _, _, batches = _run([hooks])
     strategy = run.trainer.strategy
     x = np.random.default_rng(3).normal(size=(20, 3)).astype(np.float32)

@@ -42,10 +42,10 @@ class Evaluator:
         records = tf.cast(tf.shape(labels)[0], tf.float64)
         return tf.stack([tf.cast(loss, tf.float64), records]), self.metrics.counts(labels, logits)
 
-    def _whole_pass(self, dataset, totals, counts):
-        """Sums over the whole of `dataset`: `(totals, counts)`: float64 `[2]` loss sum and records, and the
+    def _whole_pass(self, iterator, totals, counts):
+        """Sums over the whole of `iterator` (to its end): `(totals, counts)`: float64 `[2]` loss sum and records, and the
         metric's counts (`metrics.shape`, `metrics.dtype`), over this worker's replicas (every worker's under tf.distribute)."""
-        for batch in dataset:
+        for batch in iterator:
             per_replica = self.strategy.run(self._replica_step, args=batch)
             step_totals, step_counts = (self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
                                         for v in per_replica)
@@ -64,7 +64,10 @@ class Evaluator:
         """
         if self.before_evaluate is not None:
             self.before_evaluate()
-        totals, counts = self._pass(dataset, tf.zeros([2], tf.float64), tf.zeros(self.metrics.shape, self.metrics.dtype))
+        # An iterator made here, not the dataset: iterating a distributed dataset inside the function reads its
+        # options in graph mode, which TensorFlow warns about on every trace.
+        totals, counts = self._pass(iter(dataset), tf.zeros([2], tf.float64),
+                                    tf.zeros(self.metrics.shape, self.metrics.dtype))
         loss, records = self.backend.sum_over_ranks(totals).numpy().tolist()
         summed = self.backend.sum_over_ranks(counts)
         return {"val_loss": loss / max(records, 1.0), "val_records": int(records),

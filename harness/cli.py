@@ -15,7 +15,8 @@ from harness.choices import (BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, D
                              OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
 from harness.commands import predict as predict_cmd, train as train_cmd
-from harness.errors import HarnessError
+from harness import exit_codes
+from harness.errors import ClusterFault, HarnessError
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -419,14 +420,23 @@ def main(argv=None) -> int:
         # would end the process by SIGINT instead of with the exit code the shell convention gives it (128 + 2).
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(exit_codes.INTERRUPTED)
+    except ClusterFault as e:
+        # A fault of the cluster (lost, stuck or late peer, preemption): one line, and a code the Kubernetes
+        # operators retry (harness.exit_codes); the same command resumes from the last backup.
+        if args.verbose:
+            raise
+        print(f"harness {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return exit_codes.RETRYABLE
     except (HarnessError, OSError) as e:
         # Bad input or configuration: the message, not a traceback (-v shows it). Anything else is a bug: its
         # traceback shows.
         if args.verbose:
             raise
         print(f"harness {name}: {type(e).__name__}: {_for_flags(e, args)}", file=sys.stderr)
-        return 2
+        return exit_codes.PERMANENT
 
 
 def _for_flags(error: Exception, args: argparse.Namespace) -> str:

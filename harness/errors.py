@@ -109,6 +109,29 @@ class WorkerFailedError(HarnessError):
     """A worker process exited non-zero or did not arrive in time; the message names the worker."""
 
 
+# --- faults of the cluster: retryable (exit 138, `harness.exit_codes`) -----------------------------------------
+class ClusterFault(HarnessError):
+    """A fault of the cluster, not of the input or configuration: a re-run of the same command resumes from the
+    last backup. `harness` commands exit with `harness.exit_codes.RETRYABLE` (138) on it, a code Kubernetes'
+    training-operator retries. The message is one line naming the worker (or rank), its host, the step and the
+    backup a re-run resumes from."""
+
+
+class PeerLostError(ClusterFault):
+    """A peer worker or rank is gone (its process ended, its host or link is down) or did not arrive within the
+    peer wait."""
+
+
+class StalledWorkerError(ClusterFault):
+    """A worker is alive but made no step progress within the step-progress bound (a stuck read, a hung
+    collective); the message names the stuck worker where it is known."""
+
+
+class PreemptedError(ClusterFault):
+    """SIGTERM arrived (a Kubernetes eviction or preemption, a launcher's stop): every worker wrote a backup at the
+    same step boundary and stopped; the message gives the step and the backup."""
+
+
 class ConfigError(HarnessError):
     """A run config (YAML or flags) has unknown keys, missing required values or values of the wrong type."""
 

@@ -328,6 +328,8 @@ class Bed:
     Attributes:
       hosts: the hosts, host0 first.
       ssh_dir: a folder holding the `ssh` stand-in; put it first on PATH.
+      shared_dir: an empty folder at the same path on every host and here, outside /tmp (storage the hosts share,
+        as NFS; for data when /tmp is private); removed at close.
       name: the bed's name, the prefix of its namespaces (`hx<pid>b<k>`).
       switch: the switch namespace's name.
 
@@ -345,6 +347,7 @@ class Bed:
         self.switch = f"{self.name}sw"
         self.private_tmp = private_tmp
         self.ssh_dir = os.path.join(self.dir, "bin")
+        self.shared_dir = os.path.join(self.dir, "shared")
         self._children = weakref.WeakSet()
         self._closed = False
         self.hosts = [Host(self, i) for i in range(n)]
@@ -355,7 +358,7 @@ class Bed:
             raise
 
     def _build(self, cap_mbit):
-        os.makedirs(self.dir)
+        os.makedirs(self.shared_dir)
         with open(os.path.join(self.dir, "owner"), "w") as f:
             f.write(f"{os.getpid()} {_start_time(os.getpid())} {_pid_ns()}\n")
         # A private mount of its own: the mount namespace files below may not sit on a shared mount.

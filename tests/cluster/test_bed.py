@@ -155,6 +155,9 @@ def test_private_tmp_is_private_to_each_host(make_bed, tmp_path):
     assert b.run(["ls", "/tmp"], check=True).stdout == ""
     assert not os.path.exists("/tmp/hx-mark")
     assert b.run(["test", "-e", str(tmp_path)]).returncode != 0  # the caller's /tmp is not there either
+    a.run(["sh", "-c", f"echo a > {bed.shared_dir}/mark"], check=True)   # the shared folder is
+    assert b.run(["cat", f"{bed.shared_dir}/mark"], check=True).stdout == "a\n"
+    assert open(os.path.join(bed.shared_dir, "mark")).read() == "a\n"
     shared = make_bed(1)
     (tmp_path / "seen").write_text("x")
     assert shared.hosts[0].run(["cat", str(tmp_path / "seen")], check=True).stdout == "x"

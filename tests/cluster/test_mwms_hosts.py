@@ -62,37 +62,52 @@ def _bytes(host) -> dict:
     return {"tx": int(got[0]), "rx": int(got[1])}
 
 
-def test_mwms_on_four_hosts_every_record_once_same_steps_same_weights(make_bed, table_export, tmp_path):
-    bed = make_bed(HOSTS)
+def _run_workers(bed, args: list, logs: pathlib.Path, *, watch=None) -> tuple[list[int], list[str]]:
+    """Run args as one worker per bed host (TF_CONFIG task index = host index, PORT on every host), each in its own
+    session, to their end within RUN_TIMEOUT_S; watch() is called about every second meanwhile.
+
+    Returns every worker's exit code and output. Fails the test on a hang; kills every worker's group at the end."""
     workers = [f"{h.address}:{PORT}" for h in bed.hosts]
-    before = [_bytes(h) for h in bed.hosts]
-    args = [sys.executable, str(SCRIPT), "--data", str(table_export), "--output", str(tmp_path / "run"),
-            "--epochs", str(EPOCHS), "--per-replica-batch-size", str(BATCH), "--learning-rate", "0.01"]
-    logs, running = [], []
+    files, running = [], []
     try:
         for i, h in enumerate(bed.hosts):
-            log = open(tmp_path / f"worker{i}.log", "w")
-            logs.append(log)
+            files.append(open(logs / f"worker{i}.log", "w"))
             config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
-            running.append(h.popen(args, env=_worker_env(config), stdout=log, stderr=log, cwd=str(ROOT),
+            running.append(h.popen(args, env=_worker_env(config), stdout=files[-1], stderr=files[-1], cwd=str(ROOT),
                                    start_new_session=True))
-        seen = set()   # host0's connections with the other hosts, sampled while the job runs
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while any(p.poll() is None for p in running) and time.monotonic() < deadline:
-            seen |= _connections(bed.hosts[0])
+            if watch:
+                watch()
             time.sleep(1.0)
         hung = [i for i, p in enumerate(running) if p.poll() is None]
-        texts = [(tmp_path / f"worker{i}.log").read_text() for i in range(HOSTS)]
+        texts = [(logs / f"worker{i}.log").read_text() for i in range(len(bed.hosts))]
         assert not hung, f"workers {hung} still running after {RUN_TIMEOUT_S} s (a hang)\n" + texts[hung[0]][-3000:]
-        for i, p in enumerate(running):
-            assert p.returncode == 0, f"worker {i} exit {p.returncode}\n{texts[i][-4000:]}"
+        return [p.returncode for p in running], texts
     finally:
         for p in running:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(30)
-        for log in logs:
-            log.close()
+        for f in files:
+            f.close()
+
+
+def _train_args(data, output, epochs: int, *, cli: bool = False) -> list:
+    """`host_worker.py ARGS` (the job and its reports), or with cli `harness train ARGS` as users run it."""
+    run = [sys.executable, "-m", "harness.cli", "train"] if cli else [sys.executable, str(SCRIPT)]
+    return [*run, "--data", str(data), "--output", str(output), "--epochs", str(epochs),
+            "--per-replica-batch-size", str(BATCH), "--learning-rate", "0.01"]
+
+
+def test_mwms_on_four_hosts_every_record_once_same_steps_same_weights(make_bed, table_export, tmp_path):
+    bed = make_bed(HOSTS)
+    before = [_bytes(h) for h in bed.hosts]
+    seen = set()   # host0's connections, sampled while the job runs
+    codes, texts = _run_workers(bed, _train_args(table_export, tmp_path / "run", EPOCHS), tmp_path,
+                                watch=lambda: seen.update(_connections(bed.hosts[0])))
+    for i, code in enumerate(codes):
+        assert code == 0, f"worker {i} exit {code}\n{texts[i][-4000:]}"
     after = [_bytes(h) for h in bed.hosts]
 
     result = {i: procs.tagged(t, "RESULT")[-1] for i, t in enumerate(texts)}
@@ -132,3 +147,28 @@ def test_mwms_on_four_hosts_every_record_once_same_steps_same_weights(make_bed, 
     for i in range(HOSTS):
         sent, got = after[i]["tx"] - before[i]["tx"], after[i]["rx"] - before[i]["rx"]
         assert sent >= floor and got >= floor, (i, sent, got, floor)
+
+
+def test_an_output_folder_private_to_each_host_is_refused_at_resume_before_training(make_bed, tmp_path):
+    """--output on each host's own disk (/tmp private per host), the data on storage they share: the first run
+    writes the chief's part on host0 and leaves nothing on host1; the resume finds the chief's backup on host0 and
+    none on host1, and both workers stop before the first step, naming the workers and their steps."""
+    bed = make_bed(2, private_tmp=True)
+    data = pathlib.Path(bed.shared_dir) / "points"
+    synth.write_table_export(str(data), prefix="points", shards=2, records=2 * 64, seed=12)
+    steps = 64 // BATCH
+    codes, texts = _run_workers(bed, _train_args(data, "/tmp/run", 1, cli=True), tmp_path)
+    assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
+    chief, other = bed.hosts
+    written = chief.run(["ls", "/tmp/run"], check=True).stdout.split()
+    assert {"backup", "model.keras", "summary.json"} <= set(written), written
+    # Nothing of the worker's part is left on host1 (its /tmp holds the record index, HARNESS_CACHE_DIR, alone).
+    cache = pathlib.Path(os.environ["HARNESS_CACHE_DIR"]).relative_to("/tmp").parts[0]
+    assert other.run(["ls", "-A", "/tmp"], check=True).stdout.split() == [cache]
+
+    codes, texts = _run_workers(bed, _train_args(data, "/tmp/run", 2, cli=True), tmp_path)
+    assert codes == [2, 2], texts[0][-3000:] + texts[1][-3000:]
+    for text in texts:
+        assert (f"workers disagree on the step they resume from (worker 0 at step {steps}, worker 1 at step 0)"
+                in text), text[-3000:]
+        assert "epoch 2/2" not in text and "Traceback" not in text   # no step was taken; a named error, no trace

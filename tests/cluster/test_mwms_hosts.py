@@ -138,8 +138,9 @@ def test_mwms_on_four_hosts_every_record_once_same_steps_same_weights(make_bed, 
     assert all(e == epochs[0] for e in epochs)
     assert all(len(h["records"]) == EPOCHS * per_epoch for h in host.values())
     # The traffic went between the hosts' addresses: host0 held connections on the cluster port with every other
-    # host, all on the bed's subnet (none on loopback), and each host's link carried at least its share of a ring all-reduce of the
-    # gradients every step: (n - 1) / n of the parameters' float32 bytes each way (half of what a ring sends).
+    # host, all on the bed's subnet (none on loopback), and each host's link carried at least its share of a ring
+    # all-reduce of the gradients every step: (n - 1) / n of the parameters' float32 bytes each way (half of what
+    # a ring sends: 2 (n - 1) / n of them, Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms").
     cluster_port = [(local, remote) for local, remote in seen if PORT in (local[1], remote[1])]
     assert {remote[0] for _, remote in cluster_port} >= {h.address for h in bed.hosts[1:]}, seen
     assert all(a.startswith(bedmod.SUBNET + ".") for pair in seen for a, _ in pair), seen

@@ -436,7 +436,8 @@ def main(argv=None) -> int:
         if args.verbose:
             raise
         print(f"harness {name}: {type(e).__name__}: {_for_flags(e, args)}", file=sys.stderr)
-        return exit_codes.PERMANENT
+        # A launcher passes on the code of the worker that failed first (WorkerFailedError.exit_code).
+        return getattr(e, "exit_code", exit_codes.PERMANENT)
 
 
 def _for_flags(error: Exception, args: argparse.Namespace) -> str:

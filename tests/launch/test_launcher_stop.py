@@ -216,3 +216,30 @@ def test_launch_mpi_and_horovod_pass_a_sigkilled_rank_on_as_retryable(launch, la
     assert re.search(r"rank 1( on \S+)? failed first: (killed by SIGKILL|exit code 137 \(SIGKILL\)), retryable",
                      la.err), la.err[-2000:]
     assert not _gone(pids)
+
+
+# --- `harness train` workers: their own codes pass through --------------------------------------------------------------
+def _launch_train(driver: list[str], tmp_path) -> subprocess.CompletedProcess:
+    cmd = [*HARNESS, "launch", "local", "--workers", "2", "--", *driver, "--data", str(tmp_path / "no-such-export"),
+           "--output", str(tmp_path / "run")]
+    try:
+        return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S * 2,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"launch local hung: {e.stderr}")
+
+
+def test_harness_train_bad_input_is_permanent_through_launch_local(tmp_path):
+    r = _launch_train([*HARNESS, "train"], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert re.search(r"harness launch local: WorkerFailedError: worker [01] at localhost:\d+ failed first: exit "
+                     r"code 2, permanent", r.stderr), r.stderr[-2000:]
+    assert "no-such-export" in r.stdout   # the worker's own message, prefixed by the launcher
+
+
+def test_harness_train_cluster_fault_is_retryable_through_launch_local(tmp_path):
+    r = _launch_train([sys.executable, str(ROOT / "tests" / "launch" / "scripts" / "cluster_fault_train.py")],
+                      tmp_path)
+    assert "[worker 1] harness train: PeerLostError: worker 0 at localhost lost" in r.stdout, r.stdout[-2000:]
+    assert r.returncode == 138, r.stderr[-2000:]
+    assert re.search(r"worker 1 at localhost:\d+ failed first: exit code 138 \(SIGUSR1\), retryable", r.stderr)

@@ -151,8 +151,8 @@ def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0,
                 t.join(timeout=5)
     if failure:
         i, code = failure
-        raise WorkerFailedError(f"worker {i} at {addresses[i]} failed first: {stopping.describe(code)}; stopped "
-                                "the other workers", exit_code=stopping.launcher_code(code))
+        raise WorkerFailedError(f"worker {i} {stopping.describe(code)}: the first to fail, at {addresses[i]}; "
+                                "stopped the other workers", exit_code=stopping.launcher_code(code))
     if timed_out:
         raise WorkerFailedError(timed_out)
     if signum == signal.SIGINT:

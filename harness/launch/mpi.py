@@ -280,9 +280,9 @@ def run(line: Sequence[str], *, timeout_s: Optional[float] = None, environ: Opti
         if first.rank is None:
             raise WorkerFailedError(f"{message} ({stopping.describe(code)})", exit_code=stopping.launcher_code(code))
         host = first.host or rank_host(line, first.rank)
-        where = f" on {host}" if host else ""
-        raise WorkerFailedError(f"{message}: rank {first.rank}{where} failed first: {stopping.describe(first.code)}",
-                                exit_code=stopping.launcher_code(first.code))
+        where = f", on {host}" if host else ""
+        raise WorkerFailedError(f"{message}: rank {first.rank} {stopping.describe(first.code)}: the first to "
+                                f"fail{where}", exit_code=stopping.launcher_code(first.code))
 
 
 def _stop(proc: subprocess.Popen, signum: int = signal.SIGTERM) -> None:

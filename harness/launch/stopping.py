@@ -19,7 +19,10 @@ import psutil
 
 from harness import exit_codes
 
-GRACE_S = 10.0   # seconds between the forwarded signal and SIGKILL
+# Seconds between the forwarded signal and SIGKILL: time for the workers to write their backup at the next step
+# boundary (harness.errors.PreemptedError), within Kubernetes' default terminationGracePeriodSeconds (30 s) with 5 s
+# left for the launcher to reap them and exit before the kubelet's own SIGKILL.
+GRACE_S = 25.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -32,17 +35,18 @@ def launcher_code(code: int) -> int:
 
 
 def describe(code: int) -> str:
-    """`killed by SIGKILL (exit code 137), retryable` / `exit code 2, permanent`: how a worker ended and whether
-    training-operator's rule retries it."""
+    """`exited with code -9 (SIGKILL, 137 to the shell), retryable` / `exited with code 2, permanent`: how a
+    worker ended (`code` as `Popen.returncode` or as mpirun / horovodrun report it) and whether training-operator's
+    rule retries it."""
     shell = exit_codes.shell_code(code)
     number = shell - 128
     name = signal.Signals(number).name if shell > 128 and number in signal.valid_signals() else None
     if code < 0 and name:
-        how = f"killed by {name} (exit code {shell})"
-    elif name:
-        how = f"exit code {shell} ({name})"
+        how = f"exited with code {code} ({name}, {shell} to the shell)"
+    elif name and code not in (exit_codes.RETRYABLE, exit_codes.INTERRUPTED):   # the harness's own codes
+        how = f"exited with code {code} ({name})"
     else:
-        how = f"exit code {code}"
+        how = f"exited with code {code}"
     return f"{how}, {'retryable' if exit_codes.is_retryable(code) else 'permanent'}"
 
 

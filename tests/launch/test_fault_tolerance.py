@@ -191,17 +191,17 @@ def test_wait_returns_once_peers_listen_and_frees_its_port():
 
 
 @pytest.mark.parametrize("code, launcher_code, text", [
-    (2, 2, "exit code 2, permanent"), (138, 138, "exit code 138 (SIGUSR1), retryable"),
-    (130, 130, "exit code 130 (SIGINT), retryable"), (-9, 137, "killed by SIGKILL (exit code 137), retryable"),
-    (-15, 143, "killed by SIGTERM (exit code 143), retryable"), (137, 137, "exit code 137 (SIGKILL), retryable"),
-    (-11, 2, "killed by SIGSEGV (exit code 139), permanent"), (1, 2, "exit code 1, permanent"),
-    (127, 2, "exit code 127, permanent")])
+    (2, 2, "code 2, permanent"), (138, 138, "code 138, retryable"), (130, 130, "code 130, retryable"),
+    (-9, 137, "code -9 (SIGKILL, 137 to the shell), retryable"),
+    (-15, 143, "code -15 (SIGTERM, 143 to the shell), retryable"), (137, 137, "code 137 (SIGKILL), retryable"),
+    (143, 143, "code 143 (SIGTERM), retryable"), (-11, 2, "code -11 (SIGSEGV, 139 to the shell), permanent"),
+    (139, 2, "code 139 (SIGSEGV), permanent"), (1, 2, "code 1, permanent"), (127, 2, "code 127, permanent")])
 def test_launcher_code_follows_the_operators_retry_rule(code, launcher_code, text):
     """training-operator's IsRetryableExitCode: 130, 137, 138, 143 retried; 1, 2, 126-128, 139 and others not."""
     from harness.launch import stopping
 
     assert stopping.launcher_code(code) == launcher_code
-    assert stopping.describe(code) == text
+    assert stopping.describe(code) == f"exited with {text}"
 
 
 # --- a worker killed mid-epoch -------------------------------------------------------------------------------------
@@ -220,8 +220,8 @@ def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(tabl
     finally:
         _kill_session(launcher)
     assert launcher.returncode == 137, err[-3000:]   # retryable: the operators restart the pod
-    assert re.search(r"WorkerFailedError: worker 1 at localhost:\d+ failed first: killed by SIGKILL \(exit code "
-                     r"137\), retryable; stopped the other workers", err), err[-3000:]
+    assert re.search(r"WorkerFailedError: worker 1 exited with code -9 \(SIGKILL, 137 to the shell\), retryable: "
+                     r"the first to fail, at localhost:\d+; stopped the other workers", err), err[-3000:]
     assert stop_s < STOP_S
     assert max(_epochs_printed(out)) == resumed_from // 16   # killed before the next epoch ended: mid-epoch
 

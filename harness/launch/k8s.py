@@ -56,6 +56,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
+from harness import exit_codes
 from harness.choices import K8S_KINDS, MPI_LAUNCHERS
 from harness.errors import ConfigError
 from harness.launch import mpi
@@ -353,7 +354,22 @@ def indexed_job(o: K8sOptions) -> list[dict]:
         "spec": {"completionMode": "Indexed", "completions": o.workers, "parallelism": o.workers,
                  "backoffLimit": _backoff_limit(o), "template": template},
     }
+    if o.restart_policy == "Never":   # Kubernetes allows a podFailurePolicy only with Never
+        job["spec"]["podFailurePolicy"] = pod_failure_policy("harness")
     return [_override(o, service, pods=False), _override(o, job)]
+
+
+def pod_failure_policy(container: str) -> dict:
+    """A batch/v1 Job's `podFailurePolicy` with training-operator's rule (`harness.exit_codes.is_retryable`): a pod
+    whose `container` exits with a permanent code (2: bad input or configuration) fails the job at once; one that
+    exits retryable (130, 137, 138, 143) is replaced and counts against `backoffLimit`; a pod disrupted by
+    preemption or eviction (condition `DisruptionTarget`) is replaced without counting (kubernetes.io/docs/tasks/
+    job/pod-failure-policy)."""
+    retryable = [code for code in range(1, 256) if exit_codes.is_retryable(code)]
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "NotIn", "values": retryable}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
 
 
 # --- shared pieces ---------------------------------------------------------------------------------------------

@@ -429,6 +429,18 @@ def test_tfjob_retries_cluster_faults_and_fails_on_bad_input():
     assert "# restartPolicy ExitCode: a pod that exits 138" in text
 
 
+def test_indexed_job_with_never_fails_on_permanent_codes_and_retries_the_others():
+    _, job = _make("indexed-job", restart_policy="Never")
+    validate(job)
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "harness", "operator": "NotIn",
+                                                             "values": [130, 137, 138, 143]}}
+    assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    _, on_failure = _make("indexed-job")   # Kubernetes refuses a podFailurePolicy with OnFailure
+    assert "podFailurePolicy" not in on_failure["spec"]
+
+
 @pytest.mark.parametrize("workers", [1, 4])
 def test_gang_tfjob_asks_for_every_worker_at_once(workers):
     (job,) = _make("tfjob", workers=workers, gang=True, queue="research", priority_class="high",

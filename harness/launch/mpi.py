@@ -185,6 +185,8 @@ def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] 
 _PROCESS_NAME = re.compile(r"Process name:\s*(?:\[\[\d+,\d+\],(\d+)\]|(\d+))")
 _EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+# A rank's own line, as `--tag-output` (mpirun) and horovodrun prefix it: never read as the launcher's report.
+_RANK_LINE = re.compile(r"^\[\d+(,\d+)?\]<std(out|err)>:")
 
 
 class FirstFailure:
@@ -198,7 +200,7 @@ class FirstFailure:
         self._named: Optional[int] = None
 
     def feed(self, line: str) -> None:
-        if self.rank is not None:
+        if self.rank is not None or _RANK_LINE.match(line):
             return
         m = _SIGNALLED.search(line)
         if m:

@@ -26,8 +26,9 @@ Faults: a failed pod restarts and resumes from the backup. TFJob's default `rest
 the pods whose exit code training-operator retries (`harness.exit_codes`: 138 a lost, stuck or late peer or a
 preemption, 130, 137, 143) and fails the job on the others (2: bad input or configuration); the operator does not
 count those restarts against `backoffLimit` (pkg/core/job.go `PastBackoffLimit` counts OnFailure and Always
-replicas only). MPIJob and Indexed Job pods use `OnFailure` (mpi-operator accepts no ExitCode); the job fails once
-its `backoffLimit` is reached, which defaults to what `--max-restarts` faults cost (`default_backoff_limit`).
+replicas only). MPIJob and Indexed Job pods use `OnFailure` (mpi-operator accepts no ExitCode; an Indexed Job with
+`Never` gets a `podFailurePolicy` with the same rule, `pod_failure_policy`); the job fails once its `backoffLimit`
+is reached, which defaults to what `--max-restarts` faults cost (`default_backoff_limit`).
 
 Gang scheduling (`--gang`): all pods of the job are bound to nodes at once or none is. Without it the scheduler
 places pods one by one: the first ones start and wait for their peers (`HARNESS_WORKER_WAIT_S`, 900 s in these
@@ -37,9 +38,10 @@ or scheduler-plugins' coscheduling, whichever the operator was started with: tra
 `--gang-scheduler-name`, mpi-operator `--gang-scheduling`): `runPolicy.schedulingPolicy.minAvailable` = the pods
 of the job (TFJob: the workers; MPIJob: the workers and the launcher, mpi-operator's own default), `queue` and
 `priorityClass` when given, and the pods' `schedulerName` when given (`--scheduler-name`, e.g. `volcano` or
-`scheduler-plugins-scheduler`; the operators otherwise set their gang scheduler's). An MPIJob under `--gang` creates
-its launcher at startup: with `launcherCreationPolicy: WaitForWorkersReady` the PodGroup would wait for a launcher
-pod the operator creates only once the workers run (kubeflow/mpi-operator issue 608: a deadlock).
+`scheduler-plugins-scheduler`: it must be the gang scheduler's; where none is set the operators set it, and
+mpi-operator always overwrites it). An MPIJob under `--gang` creates its launcher at startup: with
+`launcherCreationPolicy: WaitForWorkersReady` the PodGroup would wait for a launcher pod the operator creates only
+once the workers run (kubeflow/mpi-operator issue 608: a deadlock).
 
 The user's own settings (node selectors, tolerations, service account, secrets, extra env...) go in an
 `--overrides` YAML with three sections, merged last: `manifest` into each top-level object, `pod` into every pod

@@ -371,13 +371,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-class", help="storage class of that claim (one offering ReadWriteMany)")
     p.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8 (default: a request of 3 per GPU)")
     p.add_argument("--memory", help="memory request and limit per pod, e.g. 32Gi (default: a request of 12Gi/GPU)")
-    p.add_argument("--restart-policy", default="OnFailure",
-                   help="OnFailure | Never (indexed-job, mpijob); also ExitCode | Always (tfjob)")
+    p.add_argument("--restart-policy", default=None,
+                   help="tfjob: ExitCode (default: retry 138/130/137/143, fail on 2) | OnFailure | Never | Always; "
+                        "indexed-job, mpijob: OnFailure (default) | Never")
     p.add_argument("--max-restarts", type=int, default=3,
                    help="faults the job survives, each restarting the pods (sizes --backoff-limit)")
     p.add_argument("--backoff-limit", type=int, default=None,
                    help="the job's backoffLimit (default: workers x max-restarts + 1)")
     p.add_argument("--mpi-launcher", choices=MPI_LAUNCHERS, default="mpirun", help="mpijob only")
+    p.add_argument("--gang", action="store_true",
+                   help="gang scheduling (tfjob, mpijob): all pods bound at once or none (Volcano, scheduler-plugins)")
+    p.add_argument("--queue", help="--gang: the PodGroup's queue (Volcano)")
+    p.add_argument("--priority-class", help="--gang: the PodGroup's priority class")
+    p.add_argument("--scheduler-name", help="the pods' schedulerName, e.g. volcano (default: the operator's or cluster's)")
     p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
@@ -436,7 +442,8 @@ def main(argv=None) -> int:
         if args.verbose:
             raise
         print(f"harness {name}: {type(e).__name__}: {_for_flags(e, args)}", file=sys.stderr)
-        return exit_codes.PERMANENT
+        # A launcher passes on the code of the worker that failed first (WorkerFailedError.exit_code).
+        return getattr(e, "exit_code", exit_codes.PERMANENT)
 
 
 def _for_flags(error: Exception, args: argparse.Namespace) -> str:

@@ -106,7 +106,14 @@ class LossScaleError(HarnessError):
 
 
 class WorkerFailedError(HarnessError):
-    """A worker process exited non-zero or did not arrive in time; the message names the worker."""
+    """A worker process exited non-zero or did not arrive in time; the message names the worker.
+
+    `exit_code`: what a `harness` command exits with on it (`harness.cli`): 2 (permanent) unless a launcher passes
+    on the code of the worker that failed first (`harness.launch.stopping.launcher_code`), e.g. 138 or 137."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # --- faults of the cluster: retryable (exit 138, `harness.exit_codes`) -----------------------------------------

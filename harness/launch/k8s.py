@@ -22,8 +22,26 @@ shared volume (a ReadWriteMany PersistentVolumeClaim for data and output, mounte
 chief writes the backup that every worker restores; `--volume-claim-size` also writes the claim), a memory-backed
 `/dev/shm` (NCCL and tf.data need more than the runtime's 64 MB), and the image's non-root user.
 
-Faults: a failed pod restarts (`restartPolicy: OnFailure`) and resumes from the backup; the job fails once its
-`backoffLimit` is reached, which defaults to what `--max-restarts` faults cost (`default_backoff_limit`).
+Faults: a failed pod restarts and resumes from the backup. TFJob's default `restartPolicy: ExitCode` restarts only
+the pods whose exit code training-operator retries (`harness.exit_codes`: 138 a lost, stuck or late peer or a
+preemption, 130, 137, 143) and fails the job on the others (2: bad input or configuration); the operator does not
+count those restarts against `backoffLimit` (pkg/core/job.go `PastBackoffLimit` counts OnFailure and Always
+replicas only). MPIJob and Indexed Job pods use `OnFailure` (mpi-operator accepts no ExitCode; an Indexed Job with
+`Never` gets a `podFailurePolicy` with the same rule, `pod_failure_policy`); the job fails once its `backoffLimit`
+is reached, which defaults to what `--max-restarts` faults cost (`default_backoff_limit`).
+
+Gang scheduling (`--gang`): all pods of the job are bound to nodes at once or none is. Without it the scheduler
+places pods one by one: the first ones start and wait for their peers (`HARNESS_WORKER_WAIT_S`, 900 s in these
+manifests, printed in their logs) while holding their GPUs; two jobs that each got part of their pods can wait on
+each other until both time out. With `--gang` the manifests carry what the operators pass to a PodGroup (Volcano's
+or scheduler-plugins' coscheduling, whichever the operator was started with: training-operator
+`--gang-scheduler-name`, mpi-operator `--gang-scheduling`): `runPolicy.schedulingPolicy.minAvailable` = the pods
+of the job (TFJob: the workers; MPIJob: the workers and the launcher, mpi-operator's own default), `queue` and
+`priorityClass` when given, and the pods' `schedulerName` when given (`--scheduler-name`, e.g. `volcano` or
+`scheduler-plugins-scheduler`: it must be the gang scheduler's; where none is set the operators set it, and
+mpi-operator always overwrites it). An MPIJob under `--gang` creates its launcher at startup: with
+`launcherCreationPolicy: WaitForWorkersReady` the PodGroup would wait for a launcher pod the operator creates only
+once the workers run (kubeflow/mpi-operator issue 608: a deadlock).
 
 The user's own settings (node selectors, tolerations, service account, secrets, extra env...) go in an
 `--overrides` YAML with three sections, merged last: `manifest` into each top-level object, `pod` into every pod
@@ -40,6 +58,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
+from harness import exit_codes
 from harness.choices import K8S_KINDS, MPI_LAUNCHERS
 from harness.errors import ConfigError
 from harness.launch import mpi
@@ -54,9 +73,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # restartPolicy values each kind accepts: the training-operator's replica specs; mpi-operator's validation
 # (pkg/apis/kubeflow/validation/validation.go, validRestartPolicies: Never and OnFailure; any other value and the
 # MPIJob is never started); pods of a batch/v1 Job.
-RESTART_POLICIES = {"tfjob": ("OnFailure", "ExitCode", "Never", "Always"),
+RESTART_POLICIES = {"tfjob": ("ExitCode", "OnFailure", "Never", "Always"),
                     "mpijob": ("OnFailure", "Never"),
                     "indexed-job": ("OnFailure", "Never")}
+# The default of each kind: the first above. TFJob: ExitCode, so a retryable code (138) restarts and 2 fails the job.
 MAX_RESTARTS = 3   # faults a job survives by default (--max-restarts)
 # Requests per GPU when --cpu/--memory are not given, within what common GPU nodes offer per GPU (GKE a2/a3,
 # AWS p4d/p5: 12 or more vCPUs and 85 GiB or more per GPU; g4dn/g5.xlarge: 4 vCPUs, 16 GiB); pods without GPUs
@@ -95,12 +115,18 @@ class K8sOptions:
       volume_claim_size: when given (e.g. "500Gi"), also write the claim (ReadWriteMany, `storage_class`).
       cpu, memory: requests and limits per training pod, e.g. "8" and "32Gi"; None for a request of
         `CPU_PER_GPU` CPUs and `MEMORY_GIB_PER_GPU` GiB per GPU (no limit).
-      restart_policy: per pod (indexed-job) or per replica type (operators); see `RESTART_POLICIES`.
+      restart_policy: per pod (indexed-job) or per replica type (operators); see `RESTART_POLICIES`; None for the
+        kind's default (its first: TFJob ExitCode, the others OnFailure).
       max_restarts: faults (a pod or rank failing) the job survives, each followed by a restart of the pods and
         a resume from the backup; sizes the default `backoff_limit`.
       backoff_limit: the job's `backoffLimit`; None for `default_backoff_limit`.
       mpi_launcher: `mpirun` or `horovodrun` (mpijob).
       overrides: the user's own settings, see the module doc.
+      gang: gang scheduling (see the module doc): tfjob and mpijob only.
+      queue, priority_class: `runPolicy.schedulingPolicy.queue` / `.priorityClass` (Volcano's queue and the
+        PodGroup's priority class); with `gang` only.
+      scheduler_name: the pods' `schedulerName` (e.g. `volcano`, `scheduler-plugins-scheduler`); None to leave it
+        to the operator (under `gang`) or the cluster's default scheduler.
     """
 
     kind: str
@@ -117,11 +143,15 @@ class K8sOptions:
     storage_class: Optional[str] = None
     cpu: Optional[str] = None
     memory: Optional[str] = None
-    restart_policy: str = "OnFailure"
+    restart_policy: Optional[str] = None
     max_restarts: int = MAX_RESTARTS
     backoff_limit: Optional[int] = None
     mpi_launcher: str = "mpirun"
     overrides: Optional[Mapping[str, Any]] = None
+    gang: bool = False
+    queue: Optional[str] = None
+    priority_class: Optional[str] = None
+    scheduler_name: Optional[str] = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -136,6 +166,15 @@ class K8sOptions:
         if not _DNS_LABEL.match(self.name) or len(longest) > 63:
             raise ConfigError(f"--name {self.name!r} must be a DNS label (lower-case letters, digits, '-', starting "
                               f"with a letter) short enough that {longest!r} has at most 63 characters")
+        if self.restart_policy is None:
+            object.__setattr__(self, "restart_policy", RESTART_POLICIES[self.kind][0])
+        if self.gang and self.kind not in ("tfjob", "mpijob"):
+            raise ConfigError(f"--gang needs an operator that makes the PodGroup: --kind tfjob or mpijob, not "
+                              f"{self.kind} (a plain Job's pods are scheduled one by one; see the README)")
+        if (self.queue or self.priority_class) and not self.gang:
+            raise ConfigError("--queue and --priority-class are the PodGroup's: they need --gang")
+        if self.scheduler_name is not None and not _DNS_LABEL.match(self.scheduler_name):
+            raise ConfigError(f"--scheduler-name {self.scheduler_name!r} is not a scheduler's name (a DNS label)")
         if self.restart_policy not in RESTART_POLICIES[self.kind]:
             raise ConfigError(f"--restart-policy {self.restart_policy!r} is not valid for {self.kind}: one of "
                               f"{', '.join(RESTART_POLICIES[self.kind])}")
@@ -227,7 +266,7 @@ def tfjob(o: K8sOptions) -> list[dict]:
     manifest = {
         "apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _metadata(o),
         "spec": {
-            "runPolicy": {"backoffLimit": _backoff_limit(o), "cleanPodPolicy": "Running"},
+            "runPolicy": _run_policy(o, pods=o.workers),
             "tfReplicaSpecs": {"Worker": {"replicas": o.workers, "restartPolicy": o.restart_policy,
                                           "template": _template(o, [container])}},
         },
@@ -246,8 +285,9 @@ def mpijob(o: K8sOptions) -> list[dict]:
             "slotsPerWorker": slots,
             "mpiImplementation": "OpenMPI",
             "sshAuthMountPath": f"{HOME}/.ssh",
-            "launcherCreationPolicy": "WaitForWorkersReady",  # no ssh to workers whose sshd is not up yet
-            "runPolicy": {"backoffLimit": _backoff_limit(o), "cleanPodPolicy": "Running"},
+            # No ssh to workers whose sshd is not up yet; under --gang at startup (see the module doc: issue 608).
+            "launcherCreationPolicy": "AtStartup" if o.gang else "WaitForWorkersReady",
+            "runPolicy": _run_policy(o, pods=o.workers + 1),   # the launcher is a pod of the gang
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": o.restart_policy,
                              "template": _template(o, [launcher])},
@@ -258,6 +298,20 @@ def mpijob(o: K8sOptions) -> list[dict]:
         },
     }
     return [_override(o, manifest)]
+
+
+def _run_policy(o: K8sOptions, *, pods: int) -> dict:
+    """The operators' `runPolicy`: backoffLimit, cleanPodPolicy and, under `--gang`, the `schedulingPolicy` whose
+    `minAvailable` (`pods`, every pod of the job) becomes the PodGroup's minMember."""
+    policy = {"backoffLimit": _backoff_limit(o), "cleanPodPolicy": "Running"}
+    if o.gang:
+        scheduling = {"minAvailable": pods}
+        if o.queue:
+            scheduling["queue"] = o.queue
+        if o.priority_class:
+            scheduling["priorityClass"] = o.priority_class
+        policy["schedulingPolicy"] = scheduling
+    return policy
 
 
 def launcher_command(o: K8sOptions) -> list[str]:
@@ -302,7 +356,22 @@ def indexed_job(o: K8sOptions) -> list[dict]:
         "spec": {"completionMode": "Indexed", "completions": o.workers, "parallelism": o.workers,
                  "backoffLimit": _backoff_limit(o), "template": template},
     }
+    if o.restart_policy == "Never":   # Kubernetes allows a podFailurePolicy only with Never
+        job["spec"]["podFailurePolicy"] = pod_failure_policy("harness")
     return [_override(o, service, pods=False), _override(o, job)]
+
+
+def pod_failure_policy(container: str) -> dict:
+    """A batch/v1 Job's `podFailurePolicy` with training-operator's rule (`harness.exit_codes.is_retryable`): a pod
+    whose `container` exits with a permanent code (2: bad input or configuration) fails the job at once; one that
+    exits retryable (130, 137, 138, 143) is replaced and counts against `backoffLimit`; a pod disrupted by
+    preemption or eviction (condition `DisruptionTarget`) is replaced without counting (kubernetes.io/docs/tasks/
+    job/pod-failure-policy)."""
+    retryable = [code for code in range(1, 256) if exit_codes.is_retryable(code)]
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "NotIn", "values": retryable}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
 
 
 # --- shared pieces ---------------------------------------------------------------------------------------------
@@ -353,6 +422,8 @@ def _template(o: K8sOptions, containers: list[dict]) -> dict:
             # (the whole dataset) at every pod start and restart.
             "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
                                 "fsGroupChangePolicy": "OnRootMismatch", "runAsNonRoot": True}}
+    if o.scheduler_name:
+        spec["schedulerName"] = o.scheduler_name
     return {"metadata": {"labels": _labels(o)}, "spec": spec}
 
 
@@ -401,9 +472,20 @@ def to_yaml(objects: Sequence[dict], options: K8sOptions) -> str:
               "# Your own settings (nodeSelector, tolerations, serviceAccountName, imagePullSecrets, env, ...):\n"
               "# put them in an overrides file (sections manifest / pod / container) and pass --overrides FILE,\n"
               "# so that regenerating keeps them. Apply with: kubectl apply -f THIS_FILE\n")
-    if options.backoff_limit is None:
+    if options.restart_policy == "ExitCode":
+        header += ("# restartPolicy ExitCode: a pod that exits 138 (a lost, stuck or late peer, a preemption), 130, "
+                   "137 or 143 is\n# restarted and resumes from the backup on the volume; any other code (2: bad "
+                   "input or configuration)\n# fails the job. These restarts are not counted against backoffLimit.\n")
+    elif options.backoff_limit is None:
         header += (f"# Survives {options.max_restarts} faults (--max-restarts): each restarts the pods, which "
                    "resume from the backup on the volume.\n")
+    if options.gang:
+        pods = options.workers + (options.kind == "mpijob")
+        header += (f"# Gang-scheduled: all {pods} pods are bound at once or none (minAvailable {pods}); needs Volcano "
+                   "or scheduler-plugins\n# and the operator started with its gang-scheduling flag.\n")
+    else:
+        header += (f"# Not gang-scheduled (--gang): pods start one by one and wait up to {WAIT_ENV['HARNESS_WORKER_WAIT_S']}"
+                   " s for their peers\n# (HARNESS_WORKER_WAIT_S, printed in their logs), holding their GPUs.\n")
     if options.volume_claim_size:
         header += (f"# Holds the claim {options.volume_claim}: `kubectl delete -f THIS_FILE` deletes it with "
                    "your data and backups; delete the job by name.\n")

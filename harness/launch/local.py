@@ -3,12 +3,15 @@
 Each worker gets `TF_CONFIG = {"cluster": {"worker": ["localhost:P0", ...]}, "task": {"type": "worker",
 "index": i}}` (the format MultiWorkerMirroredStrategy reads, tensorflow.org/guide/distributed_training), its own
 free port, and optionally its own slice of GPUs (`CUDA_VISIBLE_DEVICES`). Output lines are streamed with a
-`[worker i]` prefix. When one worker fails the others are stopped and the launcher fails, naming the worker.
+`[worker i]` prefix. When one worker fails the others are stopped and the launcher fails, naming the worker that
+failed first and exiting with a code derived from its code (`harness.launch.stopping`). SIGTERM and SIGINT to the
+launcher are forwarded to every worker's process group.
 """
 from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -17,9 +20,10 @@ import threading
 import time
 from typing import Mapping, Sequence
 
-from harness.errors import ConfigError, WorkerFailedError
+from harness.errors import ConfigError, PreemptedError, WorkerFailedError
+from harness.launch import stopping
 
-GRACE_S = 10.0  # seconds a worker gets between SIGTERM and SIGKILL
+GRACE_S = stopping.GRACE_S  # seconds a worker gets between the forwarded signal and SIGKILL
 
 
 def free_ports(n: int) -> list[int]:
@@ -64,39 +68,46 @@ def _stream(proc: subprocess.Popen, prefix: str, out) -> None:
         out.flush()
 
 
-def _stop(procs: Sequence[subprocess.Popen]) -> None:
+def _stop(procs: Sequence[subprocess.Popen], signum: int = signal.SIGTERM) -> None:
+    """Send `signum` to the process group of every running worker, SIGKILL the groups still running after
+    `GRACE_S` seconds. Bounded: returns within `GRACE_S` plus the time to reap."""
     for p in procs:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
+            _killpg(p.pid, signum)
     deadline = time.monotonic() + GRACE_S
     for p in procs:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+            _killpg(p.pid, signal.SIGKILL)
             p.wait()
 
 
-def _first_failure(procs: Sequence[subprocess.Popen]) -> str | None:
-    """`worker i exited with code C` for the worker that failed, None while none has.
+def _killpg(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except ProcessLookupError:   # ended between the poll and the signal
+        pass
 
-    When several have failed by the time we look, a worker killed by a signal is named first: it is the cause,
-    and its peers' failures in their next collective the effect."""
-    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
-    if not failed:
-        return None
-    i, code = min(failed, key=lambda f: (f[1] > 0, f[0]))
-    name = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
-    return f"worker {i} exited with code {code}{name}"
+
+def _wait(index: int, proc: subprocess.Popen, exits: queue.Queue) -> None:
+    exits.put((index, proc.wait()))
 
 
 def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0, timeout_s: float | None = None,
               out=None) -> None:
     """Run `command` as `workers` workers and wait for all of them.
 
+    The worker that failed first in time is the failure (its peers fail after it, in their next collective, or
+    are ended by this launcher's stop: neither is named). SIGTERM and SIGINT to the launcher are forwarded to
+    every worker's process group; workers still running `GRACE_S` seconds after a stop get SIGKILL.
+
     Raises:
-      WorkerFailedError: when a worker exits non-zero (the others are stopped; the message names the first
-        failure and its exit code), or when `timeout_s` seconds pass first (all are stopped).
+      WorkerFailedError: when a worker exits non-zero (the others are stopped; one line names the worker that
+        failed first, its address, its exit code and whether it is retryable; `exit_code` is
+        `stopping.launcher_code` of its code), or when `timeout_s` seconds pass first (all are stopped; exit 2).
+      PreemptedError: the launcher got SIGTERM (exit 138, retryable: see `harness.launch.stopping`).
+      KeyboardInterrupt: the launcher got SIGINT (the CLI exits 130).
       ConfigError: if `command` is empty or `workers < 1`.
     """
     if not command:
@@ -104,28 +115,49 @@ def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0,
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     out = out or sys.stdout
-    procs, threads = [], []
-    for i, env in enumerate(worker_environments(workers, gpus_per_worker=gpus_per_worker)):
-        # A new session per worker, so stopping it also stops whatever it started.
-        p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-        procs.append(p)
-        t = threading.Thread(target=_stream, args=(p, f"[worker {i}]", out), daemon=True)
-        t.start()
-        threads.append(t)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    failure = None
-    try:
-        while failure is None and any(p.poll() is None for p in procs):
-            failure = _first_failure(procs)
-            if failure is None and deadline is not None and time.monotonic() > deadline:
-                failure = f"timed out after {timeout_s:.0f} s with workers still running"
-            time.sleep(0.1)
-        if failure is None:
-            failure = _first_failure(procs)
-    finally:
-        _stop(procs)
-        for t in threads:
-            t.join(timeout=5)
+    envs = worker_environments(workers, gpus_per_worker=gpus_per_worker)
+    addresses = [json.loads(env["TF_CONFIG"])["cluster"]["worker"][i] for i, env in enumerate(envs)]
+    procs, threads, exits = [], [], queue.Queue()
+    failure = timed_out = None
+    with stopping.StopSignals() as stop:
+        try:
+            for i, env in enumerate(envs):
+                # A new session per worker, so stopping it also stops whatever it started.
+                p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+                procs.append(p)
+                for target, args in ((_stream, (p, f"[worker {i}]", out)), (_wait, (i, p, exits))):
+                    t = threading.Thread(target=target, args=args, daemon=True)
+                    t.start()
+                    threads.append(t)
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            running = len(procs)
+            # Exits in the order they happen (one waiting thread per worker), not by worker index.
+            while running and failure is None and stop.signum is None:
+                if deadline is not None and time.monotonic() > deadline:
+                    timed_out = f"timed out after {timeout_s:.0f} s with workers still running"
+                    break
+                try:
+                    i, code = exits.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                running -= 1
+                if code != 0:
+                    failure = (i, code)
+        finally:
+            signum = stop.signum
+            _stop(procs, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+            for t in threads:
+                t.join(timeout=5)
     if failure:
-        raise WorkerFailedError(f"{failure}; stopped the other workers")
+        i, code = failure
+        raise WorkerFailedError(f"worker {i} {stopping.describe(code)}: the first to fail, at {addresses[i]}; "
+                                "stopped the other workers", exit_code=stopping.launcher_code(code))
+    if timed_out:
+        raise WorkerFailedError(timed_out)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum is not None:
+        raise PreemptedError(f"the launcher got {signal.Signals(signum).name}: forwarded it to the process groups "
+                             f"of all {len(procs)} workers and stopped them; the same command resumes from the "
+                             "last backup")

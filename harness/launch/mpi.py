@@ -22,14 +22,18 @@ The flags are Horovod's own (horovod/runner/mpi_run.py, docs/mpi.rst):
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Mapping, Optional, Sequence
 
 from harness.choices import HOROVOD_CONTROLLERS
 from harness.distribute import environment
-from harness.errors import ConfigError, WorkerFailedError
+from harness.errors import ConfigError, PreemptedError, WorkerFailedError
+from harness.launch import stopping
 
 NO_BINDING = ("-bind-to", "none", "-map-by", "slot")
 OPEN_MPI = ("-mca", "pml", "ob1", "-mca", "btl", "^openib")
@@ -48,7 +52,7 @@ EXPORTED_PREFIXES = ("HARNESS_", "HOROVOD_", "NCCL_")
 PER_PROCESS = frozenset([environment.TF_CONFIG] + [name for row in environment.LAUNCHERS for name in
                                                    (row.rank, row.size, row.local_rank, row.local_size) if name])
 CONTROLLERS = HOROVOD_CONTROLLERS
-GRACE_S = 10.0  # seconds the launcher gets to stop its ranks before they are killed
+GRACE_S = stopping.GRACE_S  # seconds the launcher gets to stop its ranks before they are killed
 
 
 def check_hosts(np: int, hosts: Optional[str]) -> Optional[str]:
@@ -177,46 +181,120 @@ def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] 
     return [horovodrun, "-np", str(np), "-H", hosts, f"--{controller}", *extra, *command]
 
 
+# How mpirun and horovodrun name the rank that failed first (Open MPI 4's help messages, horovod/runner/gloo_run.py).
+_PROCESS_NAME = re.compile(r"Process name:\s*(?:\[\[\d+,\d+\],(\d+)\]|(\d+))")
+_EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
+_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+# A rank's own line, as `--tag-output` (mpirun) and horovodrun prefix it: never read as the launcher's report.
+_RANK_LINE = re.compile(r"^\[\d+(,\d+)?\]<std(out|err)>:")
+
+
+class FirstFailure:
+    """Reads the launcher's output lines (`feed`) for the rank that failed first, as mpirun and horovodrun name it:
+    `rank`, `code` (the shell's: 137 for SIGKILL) and `host` (mpirun's "on node H", else None)."""
+
+    def __init__(self):
+        self.rank: Optional[int] = None
+        self.code: Optional[int] = None
+        self.host: Optional[str] = None
+        self._named: Optional[int] = None
+
+    def feed(self, line: str) -> None:
+        if self.rank is not None or _RANK_LINE.match(line):
+            return
+        m = _SIGNALLED.search(line)
+        if m:
+            self.rank, self.host, self.code = int(m.group(1)), m.group(2), 128 + int(m.group(3))
+            return
+        m = _PROCESS_NAME.search(line)
+        if m:
+            self._named = int(m.group(1) or m.group(2))
+            return
+        m = _EXIT_CODE.search(line)
+        if m and self._named is not None:
+            self.rank, self.code = self._named, int(m.group(1))
+
+
+def rank_host(line: Sequence[str], rank: int) -> Optional[str]:
+    """The host of `rank` under `-H host:slots,...` of `line`, ranks filled host by host (`-map-by slot`, and
+    horovodrun's order); None without `-H`."""
+    words = list(line)
+    if "-H" not in words or words.index("-H") + 1 >= len(words):
+        return None
+    first = 0
+    for entry in words[words.index("-H") + 1].split(","):
+        host, _, n = entry.partition(":")
+        first += int(n) if n.isdigit() else 1
+        if rank < first:
+            return host
+    return None
+
+
+def _pipe(stream, out, first: FirstFailure) -> None:
+    for text in stream:
+        out.write(text)
+        out.flush()
+        first.feed(text)
+
+
 def run(line: Sequence[str], *, timeout_s: Optional[float] = None, environ: Optional[Mapping[str, str]] = None
         ) -> None:
     """Run a launcher line in its own process group (TF_USE_LEGACY_KERAS=1 set), streaming its output.
 
+    SIGTERM and SIGINT to this process are forwarded to the launcher's process group and to each of its
+    descendants (the ranks, each in a group of its own); what is left after `GRACE_S` seconds is killed.
+
     Raises:
-      WorkerFailedError: when it exits non-zero (the message gives the code), or after `timeout_s` seconds
-        (the whole group, ranks included, is killed).
+      WorkerFailedError: when it exits non-zero: one line names the rank that failed first (as mpirun or
+        horovodrun report it), its host where known, its exit code and whether it is retryable; `exit_code` is
+        `stopping.launcher_code` of the rank's code (of the launcher's own when no rank is named). After
+        `timeout_s` seconds (the whole tree, ranks included, is killed; exit 2).
+      PreemptedError: this process got SIGTERM (exit 138, retryable).
+      KeyboardInterrupt: this process got SIGINT (the CLI exits 130).
     """
     env = dict(os.environ if environ is None else environ, TF_USE_LEGACY_KERAS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(list(line), env=env, start_new_session=True)
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-        raise WorkerFailedError(f"{line[0]} timed out after {timeout_s:.0f} s; killed it and its ranks") from None
-    except KeyboardInterrupt:
-        _stop(proc)
-        raise
+    name = os.path.basename(line[0])
+    first = FirstFailure()
+    with stopping.StopSignals() as stop:
+        proc = subprocess.Popen(list(line), env=env, start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        pipes = [threading.Thread(target=_pipe, args=(stream, out, first), daemon=True)
+                 for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+        for t in pipes:
+            t.start()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while proc.poll() is None and stop.signum is None and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.1)
+        code, signum = proc.poll(), stop.signum
+        if code is None:
+            _stop(proc, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        for t in pipes:
+            t.join(timeout=5)
+    if code is None and signum is None:
+        raise WorkerFailedError(f"{name} timed out after {timeout_s:.0f} s; killed it and its ranks")
+    if code is None and signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if code is None:
+        raise PreemptedError(f"the launcher got {signal.Signals(signum).name}: forwarded it to {name} and its "
+                             "ranks and stopped them; the same command resumes from the last backup")
     if code != 0:
-        raise WorkerFailedError(f"{line[0]} exited with code {code}")
+        message = f"{name} exited with code {code}"
+        if first.rank is None:
+            raise WorkerFailedError(f"{message} ({stopping.describe(code)})", exit_code=stopping.launcher_code(code))
+        host = first.host or rank_host(line, first.rank)
+        where = f", on {host}" if host else ""
+        raise WorkerFailedError(f"{message}: rank {first.rank} {stopping.describe(first.code)}: the first to "
+                                f"fail{where}", exit_code=stopping.launcher_code(first.code))
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher (mpirun then stops its ranks), SIGKILL whatever of it and its descendants is left after
-    `GRACE_S`. Descendants are listed first: mpirun puts each rank in a process group of its own."""
-    import psutil
-
+def _stop(proc: subprocess.Popen, signum: int = signal.SIGTERM) -> None:
+    """`signum` to the launcher's group and to each of its descendants (listed first: mpirun puts each rank in a
+    process group of its own), SIGKILL to whatever is left after `GRACE_S` (`stopping.stop_tree`)."""
+    stopping.stop_tree(stopping.family(proc.pid), [proc.pid], signum, GRACE_S)
     try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(GRACE_S)
+        proc.wait(5)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    _, alive = psutil.wait_procs(family, timeout=GRACE_S)
-    for p in alive:
-        p.kill()
+        pass
 
 
 def beside_python(name: str) -> str:

@@ -190,20 +190,18 @@ def test_wait_returns_once_peers_listen_and_frees_its_port():
     socket.create_server(("", ports[0])).close()   # the strategy's server can bind worker 0's port now
 
 
-class _Exited:
-    def __init__(self, code):
-        self.returncode = code
+@pytest.mark.parametrize("code, launcher_code, text", [
+    (2, 2, "code 2, permanent"), (138, 138, "code 138, retryable"), (130, 130, "code 130, retryable"),
+    (-9, 137, "code -9 (SIGKILL, 137 to the shell), retryable"),
+    (-15, 143, "code -15 (SIGTERM, 143 to the shell), retryable"), (137, 137, "code 137 (SIGKILL), retryable"),
+    (143, 143, "code 143 (SIGTERM), retryable"), (-11, 2, "code -11 (SIGSEGV, 139 to the shell), permanent"),
+    (139, 2, "code 139 (SIGSEGV), permanent"), (1, 2, "code 1, permanent"), (127, 2, "code 127, permanent")])
+def test_launcher_code_follows_the_operators_retry_rule(code, launcher_code, text):
+    """training-operator's IsRetryableExitCode: 130, 137, 138, 143 retried; 1, 2, 126-128, 139 and others not."""
+    from harness.launch import stopping
 
-    def poll(self):
-        return self.returncode
-
-
-def test_launcher_names_the_killed_worker_not_the_peers_that_failed_after_it():
-    from harness.launch.local import _first_failure
-
-    assert _first_failure([_Exited(None), _Exited(0)]) is None
-    assert _first_failure([_Exited(1), _Exited(-9)]) == "worker 1 exited with code -9 (SIGKILL)"
-    assert _first_failure([_Exited(None), _Exited(3), _Exited(2)]) == "worker 1 exited with code 3"
+    assert stopping.launcher_code(code) == launcher_code
+    assert stopping.describe(code) == f"exited with {text}"
 
 
 # --- a worker killed mid-epoch -------------------------------------------------------------------------------------
@@ -221,8 +219,9 @@ def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(tabl
                 "index") == 1)
     finally:
         _kill_session(launcher)
-    assert launcher.returncode == 2, err[-3000:]
-    assert "WorkerFailedError: worker 1 exited with code -9 (SIGKILL); stopped the other workers" in err
+    assert launcher.returncode == 137, err[-3000:]   # retryable: the operators restart the pod
+    assert re.search(r"WorkerFailedError: worker 1 exited with code -9 \(SIGKILL, 137 to the shell\), retryable: "
+                     r"the first to fail, at localhost:\d+; stopped the other workers", err), err[-3000:]
     assert stop_s < STOP_S
     assert max(_epochs_printed(out)) == resumed_from // 16   # killed before the next epoch ended: mid-epoch
 

@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
+from harness import exit_codes
 from harness.distribute import environment
 from harness.errors import ConfigError
 from harness.launch import k8s
@@ -129,7 +130,8 @@ def test_tfjob_matches_crd_and_operator_conventions(gpus):
     validate(job)
     (worker,) = job["spec"]["tfReplicaSpecs"].values()
     assert list(job["spec"]["tfReplicaSpecs"]) == ["Worker"]
-    assert worker["replicas"] == 3 and worker["restartPolicy"] == "OnFailure"
+    # ExitCode: training-operator restarts pods whose code it retries (138, 130, 137, 143), fails the job on 2
+    assert worker["replicas"] == 3 and worker["restartPolicy"] == "ExitCode"
     c = _containers(worker["template"])["tensorflow"]
     assert c["command"] == list(CMD)
     assert c["ports"] == [{"name": "tfjob-port", "containerPort": 2222, "protocol": "TCP"}]
@@ -411,3 +413,102 @@ def test_cli_writes_a_yaml_stream(tmp_path):
                         "--image", "h:1", "--name", "UPPER", "--", *CMD], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "ConfigError" in r.stderr
+
+
+# --- exit codes and restarts, gang scheduling ---------------------------------------------------------------------------
+def test_tfjob_retries_cluster_faults_and_fails_on_bad_input():
+    """restartPolicy ExitCode applies training-operator's IsRetryableExitCode to the pod's code: the harness's 138
+    (a lost, stuck or late peer, a preemption) is retried, its 2 (bad input or configuration) fails the job."""
+    (job,) = _make("tfjob")
+    validate(job)
+    assert job["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"] == "ExitCode"
+    assert exit_codes.is_retryable(exit_codes.RETRYABLE) and not exit_codes.is_retryable(exit_codes.PERMANENT)
+    (bounded,) = _make("tfjob", restart_policy="OnFailure")   # counted against backoffLimit
+    assert bounded["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
+    text = k8s.to_yaml([job], k8s.K8sOptions(kind="tfjob", command=CMD, workers=2, image="i"))
+    assert "# restartPolicy ExitCode: a pod that exits 138" in text
+
+
+def test_indexed_job_with_never_fails_on_permanent_codes_and_retries_the_others():
+    _, job = _make("indexed-job", restart_policy="Never")
+    validate(job)
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "harness", "operator": "NotIn",
+                                                             "values": [130, 137, 138, 143]}}
+    assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    _, on_failure = _make("indexed-job")   # Kubernetes refuses a podFailurePolicy with OnFailure
+    assert "podFailurePolicy" not in on_failure["spec"]
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_gang_tfjob_asks_for_every_worker_at_once(workers):
+    (job,) = _make("tfjob", workers=workers, gang=True, queue="research", priority_class="high",
+                   scheduler_name="volcano")
+    validate(job)
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": workers, "queue": "research",
+                                                          "priorityClass": "high"}
+    assert job["spec"]["runPolicy"]["backoffLimit"] == k8s.default_backoff_limit(k8s.K8sOptions(
+        kind="tfjob", command=CMD, workers=workers, image="i"))   # the rest of runPolicy kept
+    (worker,) = job["spec"]["tfReplicaSpecs"].values()
+    assert worker["template"]["spec"]["schedulerName"] == "volcano"
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_gang_mpijob_counts_the_launcher_and_creates_it_at_startup(workers):
+    """mpi-operator's PodGroup minMember is minAvailable (default workers + 1); a launcher created only once the
+    workers are Ready would never join a gang that waits for it (kubeflow/mpi-operator issue 608)."""
+    (job,) = _make("mpijob", workers=workers, gang=True, scheduler_name="scheduler-plugins-scheduler")
+    validate(job)
+    spec = job["spec"]
+    assert spec["runPolicy"]["schedulingPolicy"] == {"minAvailable": workers + 1}
+    assert spec["launcherCreationPolicy"] == "AtStartup"
+    for replica in spec["mpiReplicaSpecs"].values():
+        assert replica["template"]["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+
+
+@pytest.mark.parametrize("kind", ["tfjob", "mpijob"])
+def test_without_gang_no_scheduling_policy_and_the_wait_is_said(kind):
+    (job,) = _make(kind)
+    validate(job)
+    assert "schedulingPolicy" not in job["spec"]["runPolicy"]
+    assert all("schedulerName" not in t["spec"] for t in k8s._pod_templates(job))
+    if kind == "mpijob":
+        assert job["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
+    options = k8s.K8sOptions(kind=kind, command=HVD_CMD if kind == "mpijob" else CMD, workers=2, image="i")
+    assert "# Not gang-scheduled (--gang): pods start one by one and wait up to 900 s" in k8s.to_yaml([job], options)
+
+
+def test_gang_scheduling_policy_is_checked_by_the_schema():
+    (job,) = _make("tfjob", gang=True)
+    bad = copy.deepcopy(job)
+    bad["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] = "2"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+    bad = copy.deepcopy(job)
+    bad["spec"]["runPolicy"]["schedulingPolicy"]["minMember"] = 2   # the PodGroup's name, not the job's
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(kind="indexed-job", gang=True), "--gang needs an operator that makes the PodGroup"),
+    (dict(kind="tfjob", queue="q"), "need --gang"),
+    (dict(kind="tfjob", gang=True, scheduler_name="Volcano Scheduler"), "not a scheduler's name"),
+])
+def test_bad_gang_options_are_config_errors(kw, match):
+    kw = {"command": CMD, "workers": 2, "image": "i", **kw}
+    with pytest.raises(ConfigError, match=match):
+        k8s.manifests(k8s.K8sOptions(**kw))
+
+
+def test_cli_gang_flags(tmp_path):
+    out = tmp_path / "job.yaml"
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "k8s", "--kind", "mpijob", "--workers", "3",
+                        "--image", "h:1", "--gang", "--queue", "research", "-o", str(out), "--", *HVD_CMD],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    (job,) = yaml.safe_load_all(out.read_text())
+    validate(job)
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 4, "queue": "research"}
+    assert "# Gang-scheduled: all 4 pods are bound at once or none" in out.read_text()

@@ -34,7 +34,7 @@ def test_one_failing_worker_stops_the_others():
     script = ("import json, os, sys, time; i = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
               "if i == 1: sys.exit(3)\ntime.sleep(60)")
     t0 = time.monotonic()
-    with pytest.raises(WorkerFailedError, match="worker 1 exited with code 3"):
+    with pytest.raises(WorkerFailedError, match=r"worker 1 exited with code 3, permanent: the first to fail, at localhost:\d+"):
         run_local([sys.executable, "-c", script], workers=2, out=open("/dev/null", "w"))
     assert time.monotonic() - t0 < 30
 
@@ -50,4 +50,4 @@ def test_cli_exit_code_on_failure():
                         sys.executable, "-c", "import sys; sys.exit(5)"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2
-    assert "WorkerFailedError: worker" in r.stderr and "exited with code 5" in r.stderr
+    assert "WorkerFailedError: worker" in r.stderr and "exited with code 5, permanent: the first to fail" in r.stderr

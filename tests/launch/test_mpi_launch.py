@@ -206,3 +206,17 @@ def test_timeout_stops_the_launcher_and_every_rank():
     for p in left:
         p.kill()
     assert not left, "ranks outlived the launcher"
+
+
+def test_first_failure_reads_the_launchers_report_not_the_ranks_output():
+    first = launch_mpi.FirstFailure()
+    for line in ["[1,0]<stdout>:Process name: 7\n", "[1,0]<stdout>:Exit code: 9\n",   # a rank's own text
+                 "  Process name: [[23946,1],1]\n", "  Exit code:    2\n", "Process name: 0\n", "Exit code: 5\n"]:
+        first.feed(line)
+    assert (first.rank, first.code, first.host) == (1, 2, None)
+    signalled = launch_mpi.FirstFailure()
+    signalled.feed("mpirun noticed that process rank 3 with PID 0 on node node2 exited on signal 9 (Killed).\n")
+    assert (signalled.rank, signalled.code, signalled.host) == (3, 137, "node2")
+    assert [launch_mpi.rank_host(["horovodrun", "-np", "4", "-H", "a:2,b:2"], r) for r in range(4)] == [
+        "a", "a", "b", "b"]
+    assert launch_mpi.rank_host(["mpirun", "-np", "2"], 1) is None

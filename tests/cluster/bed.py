@@ -271,23 +271,35 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "hosts.json")) as f:
     BED = json.load(f)
 WITH_ARG = set("BbcDEeFIiJLlmOoPpQRSWw")
-args, i, no_stdin = sys.argv[1:], 0, False
-while i < len(args) and args[i].startswith("-") and len(args[i]) > 1:
-    opt = args[i]
-    i += 1
-    if opt == "--":
-        break
-    for k, ch in enumerate(opt[1:]):
-        if ch == "n":
-            no_stdin = True
-        if ch in WITH_ARG:
-            if k == len(opt) - 2:
-                i += 1          # its value is the next word
-            break               # else the rest of this word is its value
+args, no_stdin = sys.argv[1:], False
+
+
+def options(i):
+    """Skip the options from args[i]: the index of the next word that is not one, and whether `--` ended them."""
+    global no_stdin
+    while i < len(args) and args[i].startswith("-") and len(args[i]) > 1:
+        opt = args[i]
+        i += 1
+        if opt == "--":
+            return i, True
+        for k, ch in enumerate(opt[1:]):
+            if ch == "n":
+                no_stdin = True
+            if ch in WITH_ARG:
+                if k == len(opt) - 2:
+                    i += 1          # its value is the next word
+                break               # else the rest of this word is its value
+    return i, False
+
+
+i, ended = options(0)
 if i >= len(args):
     sys.exit("usage: ssh [options] HOST COMMAND... (the test bed's ssh runs commands, not logins)")
 target = args[i].rsplit("@", 1)[-1]
-command = " ".join(args[i + 1:])
+i += 1
+if not ended:       # OpenSSH takes options after the destination too (horovodrun puts -p and -i there)
+    i, _ = options(i)
+command = " ".join(args[i:])
 host = BED["hosts"].get(target)
 if host is None:
     sys.stderr.write(f"ssh: Could not resolve hostname {target}: Name or service not known\n")
@@ -316,6 +328,8 @@ class Bed:
     Attributes:
       hosts: the hosts, host0 first.
       ssh_dir: a folder holding the `ssh` stand-in; put it first on PATH.
+      shared_dir: an empty folder at the same path on every host and here, outside /tmp (storage the hosts share,
+        as NFS; for data when /tmp is private); removed at close.
       name: the bed's name, the prefix of its namespaces (`hx<pid>b<k>`).
       switch: the switch namespace's name.
 
@@ -333,6 +347,7 @@ class Bed:
         self.switch = f"{self.name}sw"
         self.private_tmp = private_tmp
         self.ssh_dir = os.path.join(self.dir, "bin")
+        self.shared_dir = os.path.join(self.dir, "shared")
         self._children = weakref.WeakSet()
         self._closed = False
         self.hosts = [Host(self, i) for i in range(n)]
@@ -343,7 +358,7 @@ class Bed:
             raise
 
     def _build(self, cap_mbit):
-        os.makedirs(self.dir)
+        os.makedirs(self.shared_dir)
         with open(os.path.join(self.dir, "owner"), "w") as f:
             f.write(f"{os.getpid()} {_start_time(os.getpid())} {_pid_ns()}\n")
         # A private mount of its own: the mount namespace files below may not sit on a shared mount.

@@ -155,6 +155,9 @@ def test_private_tmp_is_private_to_each_host(make_bed, tmp_path):
     assert b.run(["ls", "/tmp"], check=True).stdout == ""
     assert not os.path.exists("/tmp/hx-mark")
     assert b.run(["test", "-e", str(tmp_path)]).returncode != 0  # the caller's /tmp is not there either
+    a.run(["sh", "-c", f"echo a > {bed.shared_dir}/mark"], check=True)   # the shared folder is
+    assert b.run(["cat", f"{bed.shared_dir}/mark"], check=True).stdout == "a\n"
+    assert open(os.path.join(bed.shared_dir, "mark")).read() == "a\n"
     shared = make_bed(1)
     (tmp_path / "seen").write_text("x")
     assert shared.hosts[0].run(["cat", str(tmp_path / "seen")], check=True).stdout == "x"
@@ -223,6 +226,10 @@ def test_ssh_runs_on_the_named_host_with_a_login_environment_only(make_bed):
         done = a.run(["ssh", "-o", "StrictHostKeyChecking=no", "-oBatchMode=yes", "-p", "22", "-i", "/dev/null",
                       "-x", "-T", "-q", "-n", target, "true"], env=env, timeout=30)
         assert done.returncode == 0, done
+    # horovodrun's form (horovod/runner/util/remote.py): options after the destination too, then the command.
+    done = a.run(["ssh", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no", "host1", "-p", "22",
+                  "-i", "/dev/null", "-o", "ConnectTimeout=10", "hostname", "-s"], env=env, timeout=30)
+    assert done.returncode == 0 and done.stdout == "host1\n", done
     done = a.run(["ssh", "host1", "hostname; pwd; env"], env=env, timeout=30, check=True)
     lines = done.stdout.splitlines()
     assert lines[:2] == ["host1", os.path.expanduser("~")]
@@ -252,3 +259,14 @@ def test_mpirun_across_two_hosts_through_the_ssh_stand_in(make_bed):
                   "-H", hosts, "-np", "2", "hostname"], timeout=120)
     assert done.returncode == 0, done
     assert sorted(done.stdout.split()) == ["host0", "host1"]
+
+
+def test_horovodrun_across_two_hosts_through_the_ssh_stand_in(make_bed):
+    """horovodrun -H, unmodified, from host0: its ssh check, its task services on each host (which pick the
+    interfaces the hosts share) and the command on both hosts."""
+    bed = make_bed(2)
+    horovodrun = os.path.join(os.path.dirname(PY), "horovodrun")
+    done = bed.hosts[0].run([horovodrun, "-np", "2", "-H", "host0:1,host1:1", "--gloo", "--start-timeout", "60",
+                             "hostname"], env=bed.env(), timeout=180)
+    assert done.returncode == 0, done
+    assert sorted(done.stdout.split()) == ["[0]<stdout>:host0", "[1]<stdout>:host1"], done

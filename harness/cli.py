@@ -62,6 +62,26 @@ def _auto_or_positive(text: str):
 _auto_or_positive.__name__ = "auto or integer >= 1"
 
 
+_BYTE_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+
+
+def _byte_sizes(text: str) -> list[int]:
+    """An argparse `type`: comma-separated byte counts with an optional K/M/G suffix (powers of 1024), e.g.
+    `4096,1M,16M`; a bad one is a usage error (exit 2)."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip().upper().removesuffix("B").removesuffix("I")
+        unit = part[-1:] if part[-1:] in "KMG" else ""
+        try:
+            value = int(float(part[:len(part) - len(unit)]) * _BYTE_UNITS[unit])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected byte counts such as 4096,1M,16M, got {text!r}") from None
+        if value < 4:
+            raise argparse.ArgumentTypeError(f"a size must be >= 4 bytes (one float32), got {part!r}")
+        sizes.append(value)
+    return sizes
+
+
 def _json_object(text: str) -> dict:
     """An argparse `type` for a JSON object (`--model-args '{"depth": 4}'`): anything else is a usage error."""
     import json
@@ -233,6 +253,18 @@ def _bench_commands(sub) -> None:
     p.add_argument("--baseline", metavar="REPORT",
                    help="a one-replica run's report.json: adds scaling efficiency (default: none)")
     p.add_argument("--seed", type=int, default=0, help="synthetic data and model initialization")
+
+    p = _command(bsub, "allreduce", bench_cmd.bench_allreduce,
+                 "The gradient all-reduce training runs, timed over sizes on the workers it is launched on; fits the "
+                 "link's latency (alpha) and bandwidth (beta)")
+    p.add_argument("--backend", choices=BACKENDS, default="tf",
+                   help="tf: tf.distribute (TF_CONFIG for several workers); horovod: under horovodrun/mpirun")
+    p.add_argument("--sizes", type=_byte_sizes, default=None, metavar="BYTES,...",
+                   help="bytes per all-reduce, e.g. 4096,1M,16M (default 1 KiB to 16 MiB, x4 steps)")
+    p.add_argument("--tensors", type=POSITIVE, default=1, help="gradient tensors each size is split into")
+    p.add_argument("--rounds", type=POSITIVE, default=20, help="chained all-reduces per timed call")
+    p.add_argument("--repeats", type=POSITIVE, default=5, help="timed calls per size (the median is kept)")
+    p.add_argument("--output", default=None, help="folder for allreduce.json (chief only; default: none)")
 
     p = _command(sub, "reshard", data_cmd.reshard,
                  "Rewrite (GZIP) shards into uncompressed shards balanced over a multiple of the workers, in order")

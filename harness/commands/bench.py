@@ -1,4 +1,4 @@
-"""`harness bench input` and `harness bench train`."""
+"""`harness bench input`, `harness bench train` and `harness bench allreduce`."""
 from __future__ import annotations
 
 import dataclasses
@@ -32,4 +32,15 @@ def bench_train(args) -> int:
         if given.get(key) is not None:
             given[key] = tuple(given[key])
     run(BenchTrainOptions(**given))
+    return 0
+
+
+def bench_allreduce(args) -> int:
+    """`harness bench allreduce [--backend tf|horovod] [--sizes B,...] ...` (`harness.bench.allreduce`)."""
+    from harness.bench.allreduce import run
+
+    from harness.bench.allreduce import DEFAULT_SIZES
+
+    run(backend_name=args.backend, sizes_bytes=args.sizes or DEFAULT_SIZES, tensors=args.tensors, rounds=args.rounds,
+        repeats=args.repeats, output=args.output)
     return 0

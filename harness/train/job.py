@@ -49,6 +49,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                            distribution=distribution)
     context, say = backend.context, backend.say
     say(f"worker: {context}")
+    from harness.train import shared_output
+    shared_output.check(options.output, backend)  # a folder private to each host: refused before any data is read
     builder = user_model.resolve(options, model_fn)  # an import failure or a Keras 3 function: before any data
     declared = spec.to_config() if spec is not None else (data_config or {})  # task and nodata: declared, not inferred
     task = declared.get("task") or "classification"

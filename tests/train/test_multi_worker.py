@@ -50,11 +50,11 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes(table_export,
     for r in results.values():
         assert r["calls"] == {"discover_shards": 1, "find_mixer": 1, "record_stats": 1, "validate_spec": 1,
                               "assign_nonempty": 2}, r["calls"]
-    # Chief-only writes: each worker was given its own output folder; only the chief's exists.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["worker0"]
-    written = sorted(p.name for p in (tmp_path / "worker0").iterdir())
+    # Chief-only writes: the shared output folder holds the chief's files and nothing else (no marker of the
+    # shared-folder check, no other worker's backup or model).
+    written = sorted(p.name for p in tmp_path.iterdir())
     assert written == ["backup", "logs", "model.keras", "summary.json"]
-    events = list((tmp_path / "worker0" / "logs" / "train").glob("events.out.tfevents.*"))
+    events = list((tmp_path / "logs" / "train").glob("events.out.tfevents.*"))
     assert events
     # --scale-lr linear on 2 workers: peak = 1e-2 x global 64 / base 32; the rate of every step in TensorBoard is
     # the closed form of the schedule (a function of the global step).
@@ -82,24 +82,26 @@ def _scalars(events, tag: str) -> dict:
     return found
 
 
-def test_workers_that_resume_from_different_steps_fail_before_the_first_step(table_export, tmp_path):
-    """A backup only the chief sees (each worker has its own output folder here, as with storage that is not
-    shared): the chief would resume at step 16, worker 1 from scratch, and the steps would not line up. Both
-    fail before the first step, naming the workers and steps (issue 11, item 6)."""
+def test_output_folders_private_to_each_worker_are_refused_before_training(table_export, tmp_path, monkeypatch):
+    """Each worker given its own output folder (as with a node's own /tmp, or an emptyDir): training would run, and
+    the first resume would find the chief at step 16 and worker 1 at step 0. Refused before any data is read, on
+    both workers, naming the folder and the workers that do not see the others' files (issue 20, item 2)."""
     import io
 
     from harness.errors import WorkerFailedError
 
-    cmd = [sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=1"]
-    run_local(cmd, workers=2, timeout_s=300, out=io.StringIO())
-    assert (tmp_path / "worker0" / "backup").is_dir() and not (tmp_path / "worker1").exists()
+    monkeypatch.setenv("HARNESS_TEST_OUTPUT_PER_WORKER", "1")
     out = io.StringIO()
     with pytest.raises(WorkerFailedError):
-        run_local(cmd[:-1] + ["epochs=2"], workers=2, timeout_s=300, out=out)
+        run_local([sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=1"], workers=2,
+                  timeout_s=300, out=out)
     text = out.getvalue()
-    assert "workers disagree on the step they resume from (worker 0 at step 16, worker 1 at step 0)" in text, \
-        text[-3000:]
-    assert "epoch 2/2" not in text  # no step was taken
+    for w in (0, 1):
+        assert (f"[worker {w}] " in text and f"ClusterConfigError: --output {tmp_path / f'worker{w}'} is not one "
+                "folder for all workers: worker(s) 0, 1 do not see the files the other workers write there") in text, \
+            text[-3000:]
+    assert "epoch 1/1" not in text and "records" not in text   # before the data was counted
+    assert sorted(p.name for p in (tmp_path / "worker0").iterdir()) == []   # no marker left behind
 
 
 def test_ranks_whose_final_weights_differ_fail(table_export, tmp_path):
@@ -121,7 +123,7 @@ def test_ranks_whose_final_weights_differ_fail(table_export, tmp_path):
             HARNESS_TEST_OTHER_DIGEST=old)
     text = out.getvalue()
     assert "final weights differ between ranks: rank(s) [1] differ from rank 0" in text, text[-3000:]
-    assert not (tmp_path / "worker0" / "model.keras").exists()
+    assert not (tmp_path / "model.keras").exists()
 
 
 def _latest_step(folder: pathlib.Path):
@@ -138,7 +140,7 @@ def test_resume_after_killed_run(table_export, tmp_path):
     lost: final global step and optimizer iterations = epochs x steps per epoch."""
     cmd = [sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=4", "per_replica_batch_size=8"]
     env = dict(os.environ, TF_CONFIG="")
-    backup = tmp_path / "worker0" / "backup"
+    backup = tmp_path / "backup"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     deadline = time.monotonic() + 240
@@ -200,7 +202,7 @@ def test_two_workers_score_every_validation_record_once(table_export, tmp_path_f
                f"validation_data={','.join(paths)}"], workers=2, timeout_s=300, out=out)
     results = _results(out.getvalue())
     assert sorted(results) == [0, 1], out.getvalue()[-3000:]
-    summary = json.loads((tmp_path / "worker0" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["evaluation"]["records_expected"] == 150
     assert [e["records"] for e in summary["evaluation"]["per_epoch"]] == [150, 150]
     assert [e["pixels"] for e in summary["evaluation"]["per_epoch"]] == [150, 150]

@@ -2,8 +2,9 @@
 
 Usage: train_worker.py OUTPUT_BASE DATA... [-- key=value ...] (TrainOptions fields; ints/floats parsed;
 `data_config=JSON`: the data section given to `job.run`).
-Each worker trains with `output = OUTPUT_BASE/worker<rank>`, so a test can prove that only the chief's folder is
-created. Prints one line `RESULT {json}` with rank, last loss, weights digest, steps and the calls to the data layer's
+Every worker trains with `output = OUTPUT_BASE` (one folder the workers share, as MultiWorkerMirroredStrategy needs);
+with HARNESS_TEST_OUTPUT_PER_WORKER set, `OUTPUT_BASE/worker<rank>` (a folder private to each worker, as on hosts
+that share no storage). Prints one line `RESULT {json}` with rank, last loss, weights digest, steps and the calls to the data layer's
 once-per-run functions (tests/call_counts.py).
 """
 import json
@@ -44,8 +45,8 @@ def main():
     if os.environ.get("HARNESS_TEST_OTHER_DIGEST") and context.rank == 1:  # the weights-differ test
         from harness.train import results
         results.weights_digest = lambda model: "f" * 64
-    options = job.TrainOptions(data=tuple(rest[:split]), output=os.path.join(base, f"worker{context.rank}"),
-                               **kwargs)
+    output = os.path.join(base, f"worker{context.rank}") if os.environ.get("HARNESS_TEST_OUTPUT_PER_WORKER") else base
+    options = job.TrainOptions(data=tuple(rest[:split]), output=output, **kwargs)
     summary = job.run(options, data_config=data_config, distribution=(strategy, context))
     print("RESULT " + json.dumps({
         "rank": context.rank, "loss": summary["history"][-1]["loss"] if summary["history"] else None,

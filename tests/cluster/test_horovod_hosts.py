@@ -1,0 +1,102 @@
+"""Horovod on 2 hosts x 2 slots of the bed, launched by the line `harness launch mpi|horovod --dry-run` prints, run
+exactly as printed from host0 (the launcher's host), remote ranks started through the bed's ssh.
+
+Each host also has a `docker0` with the same address on every host (as Docker's bridge has, 172.17.0.1): the
+interface flags the launch line carries must keep the ranks' traffic on the hosts' own link (Horovod docs/mpi.rst,
+"Hangs due to non-routed network interfaces"). Checked: every record once per epoch (the files of the ranks
+disjoint and covering the export, the records summed), equal steps, identical final weights, and rank, local rank
+and chief right on each host.
+"""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from harness.data import synth
+
+BIN = pathlib.Path(sys.executable).parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 400
+DECOY = "172.17.0.1/16"   # the same address on every host, as Docker's default bridge (a bridge too)
+
+
+@pytest.fixture(scope="module")
+def table_export(tmp_path_factory):
+    """8 shards x 64 records: 4 ranks x 128 records, per-replica batch 16 -> 8 steps per epoch."""
+    folder = tmp_path_factory.mktemp("points")
+    paths = synth.write_table_export(str(folder), prefix="points", shards=8, records=512, seed=11)
+    return folder, sorted(p for p in paths if ".tfrecord" in p)
+
+
+def _bed_env(bed) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_", "PMIX_"))}
+    env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    return bed.env(env)
+
+
+def _add_decoy(bed) -> None:
+    for h in bed.hosts:
+        for args in (["link", "add", "docker0", "type", "bridge"], ["addr", "add", DECOY, "dev", "docker0"],
+                     ["link", "set", "docker0", "up"]):
+            subprocess.run(["ip", "-n", h.netns, *args], check=True, capture_output=True)
+
+
+def _printed_line(bed, env, launcher: str, train: list) -> str:
+    out = bed.hosts[0].run([BIN / "harness", "launch", launcher, "--np", "4", "-H", "host0:2,host1:2", "--dry-run",
+                            "--", *train], env=env, timeout=60, check=True).stdout
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def _run_printed(bed, env, line: str) -> str:
+    proc = bed.hosts[0].popen(["/bin/sh", "-c", line], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {RUN_TIMEOUT_S} s (a hang): {line}\n{out[-4000:]}")
+    assert proc.returncode == 0, f"exit {proc.returncode}: {line}\n{out[-6000:]}"
+    return out
+
+
+def _check(summary: dict, files: list) -> None:
+    ranks = summary["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    # -map-by slot: ranks 0, 1 on host0, ranks 2, 3 on host1; local ranks 0, 1 on each.
+    assert [(r["host"], r["local_rank"]) for r in ranks] == [("host0", 0), ("host0", 1), ("host1", 0), ("host1", 1)]
+    per_rank = [set(r["files"]) for r in ranks]
+    assert sum(map(len, per_rank)) == len(set().union(*per_rank)) and set().union(*per_rank) == set(files)
+    assert sum(r["records"] for r in ranks) == 512 and all(r["dropped"] == 0 for r in ranks)
+    assert len({r["steps"] for r in ranks}) == 1
+    assert len({r["weights_sha256"] for r in ranks} | {summary["weights_sha256"]}) == 1
+    assert summary["final_step"] == summary["optimizer_iterations"] == 2 * 8
+    assert "rank 0/4" in summary["context"] and "chief" in summary["context"]
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "horovod"])
+def test_two_hosts_two_slots_as_printed(make_bed, table_export, tmp_path, launcher):
+    bed = make_bed(2)
+    _add_decoy(bed)
+    env = _bed_env(bed)
+    folder, files = table_export
+    output = tmp_path / "run"
+    train = ["harness", "train", "--backend", "horovod", "--data", str(folder), "--output", str(output),
+             "--epochs", "2", "--per-replica-batch-size", "16", "--check-sharding"]
+    line = _printed_line(bed, env, launcher, train)
+    if launcher == "mpi":
+        assert "-mca btl_tcp_if_exclude lo,docker0" in line and "NCCL_SOCKET_IFNAME=^lo,docker0" in line, line
+    out = _run_printed(bed, env, line)
+    summary = json.loads((output / "summary.json").read_text())
+    _check(summary, files)
+    # Every rank says where it runs and what it is, on its own host.
+    for rank, host, local in ((0, "host0", 0), (1, "host0", 1), (2, "host1", 0), (3, "host1", 1)):
+        assert f"rank {rank}/4" in out, out[-3000:]

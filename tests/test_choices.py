@@ -22,6 +22,7 @@ FLAGS = {
     (("train",), "--strategy"): choices.STRATEGIES,
     (("train",), "--cache"): choices.CACHE_MODES,
     (("train",), "--backend"): choices.BACKENDS,
+    (("bench", "allreduce"), "--backend"): choices.BACKENDS,
     (("train",), "--optimizer"): choices.OPTIMIZERS,
     (("train",), "--schedule"): choices.SCHEDULES,
     (("train",), "--scale-lr"): choices.LR_SCALINGS,

@@ -24,6 +24,7 @@ bench: install
 	$(PY) benchmarks/profile_overhead.py
 	$(PY) benchmarks/predict.py
 	$(PY) benchmarks/step_loop.py
+	$(PY) benchmarks/cluster.py
 	$(VENV)/bin/harness bench train --data synthetic --steps 30 --output runs/bench/synthetic
 
 clean:

@@ -26,6 +26,11 @@ _TABLE_PIPES = ("raw-seq", "raw-par", "raw-reader", "harness", "harness-alt", "p
 _STEP_ROW = r"^  {name}\s+" + NUM + r" (?:examples/s|µs/step) \(median; range"
 _RATIO = r"^  {a} / {b} = " + NUM
 RUNS = {
+    "cluster.py": [([], {
+        "title": r"^U-Net 16x16x4, per-replica batch 8, 3 timed steps after 2; gradient " + NUM + " bytes per step",
+        "one process": rf"^\s+1\s+1\s+none\s+{NUM}\s+{NUM}\s+{NUM}\s+1\.00$",
+        "two hosts": rf"^\s+2\s+2\s+100 Mbit/s\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
+        "done": r"^done \[load average"})],
     "fit_ratio.py": [(["--data", "{images}", "--output", "{tmp}/fit", "--json", "{tmp}/fit.json"], {
         f"round 1 {name}": rf"^round 1 {name}\s+{NUM} examples/s" for name in ("harness", "fit_spe1", "fit_speK")} | {
         "ratio": rf"^harness/fit ratio \(unet, mixed_float16, batch 4\): {NUM} against steps_per_execution 1, {NUM} "
@@ -106,6 +111,10 @@ def _run(cmd: list, timeout_s: float) -> subprocess.CompletedProcess:
 def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_path):
     assert index is not None, (f"benchmarks/{script} has no smoke run: give it a --smoke size (seconds) and add "
                                f"it to RUNS in {pathlib.Path(__file__).name}")
+    if script == "cluster.py":   # hosts of network namespaces: root and iproute2 (tests/cluster/bed.py)
+        from cluster.bed import unavailable_reason
+        if unavailable_reason():
+            pytest.skip(f"benchmarks/cluster.py needs the bed: {unavailable_reason()}")
     extra, shape = RUNS[script][index]
     args = [a.format(tmp=tmp_path, **smoke_data) for a in extra]
     done = _run([sys.executable, str(BENCHMARKS / script), "--smoke", *args], RUN_TIMEOUT_S)

@@ -138,3 +138,48 @@ def test_stuck_worker_ends_every_worker_within_the_bound(table_export, tmp_path)
         assert BOUND_S <= int(m[1]) < BOUND_S + 5 and STEPS <= int(m[2]) <= STEPS + 4, line
         assert m[3] == str(output / "backup") and int(m[4]) == STEPS, line
         assert BOUND_S <= took[i] < BOUND_S + MARGIN_S + 10, took
+
+
+def test_stuck_rank_under_horovodrun_ends_every_rank_within_the_bound(table_export, tmp_path):
+    output = tmp_path / "run"
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *_args(table_export, output),
+           "--backend", "horovod"]
+    log = tmp_path / "hvd.log"
+    launcher = _start(cmd, _env(HARNESS_TEST_STALL_RANK="1", HARNESS_TEST_STALL_AFTER=str(STEPS + 4)), log)
+    try:
+        _first_backup(output, [launcher])
+        t0 = time.monotonic()
+        took = _ended(launcher, t0, BOUND_S + MARGIN_S + 10)
+    finally:
+        _kill(launcher)
+    text = log.read_text()
+    ranks_lines = "\n".join(line for line in text.splitlines() if re.match(r"\[\d+\]<std(out|err)>:", line))
+    # the ranks print no traceback (horovodrun's own RuntimeError follows theirs) and end with the retryable code
+    assert launcher.returncode != 0 and "Traceback" not in ranks_lines, text[-4000:]
+    assert re.search(r"Process name: [01]\s+Exit code: 138", text), text[-4000:]
+    # the first rank whose watchdog fires ends; horovodrun then stops the other, which may not get to print
+    found = list(re.finditer(rf"\[(\d)\]<stderr>:harness train: StalledWorkerError: no step progress on rank (\d) on "
+                             rf"\S+ for (\d+) s after step (\d+): .* \(peers: rank (\d) on \S+\); a re-run resumes "
+                             rf"from (.+) at step (\d+); HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound", text))
+    assert found, text[-4000:]
+    for m in found:   # rank 1 got the backup's step by broadcast from rank 0, which wrote it
+        assert m[1] == m[2] and m[5] == str(1 - int(m[2])), m[0]
+        assert BOUND_S <= int(m[3]) < BOUND_S + 5 and STEPS <= int(m[4]) <= STEPS + 4, m[0]
+        assert m[6] == str(output / "backup") and int(m[7]) == STEPS, m[0]
+    assert BOUND_S <= took < BOUND_S + MARGIN_S + 10, took
+
+
+LATE_S = 35   # later than Gloo's own 30 s default, within the harness's 120 s wait
+
+
+def test_rank_later_than_gloos_default_joins_under_the_printed_horovodrun_line(tmp_path):
+    env = {k: v for k, v in _env(HARNESS_TEST_LATE_S=str(LATE_S)).items()
+           if k not in ("HARNESS_WORKER_WAIT_S", "HOROVOD_GLOO_TIMEOUT_SECONDS")}
+    cmd = [sys.executable, "-m", "harness.cli", "launch", "horovod", "--np", "2", "--timeout", "200", "--",
+           sys.executable, str(ROOT / "tests" / "distribute" / "scripts" / "hvd_late.py"), "--backend", "horovod"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    from tests.procs import results
+    ranks = results(out, "LATE", 2)
+    assert all(v["sum"] == 2.0 and v["gloo_timeout_s"] == "120" for v in ranks.values()), ranks

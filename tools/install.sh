@@ -15,6 +15,9 @@ command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
   || need_apt+=(libopenmpi-dev)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+# The multi-host tests' bed (tests/cluster/bed.py): ip and tc (iproute2), nsenter and unshare (util-linux).
+{ command -v ip && command -v tc; } >/dev/null 2>&1 || need_apt+=(iproute2)
+{ command -v nsenter && command -v unshare; } >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq

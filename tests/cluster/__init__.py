@@ -1,0 +1,1 @@
+"""Multi-host tests on a bed of network namespaces (bed.py)."""

@@ -116,6 +116,8 @@ def peer_lost(error: BaseException, cluster: Cluster, step: int, backup) -> Opti
         return None
     text = str(error)
     named = cluster.named_in(text)
+    if not named and len(cluster.names) == 2:   # one peer: the one lost (a heartbeat to it or a call timed out)
+        named = [1 - cluster.me]
     who = (", ".join(cluster.describe(i) for i in named) + (" is" if len(named) == 1 else " are")) if named \
         else f"a peer ({cluster.peers() or 'none'}) is"
     cause = _first_line(text)
@@ -125,11 +127,17 @@ def peer_lost(error: BaseException, cluster: Cluster, step: int, backup) -> Opti
 
 def _first_line(text: str) -> str:
     """The first informative line of TensorFlow's error text (gRPC's message, the coordination service's), cut to
-    120 characters."""
+    160 characters."""
     for pattern in (r'"grpc_message":"([^"]+)"', r"(Collective ops is aborted by: [^\n]+)", r"(heartbeat[^\n]*)",
                     r"(Horovod has been shut down[^\n.]*)"):
         m = re.search(pattern, text)
         if m:
-            return m.group(1).strip()[:120]
+            return _cut(m.group(1))
     lines = [line.strip() for line in text.splitlines() if line.strip() and "Graph execution error" not in line]
-    return lines[0][:120] if lines else ""
+    return _cut(lines[0]) if lines else ""
+
+
+def _cut(line: str, limit: int = 160) -> str:
+    """The first sentence of `line`, at most `limit` characters (cut with "...")."""
+    line = line.strip().split(". ")[0].rstrip(".")
+    return line if len(line) <= limit else line[:limit - 3] + "..."

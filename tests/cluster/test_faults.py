@@ -202,3 +202,48 @@ def test_horovod_link_down_ends_the_job_within_the_bound_naming_the_ranks_hosts(
     else:
         assert m[1] == "PeerLostError" and "rank 1 on host1" in m[2] and f"at step {STEPS}" in m[2], m[0]
     assert took < BOUND_S + MARGIN_S, took
+
+
+def _rank_process(launcher, rank: int):
+    """The process of `rank` (HOROVOD_RANK in its environment) among the launcher's descendants."""
+    import psutil
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for p in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                if str(SCRIPT) in p.cmdline() and p.environ().get("HOROVOD_RANK") == str(rank):
+                    return p
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank}'s process not found")
+
+
+def test_horovod_host_killed_ends_the_job_within_the_bound_naming_the_rank(make_bed, table_export, tmp_path):
+    bed = make_bed(2)
+    output = tmp_path / "run"
+    hosts = ",".join(f"{h.name}:1" for h in bed.hosts)
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", hosts, "--gloo", "--network-interfaces", "eth0",
+           *_args(table_export, output), "--backend", "horovod"]
+    log = open(tmp_path / "hvd.log", "w")
+    launcher = bed.hosts[0].popen(cmd, env=_env(bed), stdout=log, stderr=log, cwd=str(ROOT), start_new_session=True)
+    try:
+        victim = _rank_process(launcher, 1)
+        _first_backup(output, [launcher])
+        time.sleep(1.0)
+        victim.kill()
+        t0 = time.monotonic()
+        took = _ended(launcher, t0, BOUND_S + MARGIN_S)
+    finally:
+        _kill(launcher)
+    text = (tmp_path / "hvd.log").read_text()
+    assert launcher.returncode != 0, text[-4000:]
+    ranks_lines = "\n".join(line for line in text.splitlines() if re.match(r"\[\d+\]<std(out|err)>:", line))
+    assert "Traceback" not in ranks_lines, text[-4000:]
+    # horovodrun names the rank that failed first; rank 0, where it gets to say so first, names it with its host
+    assert re.search(r"Process name: 1\s+Exit code: 137", text), text[-4000:]
+    for m in re.finditer(r"\[0\]<stderr>:harness train: (\w+): (.*)", text):
+        assert m[1] == "PeerLostError" and m[2].startswith("rank 1 on host1 is lost") and \
+            m[2].endswith(f"a re-run resumes from {output / 'backup'} at step {STEPS}"), m[0]
+    assert took < BOUND_S + MARGIN_S, took

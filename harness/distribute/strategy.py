@@ -300,11 +300,11 @@ def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: 
             peers = {name: address for name, address in peers.items() if not _accepts(address)}
             if not peers:
                 return
-            if time.monotonic() >= report and time.monotonic() <= deadline:
-                report += progress_s
+            if report <= time.monotonic() <= deadline:   # the line says the mark passed: 15, 30, ... s
                 print(f"harness: waiting for {', '.join(f'{n} at {a}' for n, a in peers.items())}, "
-                      f"{time.monotonic() - start:.0f} of {timeout_s:g} s ({environment.WORKER_WAIT})",
-                      file=sys.stderr, flush=True)
+                      f"{report - start:g} of {timeout_s:g} s ({environment.WORKER_WAIT})", file=sys.stderr,
+                      flush=True)
+                report += progress_s
             if time.monotonic() > deadline:
                 name, address = next(iter(peers.items()))
                 raise WorkerFailedError(

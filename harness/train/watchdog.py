@@ -7,7 +7,9 @@ or signal handler interrupts; TensorFlow releases the GIL there, so this thread 
 with `os._exit(RETRYABLE)`. Every worker runs one, so every worker ends within the bound.
 
 The controller `beat`s after each call of K steps and `idle`s over the epoch-end work (evaluation, backup) and
-before the first call, which traces the step function; both can take longer than a step without a fault.
+before the first call, which traces the step function; both can take longer than a step without a fault. A call
+itself may be long (a fixed `--steps-per-loop` of slow steps): the bound is counted from the time the longest call
+so far took past the last beat, so a healthy call is never taken for a stall (bound + longest call, in all).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from harness.errors import StalledWorkerError
 
 
 class Watchdog:
-    """Ends the process when `beat` is not called for `bound_s` seconds while armed.
+    """Ends the process when `beat` is not called for `bound_s` seconds, plus the longest interval between two
+    beats seen so far (the longest call), while armed.
 
     Args:
       bound_s: seconds without a beat (default `HARNESS_PEER_TIMEOUT_S`, else 60).
@@ -39,6 +42,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._armed_at: Optional[float] = None
         self._step = 0
+        self._longest_s = 0.0   # the longest interval between two beats with no idle between (a call's length)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="harness-watchdog", daemon=True)
         self._thread.start()
@@ -46,7 +50,10 @@ class Watchdog:
     def beat(self, step: int) -> None:
         """Step `step` completed: (re)arm with a fresh bound."""
         with self._lock:
-            self._step, self._armed_at = step, time.monotonic()
+            now = time.monotonic()
+            if self._armed_at is not None:
+                self._longest_s = max(self._longest_s, now - self._armed_at)
+            self._step, self._armed_at = step, now
 
     def idle(self) -> None:
         """Disarm until the next `beat` (work of unbounded length without collectives of a step)."""
@@ -62,8 +69,8 @@ class Watchdog:
         while not self._stop.wait(self._poll_s):
             with self._lock:
                 since = None if self._armed_at is None else time.monotonic() - self._armed_at
-                step = self._step
-            if since is not None and since > self.bound_s:
+                step, allowed = self._step, self.bound_s + self._longest_s
+            if since is not None and since > allowed:
                 print(f"harness train: {StalledWorkerError.__name__}: {self._describe(step, since)}",
                       file=sys.stderr, flush=True)
                 sys.stdout.flush()

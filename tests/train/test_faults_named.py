@@ -116,3 +116,27 @@ def test_gloo_timeout_is_the_worker_wait_where_unset():
     assert horovod.gloo_timeout(env) == 45
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "300", "HARNESS_WORKER_WAIT_S": "10"}
     assert horovod.gloo_timeout(env) == 300   # the user's own Gloo timeout is kept
+
+
+def test_watchdog_allows_the_longest_call_seen_beyond_the_bound():
+    exits = []
+    dog = watchdog.Watchdog(lambda step, s: "", bound_s=0.5, exit=exits.append, poll_s=0.05)
+    try:
+        dog.beat(1)
+        dog.beat(2)
+        time.sleep(0.8)   # two beats at once: no call's length measured, so the bare 0.5 s bound holds
+        assert exits == [138]
+    finally:
+        dog.close()
+    exits.clear()
+    dog = watchdog.Watchdog(lambda step, s: "", bound_s=0.5, exit=exits.append, poll_s=0.05)
+    try:
+        dog.beat(1)
+        time.sleep(0.5)
+        dog.beat(2)        # calls of 0.5 s (K slow steps): the bound counts from 0.5 s past the last beat
+        time.sleep(0.7)    # 0.7 s since the last beat, under 0.5 + 0.5
+        assert exits == []
+        time.sleep(0.9)
+        assert exits == [138]
+    finally:
+        dog.close()

@@ -22,6 +22,8 @@ division by the global batch followed by a sum. The learning rate is never scale
 from __future__ import annotations
 
 import logging
+import math
+import os
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
@@ -72,9 +74,6 @@ def gloo_timeout(environ=None) -> int:
     Raises:
       ClusterConfigError: if `HARNESS_WORKER_WAIT_S` is not a positive number.
     """
-    import math
-    import os
-
     env = os.environ if environ is None else environ
     if not env.get(environment.GLOO_TIMEOUT, "").strip():
         env[environment.GLOO_TIMEOUT] = str(math.ceil(environment.read_worker_wait_s(env)))

@@ -38,6 +38,9 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         only; ModelCheckpoint, BackupAndRestore and EarlyStopping refused for the harness's own flags).
     Raises:
       HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
+      PeerLostError: TensorFlow or Horovod reported a peer gone during training (`harness.train.faults`: the
+        peer, its host, the step, the backup a re-run resumes from). A worker with no step progress for
+        `HARNESS_PEER_TIMEOUT_S` prints a `StalledWorkerError` line and exits 138 (`harness.train.watchdog`).
     """
     import tensorflow as tf
 
@@ -49,6 +52,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
                            distribution=distribution)
     context, say = backend.context, backend.say
+    peer_timeout_s = environment.read_peer_timeout_s()   # a bad value fails before any data is read
     say(f"worker: {context}")
     builder = user_model.resolve(options, model_fn)  # an import failure or a Keras 3 function: before any data
     declared = spec.to_config() if spec is not None else (data_config or {})  # task and nodata: declared, not inferred
@@ -111,8 +115,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                     tensorboard.on_epoch_end, *([stopper.stop_if_done] if stopper else [])]
     guard = None
     if context.num_workers > 1:   # one process has no peer to wait for
-        bound_s = environment.read_peer_timeout_s()
-        guard = watchdog.Watchdog(watchdog.stalled(cluster, backup, bound_s), bound_s=bound_s)
+        guard = watchdog.Watchdog(watchdog.stalled(cluster, backup, peer_timeout_s), bound_s=peer_timeout_s)
     controller = Controller(trainer, run_schedule, context=context, evaluator=evaluator, callbacks=users,
                             on_epoch_end=on_epoch_end, watchdog=guard, **hooks)
     if profiler:

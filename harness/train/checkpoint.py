@@ -43,10 +43,13 @@ class Backup:
       trackables: objects to save, e.g. `model=model, optimizer=optimizer`.
     Attributes:
       step: int64 scalar variable, the global step (optimizer steps taken so far).
+      saved_step: the global step of the last backup this process restored or wrote (0: none), what a re-run
+        resumes from (`harness.train.faults.resume_from`).
     """
 
     def __init__(self, output_dir: str, context, *, fingerprint: dict | None = None, **trackables):
         self.context, self.fingerprint = context, fingerprint
+        self.saved_step = 0
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.checkpoint = tf.train.Checkpoint(step=self.step, **trackables)
         self.chief_dir = os.path.join(output_dir, "backup")
@@ -89,7 +92,7 @@ class Backup:
             return 0
         self._check_fingerprint()
         self.checkpoint.restore(latest).expect_partial()
-        step = int(self.step.numpy())
+        step = self.saved_step = int(self.step.numpy())
         log.info("resumed from %s at global step %d", latest, step)
         return step
 
@@ -110,6 +113,7 @@ class Backup:
     def save(self, step: int) -> None:
         """Write the backup at global step `step` (every worker calls this; only the chief's copy is kept)."""
         self.step.assign(step)
+        self.saved_step = step
         if self._idle:
             return
         if self.context.is_chief and self.fingerprint is not None:

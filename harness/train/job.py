@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from harness.distribute import environment
 from harness.distribute.backend import TrainingBackend, check_same_step, check_same_weights, make_backend
 from harness.errors import ConfigError
 from harness.train.options import TrainOptions
@@ -37,17 +38,21 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         only; ModelCheckpoint, BackupAndRestore and EarlyStopping refused for the harness's own flags).
     Raises:
       HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
+      PeerLostError: TensorFlow or Horovod reported a peer gone during training (`harness.train.faults`: the
+        peer, its host, the step, the backup a re-run resumes from). A worker with no step progress for
+        `HARNESS_PEER_TIMEOUT_S` prints a `StalledWorkerError` line and exits 138 (`harness.train.watchdog`).
     """
     import tensorflow as tf
 
     from harness.train import (checkpoint, control, inputs as inputs_lib, interrupt, losses, metrics, optim,
                                precision, profiling, results, summaries, user_model)
-    from harness.train import factory
+    from harness.train import factory, faults, watchdog
     from harness.train.controller import Controller, Schedule
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
                            distribution=distribution)
     context, say = backend.context, backend.say
+    peer_timeout_s = environment.read_peer_timeout_s()   # a bad value fails before any data is read
     say(f"worker: {context}")
     from harness.train import shared_output
     shared_output.check(options.output, backend)  # a folder private to each host: refused before any data is read
@@ -74,7 +79,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         backend.prepare_restore(model, optimizer)
         check_same_step(backend, backup.latest_step())  # before the restore, itself a collective
         initial_step = backup.restore()
-    initial_step = backend.broadcast_backup(backup, initial_step)
+    initial_step = backup.saved_step = backend.broadcast_backup(backup, initial_step)
+    cluster = faults.Cluster.gather(backend)   # the workers' hosts, for a fault's message (a collective on Horovod)
 
     run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
                             steps_per_loop=options.loop_steps)
@@ -109,8 +115,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     # see the epoch after the backup (the controller calls them last).
     on_epoch_end = [*backend.epoch_end_callbacks(model), *([stopper.record] if stopper else []), backup.on_epoch_end,
                     tensorboard.on_epoch_end, *([stopper.stop_if_done] if stopper else [])]
+    guard = None
+    if context.num_workers > 1:   # one process has no peer to wait for
+        guard = watchdog.Watchdog(watchdog.stalled(cluster, backup, peer_timeout_s), bound_s=peer_timeout_s)
     controller = Controller(trainer, run_schedule, context=context, evaluator=evaluator, callbacks=users,
-                            on_epoch_end=on_epoch_end, **hooks)
+                            on_epoch_end=on_epoch_end, watchdog=guard, **hooks)
     if profiler:
         profiler.start()
     try:
@@ -122,6 +131,14 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         history = stop.history
     except tf.errors.InvalidArgumentError as e:
         raise inputs.named_error(e) from e
+    except Exception as e:   # a peer gone: one named line (harness.train.faults), else as it is
+        lost = faults.peer_lost(e, cluster, controller.step, backup) if context.num_workers > 1 else None
+        if lost is None:
+            raise
+        raise lost from None
+    finally:
+        if guard is not None:
+            guard.close()
     controller.end()
     digest = results.weights_digest(model)
     workers_digests = check_same_weights(backend, digest)

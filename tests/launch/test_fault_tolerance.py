@@ -253,3 +253,17 @@ def test_killed_rank_under_horovodrun_stops_the_job_and_restart_resumes_from_ran
     r = _run(cmd, _env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     _check_resumed(_results(r.stdout + r.stderr), resumed_from)
+
+
+def test_wait_prints_who_it_waits_for_while_waiting(capsys):
+    from harness.distribute.strategy import wait_for_workers
+    from harness.errors import WorkerFailedError
+
+    ports = free_ports(2)
+    with pytest.raises(WorkerFailedError):
+        wait_for_workers(_tf_config(ports), timeout_s=3.5, progress_s=1.0)
+    lines = capsys.readouterr().err.strip().splitlines()
+    # one line per mark passed (1, 2, 3 s), at most one per poll: a poll that came late may skip none
+    assert 1 <= len(lines) <= 3 and lines == [
+        f"harness: waiting for worker 1 at localhost:{ports[1]}, {s} of 3.5 s (HARNESS_WORKER_WAIT_S)"
+        for s in range(1, len(lines) + 1)], lines

@@ -117,7 +117,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                     tensorboard.on_epoch_end, *([stopper.stop_if_done] if stopper else [])]
     guard = None
     if context.num_workers > 1:   # one process has no peer to wait for
-        guard = watchdog.Watchdog(watchdog.stalled(cluster, backup, peer_timeout_s), bound_s=peer_timeout_s)
+        guard = watchdog.Watchdog(watchdog.stalled(cluster, backup, peer_timeout_s, trainer.progress),
+                                  bound_s=peer_timeout_s)
     controller = Controller(trainer, run_schedule, context=context, evaluator=evaluator, callbacks=users,
                             on_epoch_end=on_epoch_end, watchdog=guard, **hooks)
     if profiler:

@@ -78,15 +78,30 @@ class Watchdog:
                 return
 
 
-def stalled(cluster, backup, bound_s: float) -> Callable[[int, float], str]:
-    """The watchdog's message for `cluster` (`harness.train.faults.Cluster`) and `backup`: `no step progress on
-    worker 0 on host-a for 20 s after step 37: a peer is lost or stuck, or this worker's own step or input is
-    (peers: worker 1 on host-b); a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=20 sets the
-    bound`."""
+def stalled(cluster, backup, bound_s: float, progress=None) -> Callable[[int, float], str]:
+    """The watchdog's message for `cluster` (`harness.train.faults.Cluster`), `backup` and this worker's
+    `progress` (`harness.train.trainer.StepProgress`, read when the bound has passed):
+
+      - waiting for its own input: `worker 1 on host-b is stuck: its input has not delivered the batch after step
+        37 for 20 s (its peers wait for it in the all-reduce); ...`
+      - waiting inside its step: `no step progress on worker 0 on host-a for 20 s after step 37: it has its batch
+        and waits in the step's all-reduce for a peer that is lost or stuck: worker 1 on host-b; ...` (the peer is
+        named when there is one; with several, each names itself where it is the one waiting for its input)
+
+    then `a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=20 sets the bound`."""
     from harness.train.faults import resume_from
 
     def describe(step: int, seconds: float) -> str:
-        return (f"no step progress on {cluster.describe(cluster.me)} for {seconds:.0f} s after step {step}: a peer "
-                f"is lost or stuck, or this worker's own step or input is (peers: {cluster.peers() or 'none'}); "
-                f"{resume_from(backup)}; {environment.PEER_TIMEOUT}={bound_s:g} sets the bound")
+        me = cluster.describe(cluster.me)
+        tail = f"{resume_from(backup)}; {environment.PEER_TIMEOUT}={bound_s:g} sets the bound"
+        if progress is not None and progress.waiting_for_input():
+            return (f"{me} is stuck: its input has not delivered the batch after step {step} for {seconds:.0f} s "
+                    f"(its peers wait for it in the all-reduce: {cluster.peers() or 'none'}); {tail}")
+        if progress is not None:
+            many = len(cluster.names) > 2
+            return (f"no step progress on {me} for {seconds:.0f} s after step {step}: it has its batch and waits in "
+                    f"the step's all-reduce for a peer that is lost or stuck: {cluster.peers() or 'none'}"
+                    f"{' (the stuck one names itself in its own log)' if many else ''}; {tail}")
+        return (f"no step progress on {me} for {seconds:.0f} s after step {step}: a peer is lost or stuck, or this "
+                f"worker's own step or input is (peers: {cluster.peers() or 'none'}); {tail}")
     return describe

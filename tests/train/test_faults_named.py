@@ -140,3 +140,67 @@ def test_watchdog_allows_the_longest_call_seen_beyond_the_bound():
         assert exits == [138]
     finally:
         dog.close()
+
+
+def _progress(drawn: int, finished: int):
+    from harness.train.trainer import StepProgress
+    progress = StepProgress()
+    progress.drawn.assign(drawn)
+    progress.finished.assign(finished)
+    return progress
+
+
+def _line(progress, cluster, capsys) -> str:
+    dog = watchdog.Watchdog(watchdog.stalled(cluster, Backup(), 0.3, progress), bound_s=0.3, exit=lambda code: None,
+                            poll_s=0.05)
+    dog.beat(21)
+    time.sleep(0.8)
+    dog.close()
+    return capsys.readouterr().err.strip()
+
+
+def test_a_worker_waiting_for_its_own_input_names_itself_the_stuck_one(capsys):
+    line = _line(_progress(drawn=21, finished=21), _cluster(2, me=1), capsys)
+    assert line == ("harness train: StalledWorkerError: worker 1 on 10.0.0.2 is stuck: its input has not delivered "
+                    "the batch after step 21 for 0 s (its peers wait for it in the all-reduce: worker 0 on "
+                    "10.0.0.1); a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=0.3 sets the "
+                    "bound"), line
+
+
+def test_a_worker_that_has_its_batch_names_the_peer_it_waits_for(capsys):
+    line = _line(_progress(drawn=22, finished=21), _cluster(2, me=0), capsys)
+    assert line == ("harness train: StalledWorkerError: no step progress on worker 0 on 10.0.0.1 for 0 s after step "
+                    "21: it has its batch and waits in the step's all-reduce for a peer that is lost or stuck: worker "
+                    "1 on 10.0.0.2; a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=0.3 sets "
+                    "the bound"), line
+    many = _line(_progress(drawn=22, finished=21), _cluster(3, me=0), capsys)
+    assert "lost or stuck: worker 1 on 10.0.0.2, worker 2 on 10.0.0.3 (the stuck one names itself in its own log)" \
+        in many, many
+
+
+def test_the_k_step_loop_counts_batches_drawn_and_steps_finished():
+    """The counters the watchdog reads: after a call of K steps both equal K (two workers' trainers have them;
+    one worker's trainer has none)."""
+    import tf_keras as keras
+
+    from harness.distribute.backend import TrainingBackend
+    from harness.distribute.batch import batch_sizes
+    from harness.distribute.context import Backend, WorkerContext
+    from harness.train import factory
+
+    strategy = tf.distribute.get_strategy()
+    model = keras.Sequential([keras.layers.Dense(3, input_shape=(2,))])
+    batch = batch_sizes(workers=1, replicas_per_worker=1, global_batch_size=4)
+    one = factory.make_trainer(TrainingBackend(strategy, WorkerContext.single()), model, keras.optimizers.SGD(0.1),
+                               batch)
+    assert one.progress is None
+    # a worker of two (the counters do not depend on the collectives, which the default strategy has none of)
+    two = TrainingBackend(strategy, WorkerContext(0, 2, 0, 1, "worker", 0, Backend.MULTI_WORKER))
+    trainer = factory.make_trainer(two, model, keras.optimizers.SGD(0.1), batch)
+    data = tf.data.Dataset.from_tensors((tf.ones([4, 2]), tf.zeros([4], tf.int32))).repeat()
+    it = iter(data)
+    trainer.run_loop(it, 5)
+    assert (int(trainer.progress.drawn.numpy()), int(trainer.progress.finished.numpy())) == (5, 5)
+    assert trainer.progress.waiting_for_input()   # drawn == finished: between calls, it waits for the next batch
+    trainer.run_loop(it, 3)
+    assert (int(trainer.progress.drawn.numpy()), int(trainer.progress.finished.numpy())) == (8, 8)

@@ -35,7 +35,7 @@ def test_small_records_training_in_memory_cache_records_and_batch_each_epoch_alo
     assert plan.cache.kind == "memory" and plan.cache_holds_records and not plan.unbatch_after_cache
     assert (plan.keep, plan.keep_filter, plan.batch) == (S.KEEP_BATCHES, False, S.BATCHED_BY_KEEP)
     assert plan.shuffle_buffer == 1000 and plan.shuffle_files and plan.parallel_reads == 2 and plan.repeat
-    assert not plan.deterministic and names == []  # no file cache: no name (each name stats every file)
+    assert plan.deterministic and names == []  # no file cache: no name (each name stats every file)
 
 
 def test_more_records_than_the_memory_cache_holds_cache_read_batches_split_each_epoch(monkeypatch):

@@ -265,7 +265,8 @@ class PipelinePlan:
         """One line naming every stage: what the job logs and the profile report prints."""
         reads = (f"every file, record-sharded {self.input_pipeline_id}/{self.num_input_pipelines}"
                  if self.record_sharding else f"{self.parallel_reads} file(s) at once")
-        order = ", file order reshuffled each epoch" if self.shuffle_files else ""
+        # a cache holds the first pass's file order (pipeline._epochs): the files are reshuffled only without one
+        order = ", file order reshuffled each epoch" if self.shuffle_files and self.cache.kind == "none" else ""
         parse = (f"read batches of {self.read_batch} records (vectorized)" if self.parse == PARSE_READ_BATCHES
                  else self.parse)
         holds = "records" if self.cache_holds_records else "read batches"

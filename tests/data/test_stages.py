@@ -120,7 +120,8 @@ def test_describe_names_every_stage():
     plan, _ = _decide(records=1000, records_per_epoch=800, cache="memory", image=True, augment=True)
     text = plan.describe()
     for words in ("input pipeline 0/1: 4 files, 1000 records (220 B serialized, 36 B decoded each)",
-                  "read: 2 file(s) at once, file order reshuffled each epoch",
+                  "read: 2 file(s) at once; parse",   # cached: the first pass's file order, not reshuffled
+                  "repeat: epochs from 1, each in its own seeded order",
                   f"parse: read batches of {plan.read_batch} records", "cache: memory (cache='memory'), holding "
                   "parsed records", "shuffle: records, buffer 1000", "keep: the first 800 records per epoch as "
                   "batches", "batch: 8 per replica", "augment: flips/rotations", "prefetch: autotune"):

@@ -10,7 +10,7 @@ row of the inputs, as text: a record's identity) and written at exit, preempted 
 `records-<rank>-<pid>.json` there: `{"rank", "batches": [[row, ...], ...]}` in the order drawn.
 
 Errors end the process as `harness train` does (`harness.cli.main`): a `ClusterFault` (a preemption) prints one
-line and exits 138.
+line and exits 138, a `HarnessError` (a resume refused) one line and 2.
 """
 import atexit
 import json
@@ -25,7 +25,7 @@ from harness import exit_codes
 from harness.cli import build_parser
 from harness.commands.train import options_from_args
 from harness.distribute import environment
-from harness.errors import ClusterFault
+from harness.errors import ClusterFault, HarnessError
 from harness.train import job
 from harness.train.trainer import Trainer
 
@@ -72,6 +72,9 @@ try:
 except ClusterFault as e:   # as harness.cli.main: one line, the retryable code
     print(f"harness train: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     sys.exit(exit_codes.RETRYABLE)
+except HarnessError as e:   # bad input or configuration (a refused resume): one line, the permanent code
+    print(f"harness train: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.exit(exit_codes.PERMANENT)
 print("RESULT " + json.dumps({
     "rank": rank, "weights_sha256": summary["weights_sha256"], "initial_step": summary["initial_step"],
     "final_step": summary["final_step"], "optimizer_iterations": summary["optimizer_iterations"],

@@ -50,7 +50,8 @@ def at_boundary(step: int) -> None:
 @contextlib.contextmanager
 def handling():
     """Within the block, SIGINT sets the request flag and raises KeyboardInterrupt, and SIGTERM notes the step
-    (`terminated_at`); the previous handlers are put back and the flags cleared at the end. Does nothing outside
+    (`terminated_at`); the previous handlers are put back and the flags cleared at the end (after a SIGTERM, SIGTERM
+    is left ignored: the process is ending with its backup written, as `PreemptedError`). Does nothing outside
     the main thread (where `signal.signal` is refused); an ignored SIGINT (`SIG_IGN`: a shell's background job,
     `nohup`) stays so."""
     _REQUESTED.clear()
@@ -74,6 +75,8 @@ def handling():
     try:
         yield
     finally:
+        if _TERMINATED[0] is not None:   # preempted: leaving with its backup written; a second SIGTERM (a
+            previous[signal.SIGTERM] = signal.SIG_IGN   # launcher stopping the rest) must not cut the exit short
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         _REQUESTED.clear()

@@ -4,7 +4,8 @@ Order (every step fails before training starts where it can): backend (strategy 
 user's model function and loss resolved (`user_model`, `losses`: import errors and Keras 3 refused before any data
 is read) → precision policy → inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch
 plan, statistics) → model (checked, `--init-from`), schedule and optimizer (`optim`) under the strategy's scope →
-restore the backup (broadcast from rank 0 under Horovod) → train (`harness.train.factory` builds the trainer and
+restore the backup (broadcast from rank 0 under Horovod) → the datasets, from the restored step (a preempted epoch
+goes on at its next batch) → train (`harness.train.factory` builds the trainer and
 the evaluator, `harness.train.controller.Controller` runs the epochs; `control` stops early) → final model and
 `summary.json` (chief only).
 

@@ -298,7 +298,8 @@ def _check_preempted_and_resumed(first_err: str, first_drawn: dict, second: subp
                                  second_drawn: dict, on_disk: int, *, ranks: int, signalled: int,
                                  steps_per_loop: int) -> None:
     """Every rank printed the preemption line naming the signalled worker and one backup step, inside epoch 2
-    (past epoch 1's end, before epoch 2's), at most one call past the step SIGTERM arrived at; the backup on disk
+    (past epoch 1's end, before epoch 2's), within two calls of the step SIGTERM arrived at (a check passes every
+    5 steps or fewer at 0.2 s a step, CHECK_INTERVAL_S; the call that passes it ends it); the backup on disk
     (`on_disk`, read before the resume) is that step; the resumed run ends at epochs x steps, every rank with the
     same weights, and epoch 2 over both runs trained on each of its records exactly once (the same records as
     epoch 1)."""
@@ -312,7 +313,7 @@ def _check_preempted_and_resumed(first_err: str, first_drawn: dict, second: subp
     steps = results[0]["steps_per_epoch"]
     assert steps < step < 2 * steps, (step, steps)                    # a step boundary inside epoch 2
     for _, arrived, _, _ in lines:
-        assert int(arrived) <= step <= int(arrived) + steps_per_loop  # at most one call's steps after the signal
+        assert int(arrived) <= step <= int(arrived) + 2 * steps_per_loop
     assert on_disk == step
     assert sorted(results) == list(range(ranks))
     for r in results.values():
@@ -344,7 +345,7 @@ def test_sigterm_single_process_backs_up_mid_epoch_and_resumes_exactly_once(tabl
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     _check_preempted_and_resumed(err, _records(first), r, _records(second), on_disk, ranks=1,
                                  signalled=0, steps_per_loop=5)
-    assert _results(r.stdout)[0]["preemption_check"]["calls"] == 0   # one worker: no collective
+    assert _results(r.stdout)[0]["preemption_check"]["checks"] == 0   # one worker: no collective
 
 
 def test_sigterm_to_one_worker_under_launch_local_backs_up_every_worker_and_resumes(table_export, tmp_path):
@@ -367,7 +368,8 @@ def test_sigterm_to_one_worker_under_launch_local_backs_up_every_worker_and_resu
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     _check_preempted_and_resumed(out + err, _records(first), r, _records(second), on_disk, ranks=2,
                                  signalled=1, steps_per_loop=5)
-    assert all(x["preemption_check"]["calls"] > 0 for x in _results(r.stdout).values())
+    for x in _results(r.stdout).values():   # two workers: the calls are checked (some: about one a second)
+        assert 0 < x["preemption_check"]["checks"] <= x["preemption_check"]["calls"]
 
 
 def test_sigterm_to_one_rank_under_horovodrun_backs_up_and_resumes(table_export, tmp_path):

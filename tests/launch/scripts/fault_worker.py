@@ -79,5 +79,5 @@ print("RESULT " + json.dumps({
     "rank": rank, "weights_sha256": summary["weights_sha256"], "initial_step": summary["initial_step"],
     "final_step": summary["final_step"], "optimizer_iterations": summary["optimizer_iterations"],
     "epochs_run": [h["epoch"] for h in summary["history"]], "batches_drawn": len(drawn),
-    "steps_per_epoch": summary["plan"]["steps_per_epoch"], "preemption_check": summary["preemption_check"]}),
+    "steps_per_epoch": summary["plan"]["steps_per_epoch"], "preemption_check": summary.get("preemption_check")}),
     flush=True)

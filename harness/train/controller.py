@@ -85,15 +85,18 @@ class Controller:
       timer: the `StepTimer` to record steps in (default: a new one with `schedule.warmup_steps`).
       watchdog: a `harness.train.watchdog.Watchdog` beaten after each call (idle over the first call and the
         epoch-end work), or None.
+      on_call_end: a callable `(global_step)` run on every worker after each call's checks, with the step the
+        call ended at (the preemption check, `harness.train.preemption.Preemption.after_call`; it may raise).
     Attributes:
       step: the global step of the last call completed (what a fault's message names).
     """
 
     def __init__(self, trainer, schedule: Schedule, *, context, evaluator=None, step_hooks: Sequence = (),
                  callbacks=None, on_epoch_end: Sequence[Callable[[int, dict], None]] = (),
-                 timer: StepTimer | None = None, watchdog=None):
+                 timer: StepTimer | None = None, watchdog=None, on_call_end: Callable[[int], None] | None = None):
         self.watchdog, self.step = watchdog, 0
         self.trainer, self.schedule, self.context, self.evaluator = trainer, schedule, context, evaluator
+        self.on_call_end = on_call_end
         self.step_hooks, self.callbacks, self.on_epoch_end = tuple(step_hooks), callbacks, tuple(on_epoch_end)
         self.timer = timer or StepTimer(schedule.warmup_steps)
         k = schedule.steps_per_loop
@@ -109,7 +112,8 @@ class Controller:
     # --- the run ----------------------------------------------------------------------------------------------
     def fit(self, train_iterator, *, validation: Callable[[], object] | None = None,
             initial_step: int = 0) -> list[dict]:
-        """Train from global step `initial_step` (a multiple of steps_per_epoch) to epochs × steps_per_epoch.
+        """Train from global step `initial_step` to epochs × steps_per_epoch (a step inside an epoch, as a
+        preemption's backup holds, continues that epoch: `train_iterator` then starts at its next batch).
 
         Args:
           train_iterator: iterator over distributed `(inputs, labels)` batches; never exhausted (the dataset
@@ -152,6 +156,8 @@ class Controller:
                 skipped += int(sum(skips)) if skips else 0
                 bar.update(k)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+                if self.on_call_end is not None:
+                    self.on_call_end(step)
                 if stopped:
                     break
             bar.close()

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from procs import ended_within, kill_groups, one_line, wait_for_backup
 
 from harness.data import synth
 
@@ -62,38 +63,6 @@ def _mwms(bed, data, output, tmp_path, **extra):
     return procs
 
 
-def _first_backup(output: pathlib.Path, procs) -> None:
-    deadline = time.monotonic() + START_S
-    while not (output / "backup" / "checkpoint").exists():
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no backup was written"
-        time.sleep(0.1)
-
-
-def _ended(proc, since: float, limit: float) -> float:
-    try:
-        proc.wait(max(limit - (time.monotonic() - since), 1))
-    except Exception:
-        pytest.fail(f"still running {limit} s after the fault (a hang)")
-    return time.monotonic() - since
-
-
-def _kill(*procs):
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(30)
-
-
-def _one_line(log: pathlib.Path, kind: str) -> str:
-    text = log.read_text()
-    assert "Traceback" not in text, text[-4000:]
-    lines = [line for line in text.splitlines() if line.startswith(f"harness train: {kind}: ")]
-    assert len(lines) == 1, text[-4000:]
-    return lines[0]
-
-
 LOST = (r"harness train: PeerLostError: worker {lost} on {lost_host} is lost \(\w+ on worker {me} on {me_host} after "
         r"step (\d+)(: .+)?\); a re-run resumes from (.+) at step (\d+)")
 
@@ -110,14 +79,14 @@ def test_mwms_host_killed_the_survivor_names_it(make_bed, table_export, tmp_path
     output = tmp_path / "run"
     procs = _mwms(bed, table_export, output, tmp_path)
     try:
-        _first_backup(output, procs)
+        wait_for_backup(output, procs, START_S)
         time.sleep(1.0)   # ~5 steps into the second epoch
         os.killpg(procs[1].pid, signal.SIGKILL)   # every process of worker 1 on host1
-        took = _ended(procs[0], time.monotonic(), BOUND_S + MARGIN_S)
+        took = ended_within(procs[0], time.monotonic(), BOUND_S + MARGIN_S)
     finally:
-        _kill(*procs)
+        kill_groups(*procs)
     assert procs[0].returncode == 138, (tmp_path / "w0.log").read_text()[-4000:]
-    _check_lost(_one_line(tmp_path / "w0.log", "PeerLostError"), bed, 0, 1, output)
+    _check_lost(one_line(tmp_path / "w0.log", "PeerLostError"), bed, 0, 1, output)
     assert took < BOUND_S + MARGIN_S
 
 
@@ -126,13 +95,13 @@ def test_mwms_link_down_both_workers_end_within_the_bound_naming_the_other(make_
     output = tmp_path / "run"
     procs = _mwms(bed, table_export, output, tmp_path)
     try:
-        _first_backup(output, procs)
+        wait_for_backup(output, procs, START_S)
         time.sleep(1.0)
         bed.hosts[1].link_down()
         t0 = time.monotonic()
-        took = [_ended(p, t0, BOUND_S + MARGIN_S) for p in procs]
+        took = [ended_within(p, t0, BOUND_S + MARGIN_S) for p in procs]
     finally:
-        _kill(*procs)
+        kill_groups(*procs)
     for me in (0, 1):
         log = tmp_path / f"w{me}.log"
         assert procs[me].returncode == 138, log.read_text()[-4000:]
@@ -158,15 +127,15 @@ def test_mwms_stuck_worker_every_worker_ends_within_the_bound(make_bed, table_ex
     procs = _mwms(bed, table_export, output, tmp_path, HARNESS_TEST_STALL_RANK="1",
                   HARNESS_TEST_STALL_AFTER=str(STEPS + 4))
     try:
-        _first_backup(output, procs)
+        wait_for_backup(output, procs, START_S)
         t0 = time.monotonic()
-        took = [_ended(p, t0, BOUND_S + MARGIN_S + 10) for p in procs]
+        took = [ended_within(p, t0, BOUND_S + MARGIN_S + 10) for p in procs]
     finally:
-        _kill(*procs)
+        kill_groups(*procs)
     for me in (0, 1):
         log = tmp_path / f"w{me}.log"
         assert procs[me].returncode == 138, log.read_text()[-4000:]
-        line = _one_line(log, "StalledWorkerError")
+        line = one_line(log, "StalledWorkerError")
         me_at, peer_at = re.escape(bed.hosts[me].address), re.escape(bed.hosts[1 - me].address)
         tail = (rf"; a re-run resumes from {re.escape(str(output / 'backup'))} at step {STEPS}; "
                 rf"HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound")
@@ -193,13 +162,13 @@ def test_horovod_link_down_ends_the_job_within_the_bound_naming_the_ranks_hosts(
     log = open(tmp_path / "hvd.log", "w")
     launcher = bed.hosts[0].popen(cmd, env=_env(bed), stdout=log, stderr=log, cwd=str(ROOT), start_new_session=True)
     try:
-        _first_backup(output, [launcher])
+        wait_for_backup(output, [launcher], START_S)
         time.sleep(1.0)
         bed.hosts[1].link_down()
         t0 = time.monotonic()
-        took = _ended(launcher, t0, BOUND_S + MARGIN_S)
+        took = ended_within(launcher, t0, BOUND_S + MARGIN_S)
     finally:
-        _kill(launcher)
+        kill_groups(launcher)
     text = (tmp_path / "hvd.log").read_text()
     assert launcher.returncode != 0, text[-4000:]
     m = re.search(rf"\[0\]<stderr>:harness train: (\w+): (.*)", text)
@@ -240,13 +209,13 @@ def test_horovod_host_killed_ends_the_job_within_the_bound_naming_the_rank(make_
     launcher = bed.hosts[0].popen(cmd, env=_env(bed), stdout=log, stderr=log, cwd=str(ROOT), start_new_session=True)
     try:
         victim = _rank_process(launcher, 1)
-        _first_backup(output, [launcher])
+        wait_for_backup(output, [launcher], START_S)
         time.sleep(1.0)
         victim.kill()
         t0 = time.monotonic()
-        took = _ended(launcher, t0, BOUND_S + MARGIN_S)
+        took = ended_within(launcher, t0, BOUND_S + MARGIN_S)
     finally:
-        _kill(launcher)
+        kill_groups(launcher)
     text = (tmp_path / "hvd.log").read_text()
     assert launcher.returncode != 0, text[-4000:]
     ranks_lines = "\n".join(line for line in text.splitlines() if re.match(r"\[\d+\]<std(out|err)>:", line))

@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from procs import ended_within, kill_groups, one_line, wait_for_backup
 
 from harness.data import synth
 from harness.launch.local import free_ports
@@ -64,50 +65,18 @@ def _workers(data, output, tmp_path, **extra) -> list[subprocess.Popen]:
     return procs
 
 
-def _kill(*procs):
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(30)
-
-
-def _first_backup(output: pathlib.Path, procs) -> None:
-    deadline = time.monotonic() + START_S
-    while not (output / "backup" / "checkpoint").exists():
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no backup was written"
-        time.sleep(0.1)
-
-
-def _ended(proc, since: float, limit: float) -> float:
-    try:
-        proc.wait(max(limit - (time.monotonic() - since), 1))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running {limit} s after the fault (a hang)")
-    return time.monotonic() - since
-
-
-def _one_line(log: pathlib.Path, kind: str) -> str:
-    text = log.read_text()
-    assert "Traceback" not in text, text[-4000:]
-    lines = [line for line in text.splitlines() if line.startswith(f"harness train: {kind}: ")]
-    assert len(lines) == 1, text[-4000:]
-    return lines[0]
-
-
 def test_killed_peer_is_named_with_its_host_the_step_and_the_backup(table_export, tmp_path):
     output = tmp_path / "run"
     procs = _workers(table_export, output, tmp_path)
     try:
-        _first_backup(output, procs)
+        wait_for_backup(output, procs, START_S)
         time.sleep(1.0)   # ~5 steps into the second epoch
         os.killpg(procs[1].pid, signal.SIGKILL)
-        took = _ended(procs[0], time.monotonic(), BOUND_S + MARGIN_S)
+        took = ended_within(procs[0], time.monotonic(), BOUND_S + MARGIN_S)
     finally:
-        _kill(*procs)
+        kill_groups(*procs)
     assert procs[0].returncode == 138, (tmp_path / "w0.log").read_text()[-4000:]
-    line = _one_line(tmp_path / "w0.log", "PeerLostError")
+    line = one_line(tmp_path / "w0.log", "PeerLostError")
     m = re.fullmatch(r"harness train: PeerLostError: worker 1 on localhost is lost \(UnavailableError on worker 0 on "
                      r"localhost after step (\d+): .+\); a re-run resumes from (.+) at step (\d+)", line)
     assert m, line
@@ -121,15 +90,15 @@ def test_stuck_worker_ends_every_worker_within_the_bound(table_export, tmp_path)
     procs = _workers(table_export, output, tmp_path, HARNESS_TEST_STALL_RANK="1",
                      HARNESS_TEST_STALL_AFTER=str(STEPS + 4))
     try:
-        _first_backup(output, procs)
+        wait_for_backup(output, procs, START_S)
         t0 = time.monotonic()
-        took = [_ended(p, t0, BOUND_S + MARGIN_S + 10) for p in procs]
+        took = [ended_within(p, t0, BOUND_S + MARGIN_S + 10) for p in procs]
     finally:
-        _kill(*procs)
+        kill_groups(*procs)
     for i, p in enumerate(procs):
         log = tmp_path / f"w{i}.log"
         assert p.returncode == 138, log.read_text()[-4000:]
-        line = _one_line(log, "StalledWorkerError")
+        line = one_line(log, "StalledWorkerError")
         tail = rf"; a re-run resumes from (.+) at step (\d+); HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound"
         if i == 1:   # the stuck worker names itself
             m = re.fullmatch(rf"harness train: StalledWorkerError: worker 1 on localhost is stuck: its input has not "
@@ -154,11 +123,11 @@ def test_stuck_rank_under_horovodrun_ends_every_rank_within_the_bound(table_expo
     log = tmp_path / "hvd.log"
     launcher = _start(cmd, _env(HARNESS_TEST_STALL_RANK="1", HARNESS_TEST_STALL_AFTER=str(STEPS + 4)), log)
     try:
-        _first_backup(output, [launcher])
+        wait_for_backup(output, [launcher], START_S)
         t0 = time.monotonic()
-        took = _ended(launcher, t0, BOUND_S + MARGIN_S + 10)
+        took = ended_within(launcher, t0, BOUND_S + MARGIN_S + 10)
     finally:
-        _kill(launcher)
+        kill_groups(launcher)
     text = log.read_text()
     ranks_lines = "\n".join(line for line in text.splitlines() if re.match(r"\[\d+\]<std(out|err)>:", line))
     # the ranks print no traceback (horovodrun's own RuntimeError follows theirs) and end with the retryable code

@@ -50,7 +50,7 @@ import tensorflow as tf
 from harness.choices import STRATEGIES
 from harness.distribute import environment
 from harness.distribute.context import Backend, WorkerContext
-from harness.errors import ClusterConfigError, WorkerFailedError
+from harness.errors import ClusterConfigError, PeerLostError, WorkerFailedError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
         TF_CONFIG entry) is taken by another process; if the CPU cannot be split because
         TensorFlow already initialized its devices; if MultiWorkerMirroredStrategy is built after TensorFlow
         initialized its runtime; if the replicas in sync are not workers x local devices.
-      WorkerFailedError: if a peer of a multi-worker cluster is not reachable within `worker_wait_s`.
+      PeerLostError: if a peer of a multi-worker cluster is not reachable within `worker_wait_s` (retryable).
       ClusterConfigError: for an unknown `kind` or `communication`, `HOROVOD`, or `num_cpu_replicas > 1` with a kind
         that cannot use it.
     """
@@ -288,7 +288,9 @@ def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: 
 
     Raises:
       ClusterConfigError: if this task's own port is taken (naming the port and its TF_CONFIG entry).
-      WorkerFailedError: naming the first task (e.g. "worker 1 at host:port") not reachable after `timeout_s`.
+      PeerLostError: naming the first task (e.g. "worker 1 at host:port") not reachable after `timeout_s`: a
+        fault of the cluster (the peer's pod not scheduled, its image still pulling, its host down), so retryable
+        (exit 138; `harness.exit_codes`).
     """
     me = (config.task_type, config.task_index)
     peers = {f"{t} {i}": config.cluster[t][i] for t, i in config.tasks() if (t, i) != me}
@@ -307,7 +309,7 @@ def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: 
                 report += progress_s
             if time.monotonic() > deadline:
                 name, address = next(iter(peers.items()))
-                raise WorkerFailedError(
+                raise PeerLostError(
                     f"{name} at {address} not reachable after {timeout_s:g} s"
                     + (f" (nor {', '.join(f'{n} at {a}' for n, a in list(peers.items())[1:])})" if len(peers) > 1
                        else "")

@@ -130,7 +130,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if context.num_workers > 1:   # one process has no peer to wait for
         guard = watchdog.Watchdog(watchdog.stalled(cluster, backup, peer_timeout_s, trainer.progress),
                                   bound_s=peer_timeout_s)
-    preempt = Preemption(backend, backup, initial_step)  # SIGTERM: every worker backs up at one step and exits 138
+    preempt = Preemption(backend, backup, initial_step, hosts=cluster.hosts)  # SIGTERM: every worker backs up at one step and exits 138
     controller = Controller(trainer, run_schedule, context=context, evaluator=evaluator, callbacks=users,
                             on_epoch_end=on_epoch_end, watchdog=guard, on_call_end=preempt.after_call, **hooks)
     if profiler:

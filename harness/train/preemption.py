@@ -43,10 +43,13 @@ class Preemption:
       backend: the `TrainingBackend` (its `sum_over_workers` and `context`).
       backup: the job's `harness.train.checkpoint.Backup` (every worker calls its `save`).
       initial_step: the global step the run starts from (the first call boundary).
+      hosts: each worker's host as the job names it (`harness.train.faults.Cluster.hosts`: TF_CONFIG's address,
+        a Horovod rank's hostname), so every worker's line names the host SIGTERM reached; None: this process's
+        hostname, on its own line only.
     """
 
-    def __init__(self, backend, backup, initial_step: int = 0):
-        self.backend, self.backup = backend, backup
+    def __init__(self, backend, backup, initial_step: int = 0, hosts=None):
+        self.backend, self.backup, self.hosts = backend, backup, hosts
         self.workers, self.rank = backend.context.num_workers, backend.context.rank
         self.collective_s: list[float] = []   # wall time of each check (seconds), workers > 1
         self.calls, self.every_steps = 0, 1
@@ -94,10 +97,11 @@ class Preemption:
 
     def describe(self, signalled, step: int) -> str:
         """`SIGTERM on worker 1 (host h) at step 37: backup written at step 40 in OUT/backup; run the same
-        command to resume` (the host where this process is the one SIGTERM reached)."""
+        command to resume` (the host: of every worker with `hosts`, else of this process only)."""
         names = []
         for w in np.flatnonzero(signalled):
-            host = f" (host {socket.gethostname()})" if w == self.rank else ""
+            name = self.hosts[w] if self.hosts else socket.gethostname() if w == self.rank else None
+            host = f" (host {name})" if name else ""
             names.append(f"worker {w}{host} at step {int(signalled[w]) - 1}")
         return (f"SIGTERM on {', '.join(names)}: backup written at step {step} in "
                 f"{os.path.abspath(self.backup.chief_dir)}; run the same command to resume")

@@ -226,3 +226,84 @@ def test_horovod_host_killed_ends_the_job_within_the_bound_naming_the_rank(make_
         assert m[1] == "PeerLostError" and m[2].startswith("rank 1 on host1 is lost") and \
             m[2].endswith(f"a re-run resumes from {output / 'backup'} at step {STEPS}"), m[0]
     assert took < BOUND_S + MARGIN_S, took
+
+
+# --- preemption and a late peer across hosts -------------------------------------------------------------------
+GRACE_S = 30   # Kubernetes' default terminationGracePeriodSeconds: every worker must have exited within it
+PREEMPTED = (r"harness train: PreemptedError: SIGTERM on worker 1 \(host {host}\) at step (\d+): backup written at "
+             r"step (\d+) in {backup}; run the same command to resume")
+
+
+def _latest_backup_step(output: pathlib.Path) -> int:
+    state = (output / "backup" / "checkpoint").read_text().splitlines()[0]   # model_checkpoint_path: "ckpt-40"
+    return int(state.rsplit("-", 1)[1].strip('"'))
+
+
+def test_mwms_sigterm_on_one_host_backs_up_every_worker_at_one_step_and_resumes(make_bed, table_export, tmp_path):
+    """SIGTERM to worker 1 on host1 in the middle of epoch 2 (a preemption of that node): both workers write one
+    backup at the same step inside the epoch and exit 138 within the grace period, each with the line naming worker
+    1 and its host; the same command on both hosts then resumes from that step and ends at 4 epochs with identical
+    weights."""
+    bed = make_bed(2)
+    output = tmp_path / "run"
+    procs = _mwms(bed, table_export, output, tmp_path)
+    try:
+        wait_for_backup(output, procs, START_S)
+        time.sleep(1.0)   # ~5 steps (0.2 s each) into epoch 2
+        procs[1].send_signal(signal.SIGTERM)   # the worker itself (nsenter and env exec it)
+        t0 = time.monotonic()
+        took = [ended_within(p, t0, GRACE_S) for p in procs]
+    finally:
+        kill_groups(*procs)
+    steps = set()
+    for me in (0, 1):
+        log = tmp_path / f"w{me}.log"
+        assert procs[me].returncode == 138, log.read_text()[-4000:]
+        m = re.fullmatch(PREEMPTED.format(host=re.escape(bed.hosts[1].address),   # TF_CONFIG's host of worker 1
+                                          backup=re.escape(str(output / "backup"))), one_line(log, "PreemptedError"))
+        assert m, log.read_text()[-3000:]
+        assert int(m[1]) <= int(m[2]), m[0]   # the backup at or after the step the signal arrived at
+        steps.add(int(m[2]))
+    assert len(steps) == 1 and STEPS < steps.pop() < 2 * STEPS   # one step for all, inside epoch 2
+    assert _latest_backup_step(output) == int(re.search(r"written at step (\d+)", one_line(
+        tmp_path / "w0.log", "PreemptedError"))[1])
+    assert max(took) < GRACE_S, took
+
+    procs = _mwms(bed, table_export, output, tmp_path)   # the same command again, on the same hosts
+    try:
+        for p in procs:
+            ended_within(p, time.monotonic(), START_S)
+    finally:
+        kill_groups(*procs)
+    assert [p.returncode for p in procs] == [0, 0], (tmp_path / "w0.log").read_text()[-3000:]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["final_step"] == summary["optimizer_iterations"] == 4 * STEPS
+    assert len(set(summary["workers_weights_sha256"])) == 1
+
+
+def test_mwms_worker_late_by_25_s_on_its_host_is_awaited_and_said(make_bed, table_export, tmp_path):
+    """Worker 1 starts 25 s after worker 0 (its pod scheduled late): worker 0 says whom it waits for, at the
+    address of host1, while waiting (the harness's peer wait, HARNESS_WORKER_WAIT_S), and both then train to the
+    end."""
+    bed = make_bed(2)
+    output = tmp_path / "run"
+    workers = [f"{h.address}:{PORT}" for h in bed.hosts]
+    procs = []
+    try:
+        for i, h in enumerate(bed.hosts):
+            if i == 1:
+                time.sleep(25)
+            config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+            log = open(tmp_path / f"w{i}.log", "w")
+            procs.append(h.popen(_args(table_export, output), env=_env(bed, TF_CONFIG=json.dumps(config)), stdout=log,
+                                 stderr=log, cwd=str(ROOT), start_new_session=True))
+        for p in procs:
+            ended_within(p, time.monotonic(), START_S)
+    finally:
+        kill_groups(*procs)
+    text = (tmp_path / "w0.log").read_text()
+    assert [p.returncode for p in procs] == [0, 0], text[-3000:]
+    assert (f"harness: waiting for worker 1 at {bed.hosts[1].address}:{PORT}, 15 of 120 s (HARNESS_WORKER_WAIT_S)"
+            in text), text[-3000:]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["final_step"] == 4 * STEPS

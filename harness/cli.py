@@ -272,7 +272,7 @@ def _bench_commands(sub) -> None:
     p.add_argument("--report", required=True, metavar="REPORT.json", help="a one-replica `bench train` report.json")
     p.add_argument("--allreduce", metavar="ALLREDUCE.json",
                    help="network alpha/beta from `bench allreduce` across nodes (instead of --link)")
-    p.add_argument("--link", default="25Gbit/s,9.6us", metavar="BW[,LAT]",
+    p.add_argument("--link", default=None, metavar="BW[,LAT]",
                    help="network between nodes, e.g. 25Gbit/s,5us or 12.5GB/s,2us (default 25Gbit/s, NCCL's 9.6 µs)")
     p.add_argument("--node", default="1xNVLink", metavar="GxLINK",
                    help="GPUs per node and their link: 4xNVLink, 8xPCIe or 4x100GB/s,2us (default 1xNVLink)")

@@ -40,9 +40,10 @@ import re
 import statistics
 from typing import Optional, Sequence
 
+from harness.choices import BACKENDS
 from harness.errors import ConfigError
 
-HOROVOD, TF = "horovod", "tf"
+TF, HOROVOD = BACKENDS
 # Horovod's defaults at HEAD (horovod/common/operations.cc; PR #2468, v0.21.0): before, 64 MiB and 5 ms.
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
 HOROVOD_CYCLE_S = 1e-3
@@ -331,6 +332,23 @@ def _latency_share(s: Setup, n: int, comm) -> float:
     """Share of the all-reduce time that is α (the cost of zero bytes) rather than bytes."""
     total = sum(e - b for b, e, _ in comm)
     return len(comm) * _cost(s, n)(0.0) / total if total > 0 else 0.0
+
+
+def fixed_from_node(m: Measurement, s: Setup, node_examples_per_s: float) -> float:
+    """T_fixed from one full node's measured examples/s (all `gpus_per_node` replicas): the node's step time less
+    compute and the exposed all-reduce the model gives at N = G; 0 when the node is not slower than that. The one
+    free parameter of the model, measured on one machine (a `bench train` run on all of its GPUs).
+
+    Raises:
+      ConfigError: if the rate is not positive or the node has one GPU (no all-reduce to separate it from).
+    """
+    g = s.gpus_per_node
+    if node_examples_per_s <= 0 or g < 2:
+        raise ConfigError(f"a node measurement needs >= 2 GPUs per node and a positive rate; got {g}, "
+                          f"{node_examples_per_s}")
+    step = g * m.per_replica_batch / node_examples_per_s
+    modelled = predict(m, dataclasses.replace(s, fixed_s=0.0), g).step_s
+    return max(0.0, step - modelled)
 
 
 def sweep(m: Measurement, s: Setup, max_n: int = 512) -> list[Point]:

@@ -54,7 +54,7 @@ def bench_scale(args) -> int:
     m, shapes = scale.measurement_from_report(args.report)
     if args.allreduce and args.link:
         raise ConfigError("give --allreduce (a measured fit) or --link, not both")
-    net = scale.link_from_allreduce(args.allreduce) if args.allreduce else scale.parse_link(args.link)
+    net = scale.link_from_allreduce(args.allreduce) if args.allreduce else scale.parse_link(args.link or "25Gbit/s")
     gpus, node = scale.parse_node(args.node)
     if args.gpus_per_node:
         gpus = args.gpus_per_node

@@ -62,7 +62,8 @@ def main(argv=None) -> int:
         if not ok and not is_input:
             misses.append(row["point"])
         print(f"  {row['point']:<24} {row['model']:<12} {p.n:>4} {published:>9.1%} {p.efficiency:>9.1%} "
-              f"{diff:>+6.1f}  {p.exposed_s * 1e3:>10.1f}  {p.bottleneck:<24} {'input' if is_input else 'ok' if ok else 'MISS'}")
+              f"{diff:>+6.1f}  {p.exposed_s * 1e3:>10.1f}  {p.bottleneck:<24} "
+              f"{'input' if is_input else 'ok' if ok else 'MISS'}")
     checked = [r for r in rows if not (r["node_examples_per_s"] and r["gpus"] == r["gpus_per_node"])]
     print(f"within ±{TOLERANCE_POINTS:g} points: {len(checked) - len(misses)} of {len(checked)} checked points"
           + (f"; not reproduced: {', '.join(misses)}" if misses else ""))

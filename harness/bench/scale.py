@@ -294,10 +294,12 @@ def predict(m: Measurement, s: Setup, n: int) -> Point:
     """The step at `n` replicas (module docstring).
 
     Raises:
-      ConfigError: if n < 1, tensors < 1 or the step time is not positive.
+      ConfigError: if n < 1, tensors < 1, the step time is not positive or the backend is not one of BACKENDS.
     """
     if n < 1 or s.tensors < 1 or m.step_s <= 0:
         raise ConfigError(f"need n >= 1, tensors >= 1 and a positive step time; got {n}, {s.tensors}, {m.step_s}")
+    if s.backend not in BACKENDS:
+        raise ConfigError(f"backend {s.backend!r}: expected one of {', '.join(BACKENDS)}")
     comm = _buffers(s, m.step_s, n) if n > 1 else []
     comm_s = sum(e - b for b, e, _ in comm)
     exposed = max(0.0, (comm[-1][1] if comm else 0.0) - m.step_s)

@@ -31,7 +31,8 @@ def test_ring_over_nodes_counts_network_hops_and_runs_at_the_slowest_link():
 
 
 def test_hierarchical_is_reduce_scatter_ring_all_gather():
-    # N=8, G=4, M=2, S=4 MB: in node (G-1)α + (G-1)/G·S·β = 3 µs + 0.3 ms, twice; across 2α + 2·(1/2)·S·β = 20 µs + 4 ms
+    # N=8, G=4, M=2, S=4 MB: in node (G-1)α + (G-1)/G·S·β = 3 µs + 0.3 ms, twice;
+    # across 2α + 2·(1/2)·S·β = 20 µs + 4 ms
     assert scale.hierarchical_seconds(4e6, 8, 4, NODE, NET) == pytest.approx(2 * 3.03e-4 + 4.02e-3, rel=1e-12)
     # one GPU per node: the flat ring
     assert scale.hierarchical_seconds(4e6, 8, 1, NODE, NET) == scale.ring_seconds(4e6, 8, 1, NODE, NET)
@@ -100,6 +101,14 @@ def test_predict_horovod_hides_what_fits_in_backward():
     s = Setup(gradient_bytes=4e6, tensors=4, gpus_per_node=1, node=NODE, net=NET, backend="horovod", cycle_s=0.0)
     p = scale.predict(m, s, 4)
     assert p.comm_s == pytest.approx(4 * 1.56e-3 + 0 * 1e-9, rel=1e-9) and p.exposed_s == pytest.approx(1.56e-3)
+
+
+def test_predict_rejects_what_it_cannot_model():
+    m = Measurement(step_s=0.1, jitter_s=0.0, per_replica_batch=8)
+    with pytest.raises(ConfigError, match="backend 'byteps'"):
+        scale.predict(m, Setup(1e6, 1, 1, NODE, NET, backend="byteps"), 2)
+    with pytest.raises(ConfigError, match="n >= 1"):
+        scale.predict(m, Setup(1e6, 1, 1, NODE, NET), 0)
 
 
 def test_bandwidth_bottleneck_is_named():

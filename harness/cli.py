@@ -10,8 +10,8 @@ import os
 import sys
 from typing import Callable
 
-from harness.choices import (BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES, EPOCH_METRICS,
-                             EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOSSES, LR_SCALINGS, MPI_LAUNCHERS,
+from harness.choices import (ALLREDUCE_ALGORITHMS, BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES,
+                             EPOCH_METRICS, EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOSSES, LR_SCALINGS, MPI_LAUNCHERS,
                              OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
 from harness.commands import predict as predict_cmd, train as train_cmd
@@ -288,7 +288,8 @@ def _bench_commands(sub) -> None:
     p.add_argument("--cycle-time-ms", type=float, default=1.0, help="horovod: HOROVOD_CYCLE_TIME (default 1 ms)")
     p.add_argument("--bytes-per-pack", type=NON_NEGATIVE, default=0,
                    help="tf: CommunicationOptions(bytes_per_pack) (default 0: one pack after backward)")
-    p.add_argument("--hierarchical", action="store_true", help="hierarchical all-reduce (in node, across, in node)")
+    p.add_argument("--algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring",
+                   help="ring (NCCL's), hierarchical (in node, across nodes, in node) or tree (NCCL >= 2.4)")
     p.add_argument("--fixed-ms", type=float, default=0.0, help="measured per-step cost besides compute and link")
     p.add_argument("--plot", metavar="OUT.png", help="efficiency vs N and the step breakdown")
 

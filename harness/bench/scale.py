@@ -29,7 +29,9 @@ On nodes of G GPUs the ring crosses the network once per node: NCCL's tuning mod
 hops, and the ring runs at its slowest link. The hierarchical all-reduce (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE,
 `docs/timeline.rst`: NCCL reduce-scatter in the node, all-reduce across nodes, NCCL all-gather in the node) costs
 2·[(G−1)·α_node + (G−1)/G·S·β_node] + 2(M−1)·α_net + 2(M−1)/M·S·β_net: the G per-GPU rings across nodes each carry
-S/G and share the node's network link.
+S/G and share the node's network link. NCCL's double binary tree (`tree_seconds`; NVIDIA blog "Massively scale
+your deep learning training with NCCL 2.4", 2019) has NCCL's tree latency 2·[(G−1)·α_node + log2(M)·α_net] and
+its tree bandwidth 0.5 x 0.9 of the link's (tuning.cc: `algBw = 0.5 · 0.9 · busBw`): 2·S·β/0.9.
 """
 from __future__ import annotations
 
@@ -40,10 +42,11 @@ import re
 import statistics
 from typing import Optional, Sequence
 
-from harness.choices import BACKENDS
+from harness.choices import ALLREDUCE_ALGORITHMS, BACKENDS
 from harness.errors import ConfigError
 
 TF, HOROVOD = BACKENDS
+RING, HIERARCHICAL, TREE = ALLREDUCE_ALGORITHMS
 # Horovod's defaults at HEAD (horovod/common/operations.cc; PR #2468, v0.21.0): before, 64 MiB and 5 ms.
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
 HOROVOD_CYCLE_S = 1e-3
@@ -154,6 +157,20 @@ def hierarchical_seconds(nbytes: float, n: int, gpus_per_node: int, node: Link, 
     return 2 * in_node + across
 
 
+def tree_seconds(nbytes: float, n: int, gpus_per_node: int, node: Link, net: Link) -> float:
+    """Seconds of one NCCL tree all-reduce (module docstring): 2·[(G−1)·α_node + log2(M)·α_net] + 2·S·β/0.9 at
+    the slowest link; the flat ring inside one node (NCCL's trees span nodes)."""
+    g = min(gpus_per_node, n)
+    nodes = math.ceil(n / g)
+    if nodes == 1:
+        return ring_seconds(nbytes, n, gpus_per_node, node, net)
+    beta = max(net.beta_s_per_byte, node.beta_s_per_byte if g > 1 else 0.0)
+    return 2 * ((g - 1) * node.alpha_s + math.log2(nodes) * net.alpha_s) + 2 * nbytes * beta / 0.9
+
+
+ALGORITHM_SECONDS = {RING: ring_seconds, HIERARCHICAL: hierarchical_seconds, TREE: tree_seconds}
+
+
 # --- the backends' reduction schedules --------------------------------------------------------------------------
 def gradient_ready_times(tensors: int, backward_s: float, start_s: float) -> list[float]:
     """When each of `tensors` equal gradients is ready, in backward order: uniformly over the backward pass that
@@ -255,7 +272,7 @@ class Setup:
       backend: "horovod" (Tensor Fusion during backward) or "tf" (MWMS packs).
       fusion_bytes, cycle_s: Horovod's HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME.
       bytes_per_pack: MWMS' CommunicationOptions(bytes_per_pack=...) (0: one pack after backward).
-      hierarchical: hierarchical all-reduce instead of the flat ring.
+      algorithm: the all-reduce, one of ALLREDUCE_ALGORITHMS (ring, hierarchical, tree).
       fixed_s: per-step cost besides compute and link time, seconds.
       backward_share: share of the step that is the backward pass.
     """
@@ -269,7 +286,7 @@ class Setup:
     fusion_bytes: float = HOROVOD_FUSION_BYTES
     cycle_s: float = HOROVOD_CYCLE_S
     bytes_per_pack: float = 0.0
-    hierarchical: bool = False
+    algorithm: str = RING
     fixed_s: float = 0.0
     backward_share: float = BACKWARD_SHARE
 
@@ -294,12 +311,15 @@ def predict(m: Measurement, s: Setup, n: int) -> Point:
     """The step at `n` replicas (module docstring).
 
     Raises:
-      ConfigError: if n < 1, tensors < 1, the step time is not positive or the backend is not one of BACKENDS.
+      ConfigError: if n < 1, tensors < 1, the step time is not positive, or the backend or algorithm is not
+        one of BACKENDS / ALLREDUCE_ALGORITHMS.
     """
     if n < 1 or s.tensors < 1 or m.step_s <= 0:
         raise ConfigError(f"need n >= 1, tensors >= 1 and a positive step time; got {n}, {s.tensors}, {m.step_s}")
     if s.backend not in BACKENDS:
         raise ConfigError(f"backend {s.backend!r}: expected one of {', '.join(BACKENDS)}")
+    if s.algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ConfigError(f"all-reduce {s.algorithm!r}: expected one of {', '.join(ALLREDUCE_ALGORITHMS)}")
     comm = _buffers(s, m.step_s, n) if n > 1 else []
     comm_s = sum(e - b for b, e, _ in comm)
     exposed = max(0.0, (comm[-1][1] if comm else 0.0) - m.step_s)
@@ -317,7 +337,7 @@ def predict(m: Measurement, s: Setup, n: int) -> Point:
 
 
 def _cost(s: Setup, n: int):
-    f = hierarchical_seconds if s.hierarchical else ring_seconds
+    f = ALGORITHM_SECONDS[s.algorithm]
     return lambda nbytes: f(nbytes, n, s.gpus_per_node, s.node, s.net)
 
 
@@ -370,8 +390,8 @@ def what_if(m: Measurement, s: Setup, n: int) -> list[tuple[str, float]]:
     options = [("per-replica batch x2", predict(batch2, s, n).efficiency),
                ("fp16 gradients (all-reduce half the bytes)",
                 predict(m, dataclasses.replace(s, gradient_bytes=s.gradient_bytes / 2), n).efficiency),
-               ("hierarchical all-reduce" if not s.hierarchical else "flat ring all-reduce",
-                predict(m, dataclasses.replace(s, hierarchical=not s.hierarchical), n).efficiency)]
+               *((f"{a} all-reduce", predict(m, dataclasses.replace(s, algorithm=a), n).efficiency)
+                 for a in ALLREDUCE_ALGORITHMS if a != s.algorithm)]
     if s.backend == HOROVOD:
         for f in (s.fusion_bytes / 4, s.fusion_bytes * 4):
             options.append((f"fusion threshold {f / 2 ** 20:g} MiB",
@@ -419,7 +439,7 @@ def format_table(points: Sequence[Point], m: Measurement, s: Setup) -> str:
              f"{m.per_replica_batch}/replica, gradient {s.gradient_bytes / 1e6:.2f} MB in {s.tensors} tensors; "
              f"{s.gpus_per_node} GPU(s)/node at {s.node.bytes_per_s / 1e9:.3g} GB/s, network "
              f"{s.net.bytes_per_s * 8 / 1e9:.3g} Gbit/s, {s.net.alpha_s * 1e6:.3g} µs; {sched}"
-             f"{', hierarchical' if s.hierarchical else ''}",
+             f", {s.algorithm} all-reduce",
              f"  {'N':>5} {'examples/s':>12} {'eff':>6} {'compute ms':>10} {'comm ms':>8} {'exposed ms':>10} "
              f"{'fixed ms':>8} {'straggler ms':>12}  bottleneck"]
     for p in points:

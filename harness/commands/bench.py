@@ -64,7 +64,7 @@ def bench_scale(args) -> int:
                        else scale.model_gradients(shapes))
     setup = scale.Setup(gradient_bytes=nbytes, tensors=tensors, gpus_per_node=gpus, node=node, net=net,
                         backend=args.backend, fusion_bytes=args.fusion_threshold, cycle_s=args.cycle_time_ms / 1e3,
-                        bytes_per_pack=args.bytes_per_pack, hierarchical=args.hierarchical,
+                        bytes_per_pack=args.bytes_per_pack, algorithm=args.algorithm,
                         fixed_s=args.fixed_ms / 1e3)
     points = scale.sweep(m, setup, args.max_gpus)
     print(scale.format_table(points, m, setup))

@@ -30,6 +30,13 @@ def test_ring_over_nodes_counts_network_hops_and_runs_at_the_slowest_link():
     assert scale.ring_seconds(1e6, 1, 4, NODE, NET) == 0.0
 
 
+def test_tree_has_logarithmic_network_latency():
+    # N=16, G=2, M=8: 2·[(G-1)·1 µs + log2(8)·10 µs] = 62 µs; bytes 2·S·β/0.9 at the network's β, S = 0.9 MB: 2 ms
+    assert scale.tree_seconds(9e5, 16, 2, NODE, NET) == pytest.approx(62e-6 + 2e-3, rel=1e-12)
+    # inside one node: the ring
+    assert scale.tree_seconds(9e5, 4, 4, NODE, NET) == scale.ring_seconds(9e5, 4, 4, NODE, NET)
+
+
 def test_hierarchical_is_reduce_scatter_ring_all_gather():
     # N=8, G=4, M=2, S=4 MB: in node (G-1)α + (G-1)/G·S·β = 3 µs + 0.3 ms, twice;
     # across 2α + 2·(1/2)·S·β = 20 µs + 4 ms
@@ -107,6 +114,8 @@ def test_predict_rejects_what_it_cannot_model():
     m = Measurement(step_s=0.1, jitter_s=0.0, per_replica_batch=8)
     with pytest.raises(ConfigError, match="backend 'byteps'"):
         scale.predict(m, Setup(1e6, 1, 1, NODE, NET, backend="byteps"), 2)
+    with pytest.raises(ConfigError, match="all-reduce 'butterfly'"):
+        scale.predict(m, Setup(1e6, 1, 1, NODE, NET, algorithm="butterfly"), 2)
     with pytest.raises(ConfigError, match="n >= 1"):
         scale.predict(m, Setup(1e6, 1, 1, NODE, NET), 0)
 

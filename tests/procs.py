@@ -37,3 +37,46 @@ def results(out: str, tag: str, ranks: int) -> dict:
     by_rank = {r["rank"]: r for r in tagged(out, tag)}
     assert sorted(by_rank) == list(range(ranks)), f"expected {tag} lines from {ranks} ranks:\n{out[-4000:]}"
     return by_rank
+
+
+def kill_groups(*procs) -> None:
+    """SIGKILL each process's group (each started with start_new_session=True) and reap it; gone ones are skipped."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(30)
+
+
+def wait_for_backup(output, procs, timeout: float) -> None:
+    """Wait until `output/backup` holds a complete backup (its `checkpoint` state file, written last); fail the
+    test if `timeout` seconds pass or a process in `procs` ends first."""
+    import pathlib
+    import time
+    state = pathlib.Path(output) / "backup" / "checkpoint"
+    deadline = time.monotonic() + timeout
+    while not state.exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no backup was written"
+        time.sleep(0.1)
+
+
+def ended_within(proc, since: float, limit: float) -> float:
+    """Wait for `proc` to end at most `limit` seconds after the monotonic time `since`; returns the seconds from
+    `since` to its end, fails the test as a hang past the limit."""
+    import time
+    try:
+        proc.wait(max(limit - (time.monotonic() - since), 1))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running {limit} s after the fault (a hang)")
+    return time.monotonic() - since
+
+
+def one_line(log, kind: str) -> str:
+    """The one `harness train: KIND: ...` line of a log file, asserting there is exactly one and no traceback."""
+    import pathlib
+    text = pathlib.Path(log).read_text()
+    assert "Traceback" not in text, text[-4000:]
+    lines = [line for line in text.splitlines() if line.startswith(f"harness train: {kind}: ")]
+    assert len(lines) == 1, text[-4000:]
+    return lines[0]

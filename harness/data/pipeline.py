@@ -1,11 +1,11 @@
 """The tf.data input pipeline: shards -> (inputs, labels) batches for one input pipeline (worker).
 
 Order (tf.data performance guide, https://www.tensorflow.org/guide/data_performance):
-  list files -> shard (harness.distribute.sharding.assign_nonempty) -> interleave (parallel; deterministic only for
-  evaluation or record-level sharding) -> [record sharding: shard the records] -> [small records: parse each read
-  batch; large records, cached: parse each record] -> cache (before any randomness) -> shuffle -> keep
-  `records_per_epoch` -> repeat (training) -> batch [large records, uncached: parse each record first] -> augment
-  -> prefetch.
+  list files -> shard (harness.distribute.sharding.assign_nonempty) -> interleave (parallel, deterministic) ->
+  [record sharding: shard the records] -> [small records: parse each read batch; large records, cached: parse
+  each record] -> cache (before any randomness) -> shuffle -> keep `records_per_epoch` -> repeat (training: epoch
+  after epoch, each shuffled by the seed and its number, `_epochs`) -> batch [large records, uncached: parse each
+  record first] -> augment -> prefetch.
 
 Parse order, by the mean serialized record size (VECTORIZE_MAX_RECORD_BYTES):
   small records (tables, small patches) leave the file readers in read batches of ~256 kB (read_batch_size),
@@ -249,7 +249,7 @@ def read_files(paths: Sequence[str], compressions: Sequence[str], *, determinist
     """
     files = tf.data.Dataset.from_tensor_slices((list(paths), list(compressions)))
     if shuffle_files and len(paths) > 1:
-        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)  # seed: int or int64 tensor
 
     def read(path, compression):
         ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
@@ -344,20 +344,56 @@ def apply_plan(plan: PipelinePlan, spec: DataSpec) -> tf.data.Dataset:
     Raises:
       CacheInUseError: if another live process is filling the same file cache (filecache.claim).
     """
-    ds = _read(plan)
-    ds = _parse_before_cache(ds, spec, plan)
-    ds = _cache(ds, plan)
-    ds = _shuffle(ds, plan)
-    ds = _keep(ds, plan)
+    if plan.repeat:
+        ds = _epochs(plan, spec)
+    else:
+        ds = _cache(_parse_before_cache(_read(plan), spec, plan), plan)
+        ds = _keep(_shuffle(ds, plan), plan)
     ds = _batch(ds, spec, plan)
     ds = _augment(ds, spec, plan)
     return _prefetch(ds)
 
 
-def _read(plan: PipelinePlan) -> tf.data.Dataset:
-    """Serialized records, or read batches of `plan.read_batch` (record sharding: sharded first, then grouped)."""
+EPOCH_SEED_STRIDE = 1_000_003  # epoch e of seed s is shuffled with seed s * stride + e (< 2**62 for s < 2**31)
+
+
+def _epochs(plan: PipelinePlan, spec: DataSpec) -> tf.data.Dataset:
+    """Training: epoch after epoch from `plan.first_epoch`, each the shuffled and kept records (or batches) of one
+    pass, shuffled with the seed `plan.seed * EPOCH_SEED_STRIDE + epoch` (`reshuffle_each_iteration=False`), so
+    that an epoch's order is a function of the seed and its number alone, not of how many epochs this process
+    ran before: a run resumed in the middle of epoch e reads epoch e in the order the interrupted run read it,
+    and skips its first `plan.skip_batches` batches (read and dropped: at most one epoch's reading), which that
+    run trained on. The reads are deterministic (`plan.deterministic`). A cache is filled in a fixed file order
+    by the first pass and read by the later ones; without one each epoch reads its files in its own seeded order.
+    """
+    def seed_of(epoch):
+        return tf.cast(plan.seed, tf.int64) * EPOCH_SEED_STRIDE + epoch
+
+    def shuffled(ds, epoch):
+        ds = ds.shuffle(plan.shuffle_buffer, seed=seed_of(epoch), reshuffle_each_iteration=False)
+        return _keep(ds, plan, repeat=False)
+
+    if plan.cache.kind != "none":
+        upstream = _cache(_parse_before_cache(_read(plan, shuffle_files=False), spec, plan), plan)
+
+        def one_epoch(epoch):
+            return shuffled(upstream, epoch)
+    else:
+        def one_epoch(epoch):
+            return shuffled(_cache(_parse_before_cache(_read(plan, seed=seed_of(epoch)), spec, plan), plan), epoch)
+    ds = tf.data.Dataset.range(plan.first_epoch, 2 ** 62).flat_map(one_epoch)
+    if plan.skip_batches:
+        per_batch = 1 if plan.batch == stages_lib.BATCHED_BY_KEEP else plan.batch_size  # batches or records
+        ds = ds.skip(plan.skip_batches * per_batch)
+    return ds
+
+
+def _read(plan: PipelinePlan, *, seed=None, shuffle_files: bool = True) -> tf.data.Dataset:
+    """Serialized records, or read batches of `plan.read_batch` (record sharding: sharded first, then grouped);
+    `seed`: the file order's (default `plan.seed`), `shuffle_files` False: the files in their order."""
     ds = read_files(plan.files, plan.compressions, deterministic=plan.deterministic,
-                    shuffle_files=plan.shuffle_files, seed=plan.seed, parallel_reads=plan.parallel_reads,
+                    shuffle_files=plan.shuffle_files and shuffle_files,
+                    seed=plan.seed if seed is None else seed, parallel_reads=plan.parallel_reads,
                     read_batch=None if plan.record_sharding else plan.read_batch)
     if plan.record_sharding:
         ds = ds.shard(plan.num_input_pipelines, plan.input_pipeline_id)
@@ -399,16 +435,16 @@ def _shuffle(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
     return ds.shuffle(plan.shuffle_buffer, seed=plan.seed, reshuffle_each_iteration=True)
 
 
-def _keep(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
+def _keep(ds: tf.data.Dataset, plan: PipelinePlan, *, repeat: bool = True) -> tf.data.Dataset:
     """The first `records_per_epoch` records of each epoch (as batches when parsed and a whole number of
-    batches), then `repeat` (training)."""
+    batches), then `repeat` (where the plan repeats and `repeat`)."""
     if plan.keep == stages_lib.KEEP_BATCHES:
         # Parsed records: batch each epoch's shuffled stream, then keep its first batches: the same batches
         # as keeping the first records and batching after `repeat`, at no per-record cost.
         ds = _keep_first_batches(ds, plan.records_per_epoch, plan.batch_size, filtered=plan.keep_filter)
     elif plan.keep == stages_lib.KEEP_RECORDS:
         ds = _keep_first(ds, plan.records_per_epoch)
-    return ds.repeat() if plan.repeat else ds
+    return ds.repeat() if plan.repeat and repeat else ds
 
 
 def _batch(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:

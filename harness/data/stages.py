@@ -63,8 +63,8 @@ class PipelineOptions:
 
     Attributes:
       per_replica_batch_size: examples per batch delivered to one replica.
-      training: True: read order not deterministic, shuffle, keep records_per_epoch, repeat forever, optional
-        augmentation. False: one deterministic pass, no shuffle or augmentation.
+      training: True: shuffle, keep records_per_epoch, repeat forever (epoch by epoch, each epoch's order a function
+        of the seed and the epoch's number), optional augmentation. False: one pass, no shuffle or augmentation.
       records_per_epoch: keep exactly the first this-many records of each epoch of this pipeline's shuffled
         stream and drop the rest (read, not parsed), so every worker runs the same number of steps.
       shuffle_buffer: records in the shuffle buffer; default min(records, ~256 MB of records, 16384).
@@ -79,6 +79,9 @@ class PipelineOptions:
       seed: seeds file order, shuffle and augmentation; None for a random seed.
       validate: check the spec against the first record of every shard first (spec.validate_spec; one record
         read per shard, once per process). False when the caller validated already (the training job).
+      first_epoch: training: the 0-based number of the first epoch delivered (a resumed run's), which seeds its
+        order; skip_batches: batches of that first epoch already trained on, skipped (a resume in the middle of an
+        epoch: the epoch goes on with the batches not yet trained on).
     """
 
     per_replica_batch_size: int
@@ -92,6 +95,8 @@ class PipelineOptions:
     validate: bool = True
     brightness: float = 0.0
     contrast: float = 0.0
+    first_epoch: int = 0
+    skip_batches: int = 0
 
 
 # --- cache -------------------------------------------------------------------------------------------------------
@@ -195,7 +200,8 @@ class PipelinePlan:
         delivered: float32 bands and label) per record; `seed`.
       read: `files` and their `compressions` ("GZIP" or ""), `shuffle_files` (file order reshuffled each epoch),
         `parallel_reads` (files read at once: the interleave cycle; 1 reads them one after the other),
-        `deterministic` (one order: evaluation, and record sharding, whose workers must see one order),
+        `deterministic` (one order, always: a record-sharded pipeline's workers must see one order, and an epoch's
+        order must be the same when a resumed run reads it again, so that it skips the batches trained on),
         `record_sharding` (every pipeline reads every file and keeps every n-th record).
       parse: `read_batch` (records per read batch, parsed by one vectorized parse; None: records parsed one by
         one) and `parse`, where: PARSE_READ_BATCHES, PARSE_BEFORE_CACHE or PARSE_KEPT.
@@ -205,7 +211,9 @@ class PipelinePlan:
       shuffle: `shuffle_buffer` records (None: no shuffle, evaluation); records, not files, are shuffled in it.
       keep: `keep` (KEEP_ALL, KEEP_BATCHES: each epoch's stream batched, then its first batches kept, or
         KEEP_RECORDS) of `records_per_epoch`; `keep_filter` (an enumerate + filter drops the rest; False when the
-        keep is every whole batch, which `drop_remainder` alone does); `repeat` (training: forever).
+        keep is every whole batch, which `drop_remainder` alone does); `repeat` (training: forever, one epoch
+        after the other from `first_epoch`, each shuffled with a seed of `seed` and the epoch's number, and the
+        first `skip_batches` batches of the first epoch skipped).
       batch: `batch_size` (per-replica batch), `batch` (BATCHED_BY_KEEP, REBATCH or BATCH), `drop_remainder`
         (True but for a whole evaluation pass, whose last batch is partial so that every record is scored once);
         `dropped` records per pass left out by it (an evaluation of the first `records_per_epoch` records).
@@ -245,6 +253,8 @@ class PipelinePlan:
     contrast: float
     drop_remainder: bool = True
     prefetch: str = "autotune"
+    first_epoch: int = 0
+    skip_batches: int = 0
 
     @property
     def cached_bytes(self) -> int:
@@ -255,7 +265,8 @@ class PipelinePlan:
         """One line naming every stage: what the job logs and the profile report prints."""
         reads = (f"every file, record-sharded {self.input_pipeline_id}/{self.num_input_pipelines}"
                  if self.record_sharding else f"{self.parallel_reads} file(s) at once")
-        order = ", file order reshuffled each epoch" if self.shuffle_files else ""
+        # a cache holds the first pass's file order (pipeline._epochs): the files are reshuffled only without one
+        order = ", file order reshuffled each epoch" if self.shuffle_files and self.cache.kind == "none" else ""
         parse = (f"read batches of {self.read_batch} records (vectorized)" if self.parse == PARSE_READ_BATCHES
                  else self.parse)
         holds = "records" if self.cache_holds_records else "read batches"
@@ -273,7 +284,9 @@ class PipelinePlan:
             parts.append(f"keep: the first {self.records_per_epoch} records per epoch as {self.keep}"
                          + ("" if self.keep_filter else " (every whole batch: drop_remainder alone)"))
         if self.repeat:
-            parts.append("repeat")
+            parts.append(f"repeat: epochs from {self.first_epoch + 1}, each in its own seeded order"
+                         + (f" (the first {self.skip_batches} batches skipped: trained on before the resume)"
+                            if self.skip_batches else ""))
         parts.append(f"batch: {self.batch_size} per replica ({self.batch}), "
                      + ("drop_remainder" if self.drop_remainder else "the last batch partial")
                      + (f" (drops {self.dropped} records per pass)" if self.dropped else ""))
@@ -357,11 +370,12 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         files=tuple(files), compressions=tuple(compressions),
         shuffle_files=training and not record_sharding and len(files) > 1,
         parallel_reads=decide_parallel_reads(len(files), cpu_count),
-        deterministic=not training or record_sharding, record_sharding=record_sharding,
+        deterministic=True, record_sharding=record_sharding,
         read_batch=read_batch, parse=parse, cache=cache, cache_dir=o.cache_dir,
         cache_holds_records=records_cached or (per_record and cached),
         unbatch_after_cache=by_record and not records_cached, shuffle_buffer=buffer, keep=keep,
         records_per_epoch=keep_n if keep != KEEP_ALL else None, keep_filter=keep_filter, repeat=training,
         batch_size=batch_size, batch=batch, dropped=dropped, drop_remainder=training or keep_n is not None,
         augment=augment and image,
-        brightness=o.brightness if training else 0.0, contrast=o.contrast if training else 0.0)
+        brightness=o.brightness if training else 0.0, contrast=o.contrast if training else 0.0,
+        first_epoch=o.first_epoch if training else 0, skip_batches=o.skip_batches if training else 0)

@@ -113,6 +113,27 @@ class TrainingBackend:
         by_rank = {int(r[0]): r[1:] for r in rows}
         return np.stack([by_rank[w] for w in range(self.context.num_workers)])
 
+    def sum_over_workers(self, values: Sequence[int]) -> np.ndarray:
+        """int32 `[n]` `values` summed over every worker, on every worker: one all-reduce of n integers (a
+        `strategy.reduce` inside a `tf.function` traced once; every worker must call it at the same point). One
+        worker: `values` themselves, no collective. What the preemption check runs after each call of K steps
+        (`harness.train.preemption`)."""
+        import tensorflow as tf
+
+        mine = np.asarray(values, np.int32)
+        if self.context.num_workers == 1:
+            return mine
+        if getattr(self, "_sum_fn", None) is None:
+            strategy = self.strategy
+
+            @tf.function
+            def sum_fn(v):
+                per_replica = strategy.run(tf.identity, args=(v,))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            self._sum_fn = sum_fn
+        # each of a worker's replicas contributed its values: divide the sum by the replicas per worker
+        return self._sum_fn(tf.constant(mine)).numpy() // self.context.replicas_per_worker
+
     def prepare_restore(self, model, optimizer) -> None:
         """Nothing: tf.distribute restores on every worker."""
 
@@ -189,6 +210,15 @@ class HorovodBackend(TrainingBackend):
 
     def allgather(self, values: Sequence[float]) -> np.ndarray:
         return np.asarray(self.control_plane().allgather([float(v) for v in values]), np.float64)
+
+    def sum_over_workers(self, values: Sequence[int]) -> np.ndarray:
+        """`hvd.allreduce(op=hvd.Sum)` of int32 `values` (see `TrainingBackend.sum_over_workers`)."""
+        import tensorflow as tf
+
+        mine = np.asarray(values, np.int32)
+        if self.context.num_workers == 1:
+            return mine
+        return self._hvd.sum_over_ranks(tf.constant(mine)).numpy()
 
     def prepare_restore(self, model, optimizer) -> None:
         """Build the optimizer's slots before the restore, so the broadcast covers them."""

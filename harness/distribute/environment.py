@@ -182,21 +182,46 @@ WORKER_WAIT = "HARNESS_WORKER_WAIT_S"
 DEFAULT_WORKER_WAIT_S = 120.0
 
 
+# Seconds a running worker tolerates without step progress (a peer lost, a worker stuck) before it ends the run
+# with a named ClusterFault (harness.train.watchdog); a TensorFlow error naming a lost peer ends it at once.
+PEER_TIMEOUT = "HARNESS_PEER_TIMEOUT_S"
+DEFAULT_PEER_TIMEOUT_S = 60.0
+# Horovod's Gloo rendezvous and collectives time out after this (Horovod's default 30 s); the harness sets it to
+# the worker wait where it is not set, so one setting bounds the wait for a late peer (harness.distribute.horovod).
+GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+
+
 def read_worker_wait_s(environ: Optional[Mapping[str, str]] = None) -> float:
-    """`HARNESS_WORKER_WAIT_S` (default 120 s).
+    """`HARNESS_WORKER_WAIT_S` (default 120 s): how long a worker waits for a late peer, in the harness's own wait
+    (`harness.distribute.strategy.wait_for_workers`), in MultiWorkerMirroredStrategy's constructor (its
+    watchdog) and in Horovod's Gloo rendezvous (`HOROVOD_GLOO_TIMEOUT_SECONDS`, set from it where unset).
 
     Raises:
       ClusterConfigError: if it is not a positive number.
     """
-    raw = _environ(environ).get(WORKER_WAIT, "").strip()
+    return _seconds(environ, WORKER_WAIT, DEFAULT_WORKER_WAIT_S)
+
+
+def read_peer_timeout_s(environ: Optional[Mapping[str, str]] = None) -> float:
+    """`HARNESS_PEER_TIMEOUT_S` (default 60 s): the most seconds a running worker waits without step progress
+    before it ends the run naming the lost or stuck peer (`harness.train.watchdog`).
+
+    Raises:
+      ClusterConfigError: if it is not a positive number.
+    """
+    return _seconds(environ, PEER_TIMEOUT, DEFAULT_PEER_TIMEOUT_S)
+
+
+def _seconds(environ: Optional[Mapping[str, str]], name: str, default: float) -> float:
+    raw = _environ(environ).get(name, "").strip()
     if not raw:
-        return DEFAULT_WORKER_WAIT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise ClusterConfigError(f"{WORKER_WAIT}={raw!r} must be a positive number of seconds")
+        raise ClusterConfigError(f"{name}={raw!r} must be a positive number of seconds")
     return value
 
 

@@ -22,11 +22,13 @@ division by the global batch followed by a sum. The learning rate is never scale
 from __future__ import annotations
 
 import logging
+import math
+import os
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from harness.distribute import mpi
+from harness.distribute import environment, mpi
 from harness.distribute.context import WorkerContext
 from harness.errors import ClusterConfigError
 
@@ -55,11 +57,27 @@ def init(*, config=tf.config) -> tuple[tf.distribute.Strategy, WorkerContext]:
     hvd = _hvd()
     if mpi.launched_by_mpi():
         mpi.init_thread_multiple()
+    gloo_timeout()
     hvd.init()
     context = WorkerContext.from_horovod(hvd)
     pin_gpu(context.local_rank, config=config)
     log.info("Horovod (%s controller): %s", "MPI" if hvd.mpi_enabled() else "Gloo", context)
     return tf.distribute.get_strategy(), context
+
+
+def gloo_timeout(environ=None) -> int:
+    """Give Gloo's rendezvous and collectives the harness's peer wait: `HOROVOD_GLOO_TIMEOUT_SECONDS` (Horovod's
+    default 30 s, horovod/runner/common/util/config_parser.py) set to `HARNESS_WORKER_WAIT_S` (whole seconds,
+    rounded up) where it is not set, before `hvd.init()` reads it; so a rank that arrives later than 30 s but
+    within the wait does not abort the others. Returns the timeout in effect (seconds).
+
+    Raises:
+      ClusterConfigError: if `HARNESS_WORKER_WAIT_S` is not a positive number.
+    """
+    env = os.environ if environ is None else environ
+    if not env.get(environment.GLOO_TIMEOUT, "").strip():
+        env[environment.GLOO_TIMEOUT] = str(math.ceil(environment.read_worker_wait_s(env)))
+    return int(env[environment.GLOO_TIMEOUT])
 
 
 def pin_gpu(local_rank: int, *, config=tf.config) -> Optional[str]:

@@ -271,8 +271,15 @@ def _runtime_started() -> bool:
     return eager_context.context()._context_handle is not None
 
 
-def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: float = 0.25) -> None:
+WAIT_PROGRESS_S = 15.0   # seconds between the "waiting for worker 1 at host:port, 15 of 120 s" lines
+
+
+def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: float = 0.25,
+                     progress_s: float = WAIT_PROGRESS_S) -> None:
     """Return once every other task of `config` accepts TCP connections at its address; fail after `timeout_s`.
+    Every `progress_s` seconds of waiting, one line on stderr names the tasks still awaited and the time waited
+    (`harness: waiting for worker 1 at host:port, 15 of 120 s (HARNESS_WORKER_WAIT_S)`), so a pod log says why
+    nothing happens.
 
     The peers' gRPC servers only start inside their strategy constructors, which is where they would block on
     us: so while waiting, this task listens on its own port (the kernel completes the peers' connections without
@@ -286,12 +293,18 @@ def wait_for_workers(config: environment.TFConfig, *, timeout_s: float, poll_s: 
     me = (config.task_type, config.task_index)
     peers = {f"{t} {i}": config.cluster[t][i] for t, i in config.tasks() if (t, i) != me}
     listener = _listen(config)
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline, report = start + timeout_s, start + progress_s
     try:
         while True:
             peers = {name: address for name, address in peers.items() if not _accepts(address)}
             if not peers:
                 return
+            if report <= time.monotonic() <= deadline:   # the line says the mark passed: 15, 30, ... s
+                print(f"harness: waiting for {', '.join(f'{n} at {a}' for n, a in peers.items())}, "
+                      f"{report - start:g} of {timeout_s:g} s ({environment.WORKER_WAIT})", file=sys.stderr,
+                      flush=True)
+                report += progress_s
             if time.monotonic() > deadline:
                 name, address = next(iter(peers.items()))
                 raise WorkerFailedError(

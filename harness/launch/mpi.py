@@ -21,6 +21,7 @@ The flags are Horovod's own (horovod/runner/mpi_run.py, docs/mpi.rst):
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -171,14 +172,24 @@ def mpirun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = No
 def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = None, controller: str = "gloo",
                        extra: Sequence[str] = (), horovodrun: str = "horovodrun") -> list[str]:
     """The `horovodrun` line: `np` ranks on `hosts` (default `localhost:np`), Gloo or MPI controller
-    (horovodrun binds nothing and exports the environment itself)."""
+    (horovodrun binds nothing and exports the environment itself). Under Gloo it carries the peer wait,
+    `--gloo-timeout-seconds` from `HARNESS_WORKER_WAIT_S` (default 120 s; Gloo's own default is 30 s), unless
+    `extra` sets it.
+
+    Raises:
+      ConfigError: no command, an unknown controller, a command without `--backend horovod`, bad hosts.
+      ClusterConfigError: if `HARNESS_WORKER_WAIT_S` is not a positive number.
+    """
     if not command:
         raise ConfigError("no command to launch (put it after --)")
     if controller not in CONTROLLERS:
         raise ConfigError(f"controller must be one of {CONTROLLERS}, got {controller!r}")
     require_horovod_backend(command)
     hosts = check_hosts(np, hosts) or f"localhost:{np}"
-    return [horovodrun, "-np", str(np), "-H", hosts, f"--{controller}", *extra, *command]
+    wait = []
+    if controller == "gloo" and "--gloo-timeout-seconds" not in extra:
+        wait = ["--gloo-timeout-seconds", str(math.ceil(environment.read_worker_wait_s()))]
+    return [horovodrun, "-np", str(np), "-H", hosts, f"--{controller}", *wait, *extra, *command]
 
 
 # How mpirun and horovodrun name the rank that failed first (Open MPI 4's help messages, horovod/runner/gloo_run.py).

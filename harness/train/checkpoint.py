@@ -8,9 +8,11 @@ save: the other ranks neither save nor restore; rank 0's restored state reaches 
 (`harness.distribute.horovod.broadcast_backup`), so their hosts need not see the output folder.
 
 A backup holds the model, the optimizer (with its step counter and loss scale) and the global step, written at the
-end of every epoch. A restarted job restores it and continues at the next epoch: the steps of an interrupted epoch
-are rolled back with the weights and run again from the epoch's first batch, so in the final model each epoch's
-steps are applied exactly once (the global step and the optimizer's iteration count prove it).
+end of every epoch, and at a preemption at the step every worker stopped at (`harness.train.preemption`). A
+restarted job restores it and continues at the next step: the steps of an epoch interrupted otherwise are rolled
+back with the weights and run again from the epoch's first batch; a preempted epoch goes on at its next batch
+(`harness.train.resume`). In the final model each epoch's steps are applied exactly once (the global step and the
+optimizer's iteration count prove it).
 """
 from __future__ import annotations
 
@@ -43,10 +45,13 @@ class Backup:
       trackables: objects to save, e.g. `model=model, optimizer=optimizer`.
     Attributes:
       step: int64 scalar variable, the global step (optimizer steps taken so far).
+      saved_step: the global step of the last backup this process restored or wrote (0: none), what a re-run
+        resumes from (`harness.train.faults.resume_from`).
     """
 
     def __init__(self, output_dir: str, context, *, fingerprint: dict | None = None, **trackables):
         self.context, self.fingerprint = context, fingerprint
+        self.saved_step = 0
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.checkpoint = tf.train.Checkpoint(step=self.step, **trackables)
         self.chief_dir = os.path.join(output_dir, "backup")
@@ -87,21 +92,38 @@ class Backup:
         latest = tf.train.latest_checkpoint(self.chief_dir)
         if latest is None:
             return 0
-        self._check_fingerprint()
+        step = int(tf.train.load_checkpoint(latest).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+        self._check_fingerprint(step)
         self.checkpoint.restore(latest).expect_partial()
-        step = int(self.step.numpy())
+        step = self.saved_step = int(self.step.numpy())
         log.info("resumed from %s at global step %d", latest, step)
         return step
 
-    def _check_fingerprint(self) -> None:
-        """Raise ConfigError when the backup was written by a run with other steps per epoch, data or inputs:
+    @property
+    def restores(self) -> bool:
+        """Whether this process reads the backup (not a Horovod rank other than 0, which gets rank 0's state)."""
+        return not self._idle
+
+    saved_fingerprint = None
+    """The fingerprint the restored backup was written with (`run.json`), None without one."""
+    resume_note = None
+    """A line saying the backup continues on other workers than wrote it (`resume.check_workers`), or None."""
+
+    def _check_fingerprint(self, step: int) -> None:
+        """Raise ConfigError when the backup (at global step `step`) was written by a run with other steps per
+        epoch, data or inputs, or on other workers where `harness.train.resume.check_workers` refuses it:
         resuming it would count epochs wrongly or train another model."""
+        from harness.train import resume
+
         path = os.path.join(self.chief_dir, FINGERPRINT)
         if self.fingerprint is None or not os.path.exists(path):
             return
         with open(path) as f:
             saved = json.load(f)
-        changed = {k: (saved.get(k), v) for k, v in self.fingerprint.items() if saved.get(k) != v}
+        self.saved_fingerprint = saved
+        self.resume_note = resume.check_workers(saved, self.fingerprint, step, self.chief_dir)
+        changed = {k: (saved.get(k), v) for k, v in self.fingerprint.items()
+                   if saved.get(k) != v and k not in resume.COUNT_KEYS}
         if changed:
             what = "; ".join(f"{k}: backup {a!r}, now {b!r}" for k, (a, b) in changed.items())
             raise ConfigError(f"{self.chief_dir} was written by a different run ({what}); resume with the same "
@@ -110,6 +132,7 @@ class Backup:
     def save(self, step: int) -> None:
         """Write the backup at global step `step` (every worker calls this; only the chief's copy is kept)."""
         self.step.assign(step)
+        self.saved_step = step
         if self._idle:
             return
         if self.context.is_chief and self.fingerprint is not None:

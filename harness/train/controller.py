@@ -83,12 +83,20 @@ class Controller:
       callbacks: `harness.train.control.KerasCallbacks` (the user's tf_keras callbacks), or None.
       on_epoch_end: callables `(epoch, logs)` run after the epoch's evaluation, in order (e.g. the backup).
       timer: the `StepTimer` to record steps in (default: a new one with `schedule.warmup_steps`).
+      watchdog: a `harness.train.watchdog.Watchdog` beaten after each call (idle over the first call and the
+        epoch-end work), or None.
+      on_call_end: a callable `(global_step)` run on every worker after each call's checks, with the step the
+        call ended at (the preemption check, `harness.train.preemption.Preemption.after_call`; it may raise).
+    Attributes:
+      step: the global step of the last call completed (what a fault's message names).
     """
 
     def __init__(self, trainer, schedule: Schedule, *, context, evaluator=None, step_hooks: Sequence = (),
                  callbacks=None, on_epoch_end: Sequence[Callable[[int, dict], None]] = (),
-                 timer: StepTimer | None = None):
+                 timer: StepTimer | None = None, watchdog=None, on_call_end: Callable[[int], None] | None = None):
+        self.watchdog, self.step = watchdog, 0
         self.trainer, self.schedule, self.context, self.evaluator = trainer, schedule, context, evaluator
+        self.on_call_end = on_call_end
         self.step_hooks, self.callbacks, self.on_epoch_end = tuple(step_hooks), callbacks, tuple(on_epoch_end)
         self.timer = timer or StepTimer(schedule.warmup_steps)
         k = schedule.steps_per_loop
@@ -104,7 +112,8 @@ class Controller:
     # --- the run ----------------------------------------------------------------------------------------------
     def fit(self, train_iterator, *, validation: Callable[[], object] | None = None,
             initial_step: int = 0) -> list[dict]:
-        """Train from global step `initial_step` (a multiple of steps_per_epoch) to epochs × steps_per_epoch.
+        """Train from global step `initial_step` to epochs × steps_per_epoch (a step inside an epoch, as a
+        preemption's backup holds, continues that epoch: `train_iterator` then starts at its next batch).
 
         Args:
           train_iterator: iterator over distributed `(inputs, labels)` batches; never exhausted (the dataset
@@ -123,7 +132,7 @@ class Controller:
             `model.stop_training` (carries the epochs run).
         """
         s, history = self.schedule, []
-        step = initial_step
+        step = self.step = initial_step
         if self.callbacks is not None:
             self.callbacks.on_train_begin()
         for epoch in range(initial_step // s.steps_per_epoch, s.epochs):
@@ -140,13 +149,20 @@ class Controller:
                 interrupt.check()  # a SIGINT whose KeyboardInterrupt TensorFlow swallowed (harness.train.interrupt)
                 stopped = self._after_call(step, epoch, epoch_start, losses, skips)
                 step += k
+                self.step = step
+                if self.watchdog is not None:
+                    self.watchdog.beat(step)
                 loss_sum += float(sum(losses))
                 skipped += int(sum(skips)) if skips else 0
                 bar.update(k)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+                if self.on_call_end is not None:
+                    self.on_call_end(step)
                 if stopped:
                     break
             bar.close()
+            if self.watchdog is not None:
+                self.watchdog.idle()   # evaluation (its first pass traces) and the backup: not a step's length
             logs = {"epoch": epoch + 1, "step": step, "loss": loss_sum / max(step - epoch_start, 1)}
             if stopped and step < end:  # stopped inside the epoch: no evaluation, no epoch-end backup
                 history.append({**logs, **self.timer.summary(self.timer.steps[first_timed:])})
@@ -169,6 +185,8 @@ class Controller:
             if self.callbacks is not None:
                 self.callbacks.on_epoch_end(epoch + 1, logs)
             interrupt.check()
+            if self.watchdog is not None:
+                self.watchdog.beat(step)
             if stopped or (self.callbacks is not None and self.callbacks.stop_requested()):
                 self._stop(history, step, epoch)
         return history

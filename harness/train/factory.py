@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 from harness.distribute.batch import BatchSizes, batch_sizes
 from harness.train.evaluator import Evaluator
-from harness.train.trainer import Trainer, per_example_cross_entropy
+from harness.train.trainer import StepProgress, Trainer, per_example_cross_entropy
 
 
 def synthetic_batch(backend, per_replica_batch_size: int) -> BatchSizes:
@@ -35,11 +35,14 @@ def make_trainer(backend, model, optimizer, plan, *, loss_fn: Optional[Callable]
         default sparse softmax cross-entropy (`trainer.per_example_cross_entropy`).
       class_weights: optional float32 `[classes]`.
       clip_norm: global-norm gradient clipping after the reduction, or None.
+    With several workers the trainer counts its batches and steps (`trainer.StepProgress`), so the step-progress
+    watchdog can tell a worker waiting for its own input from one waiting for its peers.
     """
     batch = getattr(plan, "batch", plan)
+    progress = StepProgress() if backend.context.num_workers > 1 else None
     return Trainer(backend=backend, model=model, optimizer=optimizer, loss_fn=loss_fn or per_example_cross_entropy,
                    loss_divisor=backend.loss_divisor(batch), global_batch_size=batch.global_batch_size,
-                   class_weights=class_weights, clip_norm=clip_norm)
+                   class_weights=class_weights, clip_norm=clip_norm, progress=progress)
 
 
 def make_evaluator(backend, model, metrics, *, loss_fn: Optional[Callable] = None) -> Evaluator:

@@ -44,6 +44,7 @@ class Inputs:
       class_weights: `[num_classes]` loss weights, or None.
       pipelines: the `PipelinePlan` of every input pipeline this process built, by `(training,
         input_pipeline_id)`: what the profile reports (`worker_facts`), never decided again.
+      start: where the training pipelines begin (`datasets`): `{"first_epoch", "skip_batches", "seed"}`.
     """
 
     train: ShardSet
@@ -57,6 +58,7 @@ class Inputs:
     class_weights: Optional[list]
     options: TrainOptions
     pipelines: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    start: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def all_shards(self) -> list:
@@ -65,13 +67,14 @@ class Inputs:
 
     def pipeline_options(self, training: bool) -> pipeline_lib.PipelineOptions:
         """The input pipeline's options for training (records kept per epoch, shuffle, augment) or evaluation."""
-        o, plan = self.options, self.plan
+        o, plan, start = self.options, self.plan, self.start if training else {}
         return pipeline_lib.PipelineOptions(
             per_replica_batch_size=plan.per_replica_batch_size, training=training,
             records_per_epoch=plan.records_kept_per_worker if training else None,
             shuffle_buffer=o.shuffle_buffer, cache=o.cache, cache_dir=o.cache_dir, augment=o.augment and training,
-            seed=o.seed, validate=False,  # validated once by prepare
-            brightness=o.brightness if training else 0.0, contrast=o.contrast if training else 0.0)
+            seed=start.get("seed", o.seed), validate=False,  # validated once by prepare
+            brightness=o.brightness if training else 0.0, contrast=o.contrast if training else 0.0,
+            first_epoch=start.get("first_epoch", 0), skip_batches=start.get("skip_batches", 0))
 
     def dataset_fn(self, training: bool) -> Callable:
         """`fn(tf.distribute.InputContext) -> tf.data.Dataset` of one worker, reading the files its plan assigns."""
@@ -99,8 +102,18 @@ class Inputs:
                                                              assignment=plan.assignments[input_pipeline_id])
         return self.pipelines[key]
 
-    def datasets(self, backend) -> tuple:
-        """`(training, validation or None)` distributed datasets for `backend` (`TrainingBackend.distribute`)."""
+    def datasets(self, backend, *, start_step: int = 0, seed: Optional[int] = None) -> tuple:
+        """`(training, validation or None)` distributed datasets for `backend` (`TrainingBackend.distribute`).
+
+        Args:
+          start_step: the global step training continues after (a resume's): the training pipelines begin at its
+            epoch and skip the batches of that epoch already trained on (each replica draws one per step).
+          seed: the seed of the epochs' order (`harness.train.resume.data_seed`); None: `options.seed`.
+        """
+        steps = self.plan.steps_per_epoch
+        self.start.update(first_epoch=start_step // steps,
+                          skip_batches=(start_step % steps) * self.plan.batch.replicas_per_worker,
+                          **({"seed": seed} if seed is not None else {}))
         train = backend.distribute(self.dataset_fn(True))
         val = backend.distribute(self.dataset_fn(False)) if self.validation_plan else None
         return train, val

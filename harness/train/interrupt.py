@@ -8,6 +8,12 @@ the test ran as a background job, whose SIGINT is ignored and inherited; an igno
 `requested()` keeps the request: the handler still raises KeyboardInterrupt at once, and also sets a flag that
 `harness.train.controller.Controller.fit` checks after every call of K steps and after every epoch end, so the interrupt
 ends the run within one call (AUTO_TARGET_S, ~0.1-1 s) even when the first raise is lost.
+
+SIGTERM (Kubernetes' eviction or preemption: the pod gets SIGTERM, then SIGKILL after its grace period, 30 s by
+default) raises nothing: the handler only notes the step of the call boundary it arrived after
+(`terminated_at`), and `harness.train.preemption.Preemption` makes every worker agree on it at the next call
+boundary, write a backup there and exit retryable (tf.distribute's `PreemptionCheckpointHandler` does the same
+with a watcher thread and the coordination service).
 """
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ import signal
 import threading
 
 _REQUESTED = threading.Event()
+_TERMINATED: list = [None]   # the call boundary (global step) SIGTERM arrived after, or None
+_BOUNDARY: list = [0]        # the last call boundary passed (global step)
 
 
 def requested() -> bool:
@@ -29,14 +37,26 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
+def terminated_at():
+    """The global step of the call boundary SIGTERM arrived after (while `handling()` was active), or None."""
+    return _TERMINATED[0]
+
+
+def at_boundary(step: int) -> None:
+    """Note that the run passed the call boundary after global step `step` (what `terminated_at` reports)."""
+    _BOUNDARY[0] = step
+
+
 @contextlib.contextmanager
 def handling():
-    """Within the block, SIGINT sets the request flag and raises KeyboardInterrupt; the previous handler is put
-    back and the flag cleared at the end. Does nothing outside the main thread (where `signal.signal` is refused)
-    and where SIGINT is ignored (`SIG_IGN`: a shell's background job, `nohup`), which stays so."""
+    """Within the block, SIGINT sets the request flag and raises KeyboardInterrupt, and SIGTERM notes the step
+    (`terminated_at`); the previous handlers are put back and the flags cleared at the end (after a SIGTERM, SIGTERM
+    is left ignored: the process is ending with its backup written, as `PreemptedError`). Does nothing outside
+    the main thread (where `signal.signal` is refused); an ignored SIGINT (`SIG_IGN`: a shell's background job,
+    `nohup`) stays so."""
     _REQUESTED.clear()
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+    _TERMINATED[0] = None
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
 
@@ -44,9 +64,20 @@ def handling():
         _REQUESTED.set()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    def on_sigterm(signum, frame):
+        if _TERMINATED[0] is None:
+            _TERMINATED[0] = _BOUNDARY[0]
+
+    previous = {}
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
+    previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if _TERMINATED[0] is not None:   # preempted: leaving with its backup written; a second SIGTERM (a
+            previous[signal.SIGTERM] = signal.SIG_IGN   # launcher stopping the rest) must not cut the exit short
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         _REQUESTED.clear()
+        _TERMINATED[0] = None

@@ -4,7 +4,8 @@ Order (every step fails before training starts where it can): backend (strategy 
 user's model function and loss resolved (`user_model`, `losses`: import errors and Keras 3 refused before any data
 is read) → precision policy → inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch
 plan, statistics) → model (checked, `--init-from`), schedule and optimizer (`optim`) under the strategy's scope →
-restore the backup (broadcast from rank 0 under Horovod) → train (`harness.train.factory` builds the trainer and
+restore the backup (broadcast from rank 0 under Horovod) → the datasets, from the restored step (a preempted epoch
+goes on at its next batch) → train (`harness.train.factory` builds the trainer and
 the evaluator, `harness.train.controller.Controller` runs the epochs; `control` stops early) → final model and
 `summary.json` (chief only).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from harness.distribute import environment
 from harness.distribute.backend import TrainingBackend, check_same_step, check_same_weights, make_backend
 from harness.errors import ConfigError
 from harness.train.options import TrainOptions
@@ -37,17 +39,22 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         only; ModelCheckpoint, BackupAndRestore and EarlyStopping refused for the harness's own flags).
     Raises:
       HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
+      PeerLostError: TensorFlow or Horovod reported a peer gone during training (`harness.train.faults`: the
+        peer, its host, the step, the backup a re-run resumes from). A worker with no step progress for
+        `HARNESS_PEER_TIMEOUT_S` prints a `StalledWorkerError` line and exits 138 (`harness.train.watchdog`).
     """
     import tensorflow as tf
 
     from harness.train import (checkpoint, control, inputs as inputs_lib, interrupt, losses, metrics, optim,
                                precision, profiling, results, summaries, user_model)
-    from harness.train import factory
+    from harness.train import factory, faults, resume, watchdog
     from harness.train.controller import Controller, Schedule
+    from harness.train.preemption import Preemption
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
                            distribution=distribution)
     context, say = backend.context, backend.say
+    peer_timeout_s = environment.read_peer_timeout_s()   # a bad value fails before any data is read
     say(f"worker: {context}")
     from harness.train import shared_output
     shared_output.check(options.output, backend)  # a folder private to each host: refused before any data is read
@@ -62,19 +69,28 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                                 on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
     plan, spec = inputs.plan, inputs.spec
     losses.probe(loss_fn, spec.label_shape, inputs.num_classes, spec.task)
-    train_ds, val_ds = inputs.datasets(backend)
 
     with backend.scope():
         model = builder.build(inputs, policy, say)
         schedule = optim.make_schedule(optim.schedule_config(options, plan))  # of optimizer.iterations only
         optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
         stopper = control.make(options, model, context, checkpoint.save_model)  # its state is backed up
-        backup = checkpoint.Backup(options.output, context, fingerprint=_fingerprint(plan, spec, policy),
-                                   model=model, optimizer=optimizer, **({"stopping": stopper.state} if stopper else {}))
+        data_seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="data_seed")  # the epochs' order
+        backup = checkpoint.Backup(options.output, context, fingerprint=_fingerprint(plan, spec, policy, context),
+                                   model=model, optimizer=optimizer, data_seed=data_seed,
+                                   **({"stopping": stopper.state} if stopper else {}))
         backend.prepare_restore(model, optimizer)
         check_same_step(backend, backup.latest_step())  # before the restore, itself a collective
         initial_step = backup.restore()
-    initial_step = backend.broadcast_backup(backup, initial_step)
+    if backup.resume_note:
+        say(backup.resume_note)
+    initial_step = backup.saved_step = backend.broadcast_backup(backup, initial_step)
+    cluster = faults.Cluster.gather(backend)   # the workers' hosts, for a fault's message (a collective on Horovod)
+    # The epochs' order: the backup's seed (a resume reads each epoch in the order the first run read it), else
+    # --seed, else rank 0's random one; then the datasets, from the epoch and batch the run continues at.
+    seed = resume.data_seed(backend, int(data_seed.numpy()), options.seed)
+    data_seed.assign(seed)
+    train_ds, val_ds = inputs.datasets(backend, start_step=initial_step, seed=seed)
 
     run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
                             steps_per_loop=options.loop_steps)
@@ -100,8 +116,9 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
             "(raise --epochs to train on, or use a new --output)")
         return {"initial_step": initial_step, "final_step": initial_step, "history": [], "done": True}
-    if initial_step % plan.steps_per_epoch:
-        # Backups are written at epoch ends; a step count between them means the plan changed.
+    if initial_step % plan.steps_per_epoch and backup.saved_fingerprint is None and backup.restores:
+        # Without run.json a step between epoch ends cannot be told from a plan that changed (a preemption's
+        # backup inside an epoch has one: its plan was compared on restore).
         raise ConfigError(f"backup in {backup.chief_dir} is at step {initial_step}, not at an epoch end of "
                           f"{plan.steps_per_epoch} steps: the data or batch size changed since; use a new --output")
     users = control.KerasCallbacks(callbacks, model, context, optimizer) if callbacks else None
@@ -109,8 +126,13 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     # see the epoch after the backup (the controller calls them last).
     on_epoch_end = [*backend.epoch_end_callbacks(model), *([stopper.record] if stopper else []), backup.on_epoch_end,
                     tensorboard.on_epoch_end, *([stopper.stop_if_done] if stopper else [])]
+    guard = None
+    if context.num_workers > 1:   # one process has no peer to wait for
+        guard = watchdog.Watchdog(watchdog.stalled(cluster, backup, peer_timeout_s, trainer.progress),
+                                  bound_s=peer_timeout_s)
+    preempt = Preemption(backend, backup, initial_step)  # SIGTERM: every worker backs up at one step and exits 138
     controller = Controller(trainer, run_schedule, context=context, evaluator=evaluator, callbacks=users,
-                            on_epoch_end=on_epoch_end, **hooks)
+                            on_epoch_end=on_epoch_end, watchdog=guard, on_call_end=preempt.after_call, **hooks)
     if profiler:
         profiler.start()
     try:
@@ -122,6 +144,14 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         history = stop.history
     except tf.errors.InvalidArgumentError as e:
         raise inputs.named_error(e) from e
+    except Exception as e:   # a peer gone: one named line (harness.train.faults), else as it is
+        lost = faults.peer_lost(e, cluster, controller.step, backup) if context.num_workers > 1 else None
+        if lost is None:
+            raise
+        raise lost from None
+    finally:
+        if guard is not None:
+            guard.close()
     controller.end()
     digest = results.weights_digest(model)
     workers_digests = check_same_weights(backend, digest)
@@ -130,7 +160,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
 
     summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
                "weights_sha256": digest, "workers_weights_sha256": workers_digests,
-               "initial_step": initial_step, "final_step": initial_step + len(history) * plan.steps_per_epoch,
+               "initial_step": initial_step, "final_step": history[-1]["step"] if history else initial_step,
+               "preemption_check": preempt.stats(), "data_seed": seed,
                "optimizer_iterations": int(optimizer.iterations.numpy()),
                "updates": {"steps": controller.steps_run, "skipped": controller.updates_skipped}, "learning_rate": schedule.get_config(),
                "history": history, "timing": controller.timer.summary(), "model": model_path,
@@ -183,9 +214,11 @@ def _evaluation_counts(history: list, validation_plan) -> dict | None:
                           for h in history if "val_records" in h]}
 
 
-def _fingerprint(plan, spec, policy: str) -> dict:
-    """What a backup must agree with to be resumed: the step arithmetic, the data and the model's inputs."""
+def _fingerprint(plan, spec, policy: str, context) -> dict:
+    """What a backup must agree with to be resumed: the step arithmetic, the data and the model's inputs; and the
+    workers and replicas it was written by (compared by `harness.train.resume.check_workers`)."""
     return {"steps_per_epoch": plan.steps_per_epoch, "global_batch_size": plan.global_batch_size,
             "records": sum(plan.records), "label": spec.label, "bands": list(spec.bands),
-            "input_shape": str(spec.input_shape), "policy": policy}
+            "input_shape": str(spec.input_shape), "policy": policy,
+            "workers": context.num_workers, "replicas_per_worker": context.replicas_per_worker}
 

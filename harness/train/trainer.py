@@ -29,6 +29,25 @@ import tf_keras as keras
 ROWS = ("loss", "input_wait_s", "step_s", "skipped")  # rows of `train_loop`'s result, in order
 
 
+class StepProgress:
+    """Where this worker is inside the K-step call, readable from another thread while the call runs (the
+    step-progress watchdog, `harness.train.watchdog`): `drawn` counts the batches the loop has drawn from its input,
+    `finished` the steps whose update has run (int64 scalar variables on the host CPU, counted since the trainer was
+    built). `drawn > finished`: this worker has its batch and is inside its step (its compute, or the all-reduce
+    waiting for its peers); `drawn == finished`: it waits for its own input.
+
+    Two variable increments per step (a few µs on a CPU); built only for runs of several workers."""
+
+    def __init__(self):
+        with tf.device("/cpu:0"):
+            self.drawn = tf.Variable(0, dtype=tf.int64, trainable=False, name="harness_batches_drawn")
+            self.finished = tf.Variable(0, dtype=tf.int64, trainable=False, name="harness_steps_finished")
+
+    def waiting_for_input(self) -> bool:
+        """True when the last batch drawn has been trained on: the loop is waiting for its next batch."""
+        return int(self.drawn.numpy()) <= int(self.finished.numpy())
+
+
 def per_example_cross_entropy(labels, logits, class_weights):
     """Sparse softmax cross-entropy per example, `[batch]` float32; pixel losses are averaged per patch.
 
@@ -74,15 +93,16 @@ class Trainer:
       class_weights: optional `[classes]` float32 weights multiplying each example's (pixel's) loss.
       clip_norm: clip the gradients to this global norm after the cross-replica reduction and loss unscaling
         (`clip_after_reduction`); None: no clipping.
+      progress: a `StepProgress` the K-step loop counts its batches and steps in, or None.
     """
 
     def __init__(self, *, backend, model, optimizer, loss_fn, loss_divisor: int, global_batch_size: int,
-                 class_weights=None, clip_norm: float | None = None):
+                 class_weights=None, clip_norm: float | None = None, progress: StepProgress | None = None):
         self.backend, self.strategy = backend, backend.strategy
         self.model, self.optimizer = model, optimizer
         self.loss_fn, self.loss_divisor, self.global_batch_size = loss_fn, loss_divisor, global_batch_size
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
-        self.clip_norm = clip_norm
+        self.clip_norm, self.progress = clip_norm, progress
         self.loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         self.train_step = tf.function(self._host_fed_step)
         self.train_loop = tf.function(self._loop)
@@ -159,6 +179,8 @@ class Trainer:
                 batch = self._next_batch(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
                 got = tf.timestamp()
+                if self.progress is not None:   # a stateful op: it runs (automatic control dependencies)
+                    self.progress.drawn.assign_add(1)
             # The step starts after `got` through its inputs alone (`after`: one Identity per batch tensor, on
             # the replica's device). A control block around the whole step put an edge from `got` on every op of
             # the model: ~40 µs more per step on the CPU (benchmarks/step_loop.py overhead case). With no edge at
@@ -167,6 +189,8 @@ class Trainer:
             loss, skipped = self._step(batch, after=got)
             with tf.control_dependencies([loss]):
                 end = tf.timestamp()
+                if self.progress is not None:
+                    self.progress.finished.assign_add(1)
             done = loss
             losses = losses.write(i, loss)
             if self.loss_scaling:

@@ -59,14 +59,21 @@ def _check_report(report: dict, workers: int, sizes: list[int]) -> None:
     assert fit is not None and len(fit["residuals_s"]) == len(sizes) and fit["r2"] <= 1.0
 
 
-def test_two_workers_under_launch_local(tmp_path):
-    sizes = [4096, 262144, 1048576]
-    out = procs.run([BIN / "harness", "launch", "local", "--workers", "2", "--", BIN / "harness", "bench",
-                     "allreduce", "--sizes", "4K,256K,1M", "--rounds", "5", "--repeats", "3", "--output", tmp_path],
-                    env=_env(), timeout=300)
+def test_the_readme_line_on_two_workers_under_launch_local(tmp_path):
+    """The README's `harness launch local --workers 2 -- harness bench allreduce --output OUT`, run as printed (OUT
+    a folder of the test's): every default size timed on 2 workers, the fit reported, the chief alone printing."""
+    import shlex
+
+    from harness.bench.allreduce import DEFAULT_SIZES
+
+    readme = (ROOT / "README.md").read_text()
+    line = next(ln.split("#")[0].strip() for ln in readme.splitlines()
+                if ln.startswith("harness launch local --workers 2 -- harness bench allreduce"))
+    argv = [str(tmp_path) if a == "OUT" else a for a in shlex.split(line)]
+    out = procs.run([BIN / argv[0], *argv[1:]], env=_env(), timeout=600)
     assert "[worker 0] all-reduce over 2 worker(s), tf" in out and "ring fit: alpha = " in out, out[-3000:]
     assert "[worker 1] all-reduce over" not in out    # the chief prints
-    _check_report(json.loads((tmp_path / "allreduce.json").read_text()), 2, sizes)
+    _check_report(json.loads((tmp_path / "allreduce.json").read_text()), 2, list(DEFAULT_SIZES))
 
 
 def test_two_ranks_under_horovodrun(tmp_path):

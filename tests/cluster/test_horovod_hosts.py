@@ -10,10 +10,10 @@ and chief right on each host.
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 
+import procs
 import pytest
 
 from harness.data import synth
@@ -56,16 +56,8 @@ def _printed_line(bed, env, launcher: str, train: list) -> str:
 
 
 def _run_printed(bed, env, line: str) -> str:
-    proc = bed.hosts[0].popen(["/bin/sh", "-c", line], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {RUN_TIMEOUT_S} s (a hang): {line}\n{out[-4000:]}")
-    assert proc.returncode == 0, f"exit {proc.returncode}: {line}\n{out[-6000:]}"
-    return out
+    """The printed line as a user's shell on host0 runs it (`procs.run`: bounded, its group killed on a hang)."""
+    return procs.run([*bed.hosts[0].enter_argv(), "/bin/sh", "-c", line], env=env, timeout=RUN_TIMEOUT_S)
 
 
 def _check(summary: dict, files: list) -> None:

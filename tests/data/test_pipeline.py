@@ -339,3 +339,15 @@ def test_cached_large_records_are_parsed_before_the_cache(image, monkeypatch):
     assert len(set(flat[:10])) == len(set(flat[10:])) == 10 and flat[:10] != flat[10:]
     uncached = _all(_build(found, spec, 2, training=False, cache="none"))
     assert set(flat[:10]) == set(flat[10:]) == {x.tobytes() for b in uncached for x in b[0]}
+
+
+@pytest.mark.parametrize("cache", ["memory", "none"])
+def test_an_epoch_read_again_from_its_number_is_in_the_same_order_past_the_batches_skipped(table, cache):
+    """A run resumed inside epoch 2 after 3 of its 5 batches (first_epoch 1, skip_batches 3) draws the batches the
+    uninterrupted run drew from its 9th on: each epoch's order is a function of the seed and its number alone."""
+    found, spec = table
+    kwargs = dict(training=True, records_per_epoch=40, seed=7, cache=cache)
+    whole = _ids(_all(_build(found, spec, 8, **kwargs).take(15)))   # epochs 1-3, 5 batches each
+    resumed = _ids(_all(_build(found, spec, 8, first_epoch=1, skip_batches=3, **kwargs).take(7)))
+    assert resumed == whole[8 * 8:]
+    assert all(len(set(whole[i:i + 40])) == 40 for i in (0, 40, 80)) and whole[40:80] != whole[:40]  # reshuffled

@@ -35,7 +35,7 @@ def test_small_records_training_in_memory_cache_records_and_batch_each_epoch_alo
     assert plan.cache.kind == "memory" and plan.cache_holds_records and not plan.unbatch_after_cache
     assert (plan.keep, plan.keep_filter, plan.batch) == (S.KEEP_BATCHES, False, S.BATCHED_BY_KEEP)
     assert plan.shuffle_buffer == 1000 and plan.shuffle_files and plan.parallel_reads == 2 and plan.repeat
-    assert not plan.deterministic and names == []  # no file cache: no name (each name stats every file)
+    assert plan.deterministic and names == []  # no file cache: no name (each name stats every file)
 
 
 def test_more_records_than_the_memory_cache_holds_cache_read_batches_split_each_epoch(monkeypatch):
@@ -120,7 +120,8 @@ def test_describe_names_every_stage():
     plan, _ = _decide(records=1000, records_per_epoch=800, cache="memory", image=True, augment=True)
     text = plan.describe()
     for words in ("input pipeline 0/1: 4 files, 1000 records (220 B serialized, 36 B decoded each)",
-                  "read: 2 file(s) at once, file order reshuffled each epoch",
+                  "read: 2 file(s) at once; parse",   # cached: the first pass's file order, not reshuffled
+                  "repeat: epochs from 1, each in its own seeded order",
                   f"parse: read batches of {plan.read_batch} records", "cache: memory (cache='memory'), holding "
                   "parsed records", "shuffle: records, buffer 1000", "keep: the first 800 records per epoch as "
                   "batches", "batch: 8 per replica", "augment: flips/rotations", "prefetch: autotune"):

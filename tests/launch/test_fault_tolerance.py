@@ -41,7 +41,7 @@ def _env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def table_export(tmp_path_factory):
-    """4 x 64 records: 2 workers x 128 records, per-replica batch 8 -> 16 steps per epoch."""
+    """4 x 64 records: 2 workers x 128 records, per-replica batch 8 -> 16 steps per epoch (one worker: 32)."""
     folder = tmp_path_factory.mktemp("points")
     synth.write_table_export(str(folder), prefix="points", shards=4, records=256, seed=5)
     return folder
@@ -253,3 +253,202 @@ def test_killed_rank_under_horovodrun_stops_the_job_and_restart_resumes_from_ran
     r = _run(cmd, _env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     _check_resumed(_results(r.stdout + r.stderr), resumed_from)
+
+
+def test_wait_prints_who_it_waits_for_while_waiting(capsys):
+    from harness.distribute.strategy import wait_for_workers
+    from harness.errors import WorkerFailedError
+
+    ports = free_ports(2)
+    with pytest.raises(WorkerFailedError):
+        wait_for_workers(_tf_config(ports), timeout_s=3.5, progress_s=1.0)
+    lines = capsys.readouterr().err.strip().splitlines()
+    # one line per mark passed (1, 2, 3 s), at most one per poll: a poll that came late may skip none
+    assert 1 <= len(lines) <= 3 and lines == [
+        f"harness: waiting for worker 1 at localhost:{ports[1]}, {s} of 3.5 s (HARNESS_WORKER_WAIT_S)"
+        for s in range(1, len(lines) + 1)], lines
+
+
+# --- preemption: SIGTERM to one worker ---------------------------------------------------------------------------
+GRACE_S = 30   # Kubernetes' default terminationGracePeriodSeconds: every worker must have exited within it
+PREEMPTED = re.compile(r"PreemptedError: SIGTERM on worker (\d+)(?: \(host [^)]+\))? at step (\d+): backup written at "
+                       r"step (\d+) in (\S+); run the same command to resume")
+
+
+def _records(folder: pathlib.Path) -> dict:
+    """rank -> the batches it drew (each a list of record rows), from fault_worker's records files."""
+    found = [json.loads(p.read_text()) for p in sorted(folder.glob("records-*.json"))]
+    return {r["rank"]: r["batches"] for r in found}
+
+
+def _epoch_rows(drawn: dict, start: int, steps: int, epoch: int) -> list[str]:
+    """The records every rank trained on in `epoch` (1-based) of a run that started after global step `start`:
+    batch i of a rank is the batch of global step start + i + 1."""
+    return [row for batches in drawn.values() for i, batch in enumerate(batches)
+            if (start + i) // steps + 1 == epoch for row in batch]
+
+
+def _terminate_mid_epoch(launcher: subprocess.Popen, backup: pathlib.Path, victim: psutil.Process):
+    """Wait for the first backup (epoch 1's end), let epoch 2 start, SIGTERM `victim`. Returns the launcher's
+    exit code, the seconds it took to exit after the signal, and its output."""
+    deadline = time.monotonic() + 240
+    while _latest_step(backup) is None and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _latest_step(backup) is not None, "no backup was written"
+    time.sleep(1.0)   # ~5 steps (0.2 s each) into the next epoch
+    victim.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    try:
+        out, err = launcher.communicate(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        _kill_session(launcher)
+        out, err = launcher.communicate()
+        pytest.fail(f"not every worker exited within the {GRACE_S} s grace period\n{out[-3000:]}\n{err[-3000:]}")
+    return launcher.returncode, time.monotonic() - sent, out, err
+
+
+def _check_preempted_and_resumed(first_err: str, first_drawn: dict, second: subprocess.CompletedProcess,
+                                 second_drawn: dict, on_disk: int, *, ranks: int, signalled: int,
+                                 steps_per_loop: int) -> None:
+    """Every rank printed the preemption line naming the signalled worker and one backup step, inside epoch 2
+    (past epoch 1's end, before epoch 2's), within two calls of the step SIGTERM arrived at (a check passes every
+    5 steps or fewer at 0.2 s a step, CHECK_INTERVAL_S; the call that passes it ends it); the backup on disk
+    (`on_disk`, read before the resume) is that step; the resumed run ends at epochs x steps, every rank with the
+    same weights, and epoch 2 over both runs trained on each of its records exactly once (the same records as
+    epoch 1)."""
+    lines = PREEMPTED.findall(first_err)
+    assert len(lines) == ranks, first_err[-3000:]
+    assert {int(w) for w, *_ in lines} == {signalled}
+    backed_up = {int(b) for _, _, b, _ in lines}
+    assert len(backed_up) == 1, lines
+    step = backed_up.pop()
+    results = _results(second.stdout + second.stderr)
+    steps = results[0]["steps_per_epoch"]
+    assert steps < step < 2 * steps, (step, steps)                    # a step boundary inside epoch 2
+    for _, arrived, _, _ in lines:
+        assert int(arrived) <= step <= int(arrived) + 2 * steps_per_loop
+    assert on_disk == step
+    assert sorted(results) == list(range(ranks))
+    for r in results.values():
+        assert r["initial_step"] == step
+        assert r["final_step"] == r["optimizer_iterations"] == EPOCHS * steps
+        assert r["epochs_run"] == list(range(2, EPOCHS + 1))
+        assert r["batches_drawn"] == EPOCHS * steps - step
+    assert len({r["weights_sha256"] for r in results.values()}) == 1
+    assert sum(len(b) for b in first_drawn.values()) == ranks * step     # the first run drew only what it trained
+    epoch1 = _epoch_rows(first_drawn, 0, steps, 1)
+    epoch2 = _epoch_rows(first_drawn, 0, steps, 2) + _epoch_rows(second_drawn, step, steps, 2)
+    assert len(epoch1) == len(set(epoch1)) == 256                      # every record once in a whole epoch
+    assert sorted(epoch2) == sorted(epoch1)                            # and once in the preempted one
+
+
+def test_sigterm_single_process_backs_up_mid_epoch_and_resumes_exactly_once(table_export, tmp_path):
+    output, first, second = tmp_path / "run", tmp_path / "records1", tmp_path / "records2"
+    first.mkdir(), second.mkdir()
+    cmd = _train_args(table_export, output, "5")
+    proc = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_TEST_RECORDS_DIR=str(first)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        code, stop_s, out, err = _terminate_mid_epoch(proc, output / "backup", psutil.Process(proc.pid))
+    finally:
+        _kill_session(proc)
+    assert code == 138, err[-3000:]
+    on_disk = _latest_step(output / "backup")
+    r = _run(cmd, _env(HARNESS_TEST_RECORDS_DIR=str(second)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _check_preempted_and_resumed(err, _records(first), r, _records(second), on_disk, ranks=1,
+                                 signalled=0, steps_per_loop=5)
+    assert _results(r.stdout)[0]["preemption_check"]["checks"] == 0   # one worker: no collective
+
+
+def test_sigterm_to_one_worker_under_launch_local_backs_up_every_worker_and_resumes(table_export, tmp_path):
+    output, first, second = tmp_path / "run", tmp_path / "records1", tmp_path / "records2"
+    first.mkdir(), second.mkdir()
+    cmd = [sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "240", "--",
+           *_train_args(table_export, output, "5")]
+    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_TEST_RECORDS_DIR=str(first)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        victim = _find_worker(launcher, lambda env: json.loads(env.get("TF_CONFIG", "{}")).get("task", {}).get(
+            "index") == 1)
+        _, stop_s, out, err = _terminate_mid_epoch(launcher, output / "backup", victim)
+    finally:
+        _kill_session(launcher)
+    assert re.search(r"worker \d exited with code 138", err), err[-3000:]   # the retryable code, not a signal's
+    on_disk = _latest_step(output / "backup")
+    _check_refused_on_one_worker(table_export, output, on_disk)
+    r = _run(cmd, _env(HARNESS_TEST_RECORDS_DIR=str(second)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _check_preempted_and_resumed(out + err, _records(first), r, _records(second), on_disk, ranks=2,
+                                 signalled=1, steps_per_loop=5)
+    for x in _results(r.stdout).values():   # two workers: the calls are checked (some: about one a second)
+        assert 0 < x["preemption_check"]["checks"] <= x["preemption_check"]["calls"]
+
+
+def test_sigterm_to_one_rank_under_horovodrun_backs_up_and_resumes(table_export, tmp_path):
+    output, first, second = tmp_path / "run", tmp_path / "records1", tmp_path / "records2"
+    first.mkdir(), second.mkdir()
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+           *_train_args(table_export, output, "5"), "--backend", "horovod"]
+    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_TEST_RECORDS_DIR=str(first)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        victim = _find_worker(launcher, lambda env: env.get("HOROVOD_RANK") == "1")
+        _, stop_s, out, err = _terminate_mid_epoch(launcher, output / "backup", victim)
+    finally:
+        _kill_session(launcher)
+    assert re.search(r"Exit code:\s+138", out + err), (out + err)[-3000:]
+    on_disk = _latest_step(output / "backup")
+    r = _run(cmd, _env(HARNESS_TEST_RECORDS_DIR=str(second)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _check_preempted_and_resumed(out + err, _records(first), r, _records(second), on_disk, ranks=2,
+                                 signalled=1, steps_per_loop=5)
+
+
+# --- a resume on another number of workers -----------------------------------------------------------------------
+def _one_worker(data, output, *batch) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--data", str(data), "--output", str(output), "--epochs", str(EPOCHS),
+            "--learning-rate", "0.01", "--steps-per-loop", "5", *batch]
+
+
+def _check_refused_on_one_worker(data, output: pathlib.Path, step: int) -> None:
+    """The 2-worker backup at `step`, inside epoch 2, is refused on 1 worker: with the per-replica batch kept (the
+    global batch halves) naming the global batch that would keep the steps; with the global batch kept naming the
+    2 workers that alone continue the epoch. Nothing is trained: the backup stays."""
+    backup = output / "backup"
+    r = _run(_one_worker(data, output, "--per-replica-batch-size", "8"), _env(), timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert (f"{backup} was written by 2 workers (global batch 16, 16 steps per epoch); now 1 worker (global batch "
+            "8, 32 steps per epoch): resuming would change the steps of an epoch; resume with --global-batch-size 16 "
+            "(--per-replica-batch-size 16 on 1 replica) or on 2 workers (harness launch local --workers 2, "
+            "horovodrun -np 2)") in r.stderr, r.stderr[-3000:]
+    r = _run(_one_worker(data, output, "--global-batch-size", "16"), _env(), timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert (f"{backup} is at step {step}, {step - 16} of the 16 steps of epoch 2 (a preemption's backup), written "
+            "by 2 workers; now 1 worker: ") in r.stderr, r.stderr[-3000:]
+    assert "run the same command on 2 workers (harness launch local --workers 2, horovodrun -np 2)" in r.stderr
+    assert _latest_step(backup) == step
+
+
+def test_two_worker_backup_at_an_epoch_end_continues_on_one_worker_with_the_same_global_batch(table_export,
+                                                                                              tmp_path):
+    output, records = tmp_path / "run", tmp_path / "records"
+    records.mkdir()
+    two = [sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "240", "--",
+           *_one_worker(table_export, output, "--global-batch-size", "16"), "--epochs", "2"]
+    r = _run(two, _env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert _latest_step(output / "backup") == 32
+    r = _run(_one_worker(table_export, output, "--global-batch-size", "16"),
+             _env(HARNESS_TEST_RECORDS_DIR=str(records)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (f"{output / 'backup'}: written by 2 workers at the end of epoch 2, continued on 1 worker: the same "
+            "global batch 16 and 16 steps per epoch; epoch 3 on is planned on the 1 worker") in r.stdout
+    result = _results(r.stdout)[0]
+    assert result["steps_per_epoch"] == 16 and result["initial_step"] == 32
+    assert result["final_step"] == result["optimizer_iterations"] == EPOCHS * 16   # the schedule's step went on
+    assert result["epochs_run"] == [3, 4] and result["batches_drawn"] == 32
+    drawn = _records(records)
+    for epoch in (3, 4):   # the one worker reads every file: each record once per epoch
+        rows = _epoch_rows(drawn, 32, 16, epoch)
+        assert len(rows) == len(set(rows)) == 256

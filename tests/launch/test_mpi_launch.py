@@ -1,5 +1,6 @@
 """`harness launch mpi` / `harness launch horovod`: the command lines, --dry-run, the scripts in launch/ and real
 2-rank launches of small commands (no TensorFlow), each under a timeout that fails the test."""
+import math
 import os
 import pathlib
 import shlex
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from harness import cli
+from harness.distribute import environment
 from harness.errors import ConfigError
 from harness.launch import mpi as launch_mpi
 
@@ -41,9 +43,16 @@ def test_mpirun_command_has_horovods_flags_and_exports():
     assert rooted[:4] == ["mpirun", "--allow-run-as-root", "-np", "2"] and "-H" not in rooted
 
 
-def test_horovodrun_command_and_controller():
+def test_horovodrun_command_and_controller(monkeypatch):
+    monkeypatch.delenv("HARNESS_WORKER_WAIT_S", raising=False)
+    # Gloo gets the harness's peer wait (120 s), not its own 30 s default
     assert launch_mpi.horovodrun_command(TRAIN, np=2, horovodrun="horovodrun") == [
-        "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *TRAIN]
+        "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--gloo-timeout-seconds", "120", *TRAIN]
+    monkeypatch.setenv("HARNESS_WORKER_WAIT_S", "44.5")
+    assert launch_mpi.horovodrun_command(TRAIN, np=2, horovodrun="horovodrun")[5:8] == [
+        "--gloo", "--gloo-timeout-seconds", "45"]
+    own = launch_mpi.horovodrun_command(TRAIN, np=2, horovodrun="horovodrun", extra=["--gloo-timeout-seconds", "9"])
+    assert own.count("--gloo-timeout-seconds") == 1 and own[own.index("--gloo-timeout-seconds") + 1] == "9"
     line = launch_mpi.horovodrun_command(TRAIN, np=8, hosts="a:4,b:4", controller="mpi", horovodrun="horovodrun")
     assert line[1:6] == ["-np", "8", "-H", "a:4,b:4", "--mpi"]
     with pytest.raises(ConfigError, match="controller must be one of"):
@@ -113,6 +122,10 @@ def test_dry_run_prints_the_lines(capsys):
     assert cli.main(["launch", "horovod", "--np", "2", "--controller", "mpi", "--dry-run", "--", *TRAIN]) == 0
     line = shlex.split(capsys.readouterr().out.strip())
     assert line[0].endswith("horovodrun") and line[1:] == ["-np", "2", "-H", "localhost:2", "--mpi", *TRAIN]
+    assert cli.main(["launch", "horovod", "--np", "2", "--dry-run", "--", *TRAIN]) == 0
+    line = shlex.split(capsys.readouterr().out.strip())
+    assert line[1:8] == ["-np", "2", "-H", "localhost:2", "--gloo", "--gloo-timeout-seconds",
+                         str(math.ceil(environment.read_worker_wait_s()))]
 
 
 @pytest.mark.parametrize("extra", [{}, {"NCCL_SOCKET_IFNAME": "eth0", "EXPORT": "FOO PATH", "FOO": "1"}])

@@ -5,8 +5,14 @@ what tests/launch/test_fault_tolerance.py compares: the rank, the final weights'
 batches drawn from the input pipeline (the data position), counted where the training loop draws them: inside its
 `tf.function`, at each `next(iterator)` (`Trainer._next_batch`), whatever the steps per call. With
 HARNESS_TEST_STEP_DELAY_S set, every step waits that many seconds for its batch, so a test can kill a worker in
-the middle of an epoch.
+the middle of an epoch. With HARNESS_TEST_RECORDS_DIR set, every batch drawn is also kept as its records (each
+row of the inputs, as text: a record's identity) and written at exit, preempted or not, to
+`records-<rank>-<pid>.json` there: `{"rank", "batches": [[row, ...], ...]}` in the order drawn.
+
+Errors end the process as `harness train` does (`harness.cli.main`): a `ClusterFault` (a preemption) prints one
+line and exits 138, a `HarnessError` (a resume refused) one line and 2.
 """
+import atexit
 import json
 import os
 import sys
@@ -15,27 +21,45 @@ import time
 import harness  # noqa: F401  (selects Keras 2 before TensorFlow is imported)
 import tensorflow as tf
 
+from harness import exit_codes
 from harness.cli import build_parser
 from harness.commands.train import options_from_args
 from harness.distribute import environment
+from harness.errors import ClusterFault, HarnessError
 from harness.train import job
 from harness.train.trainer import Trainer
 
 delay = float(os.environ.get("HARNESS_TEST_STEP_DELAY_S", "0"))
+records_dir = os.environ.get("HARNESS_TEST_RECORDS_DIR")
 drawn = []   # batches this process took from its input pipeline: the data position
+batches = []   # with records_dir: each batch drawn, as its rows
 _next_batch = Trainer._next_batch
+config, launcher = environment.read_tf_config(), environment.read_launcher()
+rank = config.tasks().index((config.task_type, config.task_index)) if config else launcher.rank if launcher else 0
 
 
-def _drew():
+def _drew(inputs):
     drawn.append(1)
+    if records_dir:
+        batches.append([",".join(f"{v:.7g}" for v in row) for row in inputs.numpy().reshape(len(inputs), -1)])
     time.sleep(delay)
     return 0
 
 
+def _write_records():
+    if records_dir:
+        with open(os.path.join(records_dir, f"records-{rank}-{os.getpid()}.json"), "w") as f:
+            json.dump({"rank": rank, "batches": batches}, f)
+
+
+atexit.register(_write_records)
+
+
 def counted_next_batch(self, iterator):
     batch = _next_batch(self, iterator)
-    with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-        count = tf.py_function(_drew, [], tf.int32)   # runs once per batch drawn, in the graph
+    flat = tf.nest.flatten(batch, expand_composites=True)
+    with tf.control_dependencies(flat):
+        count = tf.py_function(_drew, [flat[0]], tf.int32)   # runs once per batch drawn, in the graph
     with tf.control_dependencies([count]):
         return tf.nest.map_structure(tf.identity, batch, expand_composites=True)
 
@@ -43,11 +67,17 @@ def counted_next_batch(self, iterator):
 Trainer._next_batch = counted_next_batch
 args = build_parser().parse_args(["train", *sys.argv[1:]])
 options, data = options_from_args(args)
-summary = job.run(options, data_config=data)
-config, launcher = environment.read_tf_config(), environment.read_launcher()
-rank = config.tasks().index((config.task_type, config.task_index)) if config else launcher.rank if launcher else 0
+try:
+    summary = job.run(options, data_config=data)
+except ClusterFault as e:   # as harness.cli.main: one line, the retryable code
+    print(f"harness train: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.exit(exit_codes.RETRYABLE)
+except HarnessError as e:   # bad input or configuration (a refused resume): one line, the permanent code
+    print(f"harness train: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.exit(exit_codes.PERMANENT)
 print("RESULT " + json.dumps({
     "rank": rank, "weights_sha256": summary["weights_sha256"], "initial_step": summary["initial_step"],
     "final_step": summary["final_step"], "optimizer_iterations": summary["optimizer_iterations"],
     "epochs_run": [h["epoch"] for h in summary["history"]], "batches_drawn": len(drawn),
-    "steps_per_epoch": summary["plan"]["steps_per_epoch"]}), flush=True)
+    "steps_per_epoch": summary["plan"]["steps_per_epoch"], "preemption_check": summary.get("preemption_check")}),
+    flush=True)

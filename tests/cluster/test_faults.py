@@ -1,0 +1,228 @@
+"""Faults of a cluster on 2 bed hosts (issue 20.3), each bounded, named and resumable: a host lost (its processes
+SIGKILLed; separately, its link down) and a worker alive but stuck, under MultiWorkerMirroredStrategy (TF_CONFIG
+with the hosts' addresses) and under Horovod (horovodrun -H across the hosts, Gloo).
+
+Every survivor ends within HARNESS_PEER_TIMEOUT_S (BOUND_S here) plus a margin with one line naming the lost or
+stuck worker or rank, its host, the step, and the backup a re-run resumes from; no traceback; exit 138. Workers run
+`harness train` through the CLI (tests/distribute/scripts/cli_worker.py: 0.2 s per batch; one worker's input can
+be made to block), 16 steps per epoch, a backup at each epoch end, in the shared /tmp (the backup folder is the
+same path on both hosts).
+"""
+import json
+import os
+import pathlib
+import re
+import signal
+import sys
+import time
+
+import pytest
+from procs import ended_within, kill_groups, one_line, wait_for_backup
+
+from harness.data import synth
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "distribute" / "scripts" / "cli_worker.py"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(sys.executable).parent
+PORT = 20000
+BOUND_S = 20      # HARNESS_PEER_TIMEOUT_S in these tests
+MARGIN_S = 25     # a process's exit after its line (TensorFlow's shutdown) on 2 shared cores
+START_S = 240     # importing TensorFlow, tracing and the first epoch on 2 shared cores
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def table_export(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("points")
+    synth.write_table_export(str(folder), prefix="points", shards=4, records=256, seed=5)
+    return folder
+
+
+def _env(bed, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_"))}
+    env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
+               HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_PEER_TIMEOUT_S=str(BOUND_S),
+               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra)
+    return bed.env(env)
+
+
+def _args(data, output) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--data", str(data), "--output", str(output), "--epochs", "4",
+            "--per-replica-batch-size", "8", "--learning-rate", "0.01", "--steps-per-loop", "auto"]
+
+
+def _mwms(bed, data, output, tmp_path, **extra):
+    workers = [f"{h.address}:{PORT}" for h in bed.hosts]
+    procs = []
+    for i, h in enumerate(bed.hosts):
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+        log = open(tmp_path / f"w{i}.log", "w")
+        procs.append(h.popen(_args(data, output), env=_env(bed, TF_CONFIG=json.dumps(config), **extra), stdout=log,
+                             stderr=log, cwd=str(ROOT), start_new_session=True))
+    return procs
+
+
+LOST = (r"harness train: PeerLostError: worker {lost} on {lost_host} is lost \(\w+ on worker {me} on {me_host} after "
+        r"step (\d+)(: .+)?\); a re-run resumes from (.+) at step (\d+)")
+
+
+def _check_lost(line: str, bed, me: int, lost: int, output) -> None:
+    m = re.fullmatch(LOST.format(lost=lost, lost_host=re.escape(bed.hosts[lost].address), me=me,
+                                 me_host=re.escape(bed.hosts[me].address)), line)
+    assert m, line
+    assert STEPS < int(m[1]) < 2 * STEPS and m[3] == str(output / "backup") and int(m[4]) == STEPS, line
+
+
+def test_mwms_host_killed_the_survivor_names_it(make_bed, table_export, tmp_path):
+    bed = make_bed(2)
+    output = tmp_path / "run"
+    procs = _mwms(bed, table_export, output, tmp_path)
+    try:
+        wait_for_backup(output, procs, START_S)
+        time.sleep(1.0)   # ~5 steps into the second epoch
+        os.killpg(procs[1].pid, signal.SIGKILL)   # every process of worker 1 on host1
+        took = ended_within(procs[0], time.monotonic(), BOUND_S + MARGIN_S)
+    finally:
+        kill_groups(*procs)
+    assert procs[0].returncode == 138, (tmp_path / "w0.log").read_text()[-4000:]
+    _check_lost(one_line(tmp_path / "w0.log", "PeerLostError"), bed, 0, 1, output)
+    assert took < BOUND_S + MARGIN_S
+
+
+def test_mwms_link_down_both_workers_end_within_the_bound_naming_the_other(make_bed, table_export, tmp_path):
+    bed = make_bed(2)
+    output = tmp_path / "run"
+    procs = _mwms(bed, table_export, output, tmp_path)
+    try:
+        wait_for_backup(output, procs, START_S)
+        time.sleep(1.0)
+        bed.hosts[1].link_down()
+        t0 = time.monotonic()
+        took = [ended_within(p, t0, BOUND_S + MARGIN_S) for p in procs]
+    finally:
+        kill_groups(*procs)
+    for me in (0, 1):
+        log = tmp_path / f"w{me}.log"
+        assert procs[me].returncode == 138, log.read_text()[-4000:]
+        text = log.read_text()
+        assert "Traceback" not in text, text[-4000:]
+        line = [x for x in text.splitlines() if x.startswith("harness train: ")]
+        assert len(line) == 1, text[-4000:]
+        if line[0].startswith("harness train: PeerLostError"):
+            _check_lost(line[0], bed, me, 1 - me, output)
+        else:   # no TensorFlow error within the bound: the watchdog's line; it has its batch, names the peer
+            assert re.fullmatch(
+                rf"harness train: StalledWorkerError: no step progress on worker {me} on "
+                rf"{re.escape(bed.hosts[me].address)} for \d+ s after step \d+: it has its batch and waits in the "
+                rf"step's all-reduce for a peer that is lost or stuck: worker {1 - me} on "
+                rf"{re.escape(bed.hosts[1 - me].address)}; a re-run resumes from {re.escape(str(output / 'backup'))}"
+                rf" at step {STEPS}; HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound", line[0]), line[0]
+    assert max(took) < BOUND_S + MARGIN_S, took
+
+
+def test_mwms_stuck_worker_every_worker_ends_within_the_bound(make_bed, table_export, tmp_path):
+    bed = make_bed(2)
+    output = tmp_path / "run"
+    procs = _mwms(bed, table_export, output, tmp_path, HARNESS_TEST_STALL_RANK="1",
+                  HARNESS_TEST_STALL_AFTER=str(STEPS + 4))
+    try:
+        wait_for_backup(output, procs, START_S)
+        t0 = time.monotonic()
+        took = [ended_within(p, t0, BOUND_S + MARGIN_S + 10) for p in procs]
+    finally:
+        kill_groups(*procs)
+    for me in (0, 1):
+        log = tmp_path / f"w{me}.log"
+        assert procs[me].returncode == 138, log.read_text()[-4000:]
+        line = one_line(log, "StalledWorkerError")
+        me_at, peer_at = re.escape(bed.hosts[me].address), re.escape(bed.hosts[1 - me].address)
+        tail = (rf"; a re-run resumes from {re.escape(str(output / 'backup'))} at step {STEPS}; "
+                rf"HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound")
+        if me == 1:   # the stuck worker names itself: its input has not delivered
+            m = re.fullmatch(rf"harness train: StalledWorkerError: worker 1 on {me_at} is stuck: its input has not "
+                             rf"delivered the batch after step (\d+) for (\d+) s \(its peers wait for it in the "
+                             rf"all-reduce: worker 0 on {peer_at}\)" + tail, line)
+            seconds, step = (int(m[2]), int(m[1])) if m else (None, None)
+        else:         # its peer has its batch and waits in the all-reduce, naming worker 1
+            m = re.fullmatch(rf"harness train: StalledWorkerError: no step progress on worker 0 on {me_at} for (\d+) "
+                             rf"s after step (\d+): it has its batch and waits in the step's all-reduce for a peer "
+                             rf"that is lost or stuck: worker 1 on {peer_at}" + tail, line)
+            seconds, step = (int(m[1]), int(m[2])) if m else (None, None)
+        assert m and BOUND_S <= seconds < BOUND_S + 5 and STEPS <= step <= STEPS + 4, line
+    assert max(took) < BOUND_S + MARGIN_S + 10, took
+
+
+def test_horovod_link_down_ends_the_job_within_the_bound_naming_the_ranks_hosts(make_bed, table_export, tmp_path):
+    bed = make_bed(2)
+    output = tmp_path / "run"
+    hosts = ",".join(f"{h.name}:1" for h in bed.hosts)
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", hosts, "--gloo", "--network-interfaces", "eth0",
+           *_args(table_export, output), "--backend", "horovod"]
+    log = open(tmp_path / "hvd.log", "w")
+    launcher = bed.hosts[0].popen(cmd, env=_env(bed), stdout=log, stderr=log, cwd=str(ROOT), start_new_session=True)
+    try:
+        wait_for_backup(output, [launcher], START_S)
+        time.sleep(1.0)
+        bed.hosts[1].link_down()
+        t0 = time.monotonic()
+        took = ended_within(launcher, t0, BOUND_S + MARGIN_S)
+    finally:
+        kill_groups(launcher)
+    text = (tmp_path / "hvd.log").read_text()
+    assert launcher.returncode != 0, text[-4000:]
+    m = re.search(rf"\[0\]<stderr>:harness train: (\w+): (.*)", text)
+    assert m, text[-4000:]
+    if m[1] == "StalledWorkerError":
+        assert re.fullmatch(rf"no step progress on rank 0 on host0 for \d+ s after step \d+: it has its batch and "
+                            rf"waits in the step's all-reduce for a peer that is lost or stuck: rank 1 on "
+                            rf"host1; a re-run resumes from {re.escape(str(output / 'backup'))} at step {STEPS}; "
+                            rf"HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound", m[2]), m[0]
+    else:
+        assert m[1] == "PeerLostError" and "rank 1 on host1" in m[2] and f"at step {STEPS}" in m[2], m[0]
+    assert took < BOUND_S + MARGIN_S, took
+
+
+def _rank_process(launcher, rank: int):
+    """The process of `rank` (HOROVOD_RANK in its environment) among the launcher's descendants."""
+    import psutil
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for p in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                if str(SCRIPT) in p.cmdline() and p.environ().get("HOROVOD_RANK") == str(rank):
+                    return p
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank}'s process not found")
+
+
+def test_horovod_host_killed_ends_the_job_within_the_bound_naming_the_rank(make_bed, table_export, tmp_path):
+    bed = make_bed(2)
+    output = tmp_path / "run"
+    hosts = ",".join(f"{h.name}:1" for h in bed.hosts)
+    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", hosts, "--gloo", "--network-interfaces", "eth0",
+           *_args(table_export, output), "--backend", "horovod"]
+    log = open(tmp_path / "hvd.log", "w")
+    launcher = bed.hosts[0].popen(cmd, env=_env(bed), stdout=log, stderr=log, cwd=str(ROOT), start_new_session=True)
+    try:
+        victim = _rank_process(launcher, 1)
+        wait_for_backup(output, [launcher], START_S)
+        time.sleep(1.0)
+        victim.kill()
+        t0 = time.monotonic()
+        took = ended_within(launcher, t0, BOUND_S + MARGIN_S)
+    finally:
+        kill_groups(launcher)
+    text = (tmp_path / "hvd.log").read_text()
+    assert launcher.returncode != 0, text[-4000:]
+    ranks_lines = "\n".join(line for line in text.splitlines() if re.match(r"\[\d+\]<std(out|err)>:", line))
+    assert "Traceback" not in ranks_lines, text[-4000:]
+    # horovodrun names the rank that failed first; rank 0, where it gets to say so first, names it with its host
+    assert re.search(r"Process name: 1\s+Exit code: 137", text), text[-4000:]
+    for m in re.finditer(r"\[0\]<stderr>:harness train: (\w+): (.*)", text):
+        assert m[1] == "PeerLostError" and m[2].startswith("rank 1 on host1 is lost") and \
+            m[2].endswith(f"a re-run resumes from {output / 'backup'} at step {STEPS}"), m[0]
+    assert took < BOUND_S + MARGIN_S, took

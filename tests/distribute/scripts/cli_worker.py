@@ -1,0 +1,44 @@
+"""Test driver: `harness train ARGS...` through the CLI (its one-line errors and exit codes) in one worker or rank.
+
+Every batch drawn (inside the training loop's `tf.function`, `Trainer._next_batch`) waits HARNESS_TEST_STEP_DELAY_S
+seconds, so a test can act in the middle of an epoch; on the worker or rank HARNESS_TEST_STALL_RANK, the batch
+after HARNESS_TEST_STALL_AFTER batches blocks for an hour: an input pipeline stuck in a read, the process alive.
+"""
+import json
+import os
+import sys
+import time
+
+import harness  # noqa: F401  (selects Keras 2 before TensorFlow is imported)
+import tensorflow as tf
+
+from harness.cli import main
+from harness.train.trainer import Trainer
+
+delay = float(os.environ.get("HARNESS_TEST_STEP_DELAY_S", "0"))
+stall_rank = int(os.environ.get("HARNESS_TEST_STALL_RANK", "-1"))
+stall_after = int(os.environ.get("HARNESS_TEST_STALL_AFTER", "0"))
+_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+rank = int(_config["task"]["index"]) if _config else int(os.environ.get("HOROVOD_RANK", "0"))
+drawn = [0]
+_next_batch = Trainer._next_batch
+
+
+def _drew():
+    drawn[0] += 1
+    if rank == stall_rank and drawn[0] > stall_after:
+        time.sleep(3600)
+    time.sleep(delay)
+    return 0
+
+
+def counted_next_batch(self, iterator):
+    batch = _next_batch(self, iterator)
+    with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+        count = tf.py_function(_drew, [], tf.int32)
+    with tf.control_dependencies([count]):
+        return tf.nest.map_structure(tf.identity, batch, expand_composites=True)
+
+
+Trainer._next_batch = counted_next_batch
+sys.exit(main(["train", *sys.argv[1:]]))

@@ -272,3 +272,27 @@ def test_allreduce_json_gives_the_network_link(tmp_path):
     path.write_text(json.dumps({"workers": 1, "fit": None}))
     with pytest.raises(ConfigError, match="1 worker"):
         scale.link_from_allreduce(str(path))
+
+
+def test_the_readme_lines_run_as_printed(tmp_path):
+    """The README's `harness bench scale ...` line (continued over `\\`), run with a report.json written here in
+    place of runs/bench/one/report.json: it prints the table header and the rows the README shows."""
+    import pathlib
+    import shlex
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
+    start = next(i for i, ln in enumerate(readme) if ln.startswith("harness bench scale --report"))
+    line = readme[start]
+    while line.endswith("\\"):
+        start += 1
+        line = line[:-1] + " " + readme[start].strip()
+    argv = shlex.split(line)
+    report = _report(tmp_path / "report.json")
+    argv = [str(report) if a == "runs/bench/one/report.json" else str(tmp_path / a) if a.endswith(".png") else a
+            for a in argv]
+    assert argv[:3] == ["harness", "bench", "scale"]
+    done = _cli(*argv[3:])
+    assert done.returncode == 0, done.stderr
+    header = next(ln for ln in readme if ln.strip().startswith("N   examples/s"))
+    assert header in done.stdout.splitlines()
+    assert (tmp_path / "scale.png").is_file() and "efficiency falls below 80% at N = " in done.stdout

@@ -25,6 +25,7 @@ bench: install
 	$(PY) benchmarks/predict.py
 	$(PY) benchmarks/step_loop.py
 	$(PY) benchmarks/cluster.py
+	$(PY) benchmarks/published_scaling.py
 	$(VENV)/bin/harness bench train --data synthetic --steps 30 --output runs/bench/synthetic
 
 clean:

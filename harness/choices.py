@@ -56,6 +56,12 @@ COMMUNICATIONS = ("auto", "ring", "nccl")
 CommunicationImplementation).
   auto: TensorFlow chooses. ring: gRPC ring all-reduce (CPUs). nccl: NVIDIA NCCL (GPUs)."""
 
+ALLREDUCE_ALGORITHMS = ("ring", "hierarchical", "tree")
+"""The all-reduce `harness bench scale --algorithm` models (`harness.bench.scale`).
+  ring: one ring over every GPU (NCCL's ring; Patarasuk & Yuan 2009).
+  hierarchical: reduce-scatter in the node, ring across nodes, all-gather in the node (HOROVOD_HIERARCHICAL_ALLREDUCE).
+  tree: NCCL's double binary tree across nodes (NCCL >= 2.4): latency logarithmic in the nodes."""
+
 # --- training -----------------------------------------------------------------------------------------------------
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 """The Keras dtype policy (`--precision`, `harness.train.precision`).

@@ -10,9 +10,9 @@ import os
 import sys
 from typing import Callable
 
-from harness.choices import (BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES, EPOCH_METRICS,
-                             EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOSSES, LR_SCALINGS, MPI_LAUNCHERS,
-                             OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
+from harness.choices import (ALLREDUCE_ALGORITHMS, BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES,
+                             EPOCH_METRICS, EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOSSES, LR_SCALINGS,
+                             MPI_LAUNCHERS, OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
 from harness.commands import predict as predict_cmd, train as train_cmd
 from harness import exit_codes
@@ -207,7 +207,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_commands(sub) -> None:
-    """`harness bench input|train`, `harness reshard`, `harness data-service dispatcher|worker`."""
+    """`harness bench input|train|allreduce|scale`, `harness reshard`, `harness data-service dispatcher|worker`."""
     bench = sub.add_parser("bench", help="Benchmarks: the input pipeline alone, or training (synthetic or real data)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     p = _command(bsub, "input", bench_cmd.bench_input,
@@ -265,6 +265,33 @@ def _bench_commands(sub) -> None:
     p.add_argument("--rounds", type=POSITIVE, default=20, help="chained all-reduces per timed call")
     p.add_argument("--repeats", type=POSITIVE, default=5, help="timed calls per size (the median is kept)")
     p.add_argument("--output", default=None, help="folder for allreduce.json (chief only; default: none)")
+
+    p = _command(bsub, "scale", bench_cmd.bench_scale,
+                 "Predict examples/s and scaling efficiency at N = 1 ... 512 GPUs from one bench train report, the "
+                 "model's gradients, the backend's schedule and the links; names the bottleneck and the levers")
+    p.add_argument("--report", required=True, metavar="REPORT.json", help="a one-replica `bench train` report.json")
+    p.add_argument("--allreduce", metavar="ALLREDUCE.json",
+                   help="network alpha/beta from `bench allreduce` across nodes (instead of --link)")
+    p.add_argument("--link", default=None, metavar="BW[,LAT]",
+                   help="network between nodes, e.g. 25Gbit/s,5us or 12.5GB/s,2us (default 25Gbit/s, NCCL's 9.6 µs)")
+    p.add_argument("--node", default="1xNVLink", metavar="GxLINK",
+                   help="GPUs per node and their link: 4xNVLink, 8xPCIe or 4x100GB/s,2us (default 1xNVLink)")
+    p.add_argument("--gpus-per-node", type=POSITIVE, default=None, help="overrides the G of --node")
+    p.add_argument("--backend", choices=BACKENDS, default="tf",
+                   help="tf: MWMS packs (bytes_per_pack); horovod: Tensor Fusion during backward")
+    p.add_argument("--max-gpus", type=POSITIVE, default=512, help="largest N of the sweep (powers of two up to it)")
+    p.add_argument("--gradient-bytes", type=POSITIVE, default=None,
+                   help="bytes all-reduced per step (default: the report's built-in model, float32)")
+    p.add_argument("--tensors", type=POSITIVE, default=None, help="gradient tensors per step (with --gradient-bytes)")
+    p.add_argument("--fusion-threshold", type=NON_NEGATIVE, default=128 * 1024 * 1024,
+                   help="horovod: HOROVOD_FUSION_THRESHOLD bytes (default 128 MiB)")
+    p.add_argument("--cycle-time-ms", type=float, default=1.0, help="horovod: HOROVOD_CYCLE_TIME (default 1 ms)")
+    p.add_argument("--bytes-per-pack", type=NON_NEGATIVE, default=0,
+                   help="tf: CommunicationOptions(bytes_per_pack) (default 0: one pack after backward)")
+    p.add_argument("--algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring",
+                   help="ring (NCCL's), hierarchical (in node, across nodes, in node) or tree (NCCL >= 2.4)")
+    p.add_argument("--fixed-ms", type=float, default=0.0, help="measured per-step cost besides compute and link")
+    p.add_argument("--plot", metavar="OUT.png", help="efficiency vs N and the step breakdown")
 
     p = _command(sub, "reshard", data_cmd.reshard,
                  "Rewrite (GZIP) shards into uncompressed shards balanced over a multiple of the workers, in order")

@@ -23,6 +23,8 @@ FLAGS = {
     (("train",), "--cache"): choices.CACHE_MODES,
     (("train",), "--backend"): choices.BACKENDS,
     (("bench", "allreduce"), "--backend"): choices.BACKENDS,
+    (("bench", "scale"), "--backend"): choices.BACKENDS,
+    (("bench", "scale"), "--algorithm"): choices.ALLREDUCE_ALGORITHMS,
     (("train",), "--optimizer"): choices.OPTIMIZERS,
     (("train",), "--schedule"): choices.SCHEDULES,
     (("train",), "--scale-lr"): choices.LR_SCALINGS,

@@ -1,4 +1,4 @@
-"""`harness bench input`, `harness bench train` and `harness bench allreduce`."""
+"""`harness bench input`, `harness bench train`, `harness bench allreduce` and `harness bench scale`."""
 from __future__ import annotations
 
 import dataclasses
@@ -43,4 +43,32 @@ def bench_allreduce(args) -> int:
 
     run(backend_name=args.backend, sizes_bytes=args.sizes or DEFAULT_SIZES, tensors=args.tensors, rounds=args.rounds,
         repeats=args.repeats, output=args.output)
+    return 0
+
+
+def bench_scale(args) -> int:
+    """`harness bench scale --report REPORT.json [--allreduce J | --link L --node N] ...` (`harness.bench.scale`)."""
+    from harness.bench import scale
+    from harness.errors import ConfigError
+
+    m, shapes = scale.measurement_from_report(args.report)
+    if args.allreduce and args.link:
+        raise ConfigError("give --allreduce (a measured fit) or --link, not both")
+    net = scale.link_from_allreduce(args.allreduce) if args.allreduce else scale.parse_link(args.link or "25Gbit/s")
+    gpus, node = scale.parse_node(args.node)
+    if args.gpus_per_node:
+        gpus = args.gpus_per_node
+    if (args.gradient_bytes is None) != (args.tensors is None):
+        raise ConfigError("give both --gradient-bytes and --tensors, or neither (read from the report's model)")
+    nbytes, tensors = ((args.gradient_bytes, args.tensors) if args.tensors is not None
+                       else scale.model_gradients(shapes))
+    setup = scale.Setup(gradient_bytes=nbytes, tensors=tensors, gpus_per_node=gpus, node=node, net=net,
+                        backend=args.backend, fusion_bytes=args.fusion_threshold, cycle_s=args.cycle_time_ms / 1e3,
+                        bytes_per_pack=args.bytes_per_pack, algorithm=args.algorithm,
+                        fixed_s=args.fixed_ms / 1e3)
+    points = scale.sweep(m, setup, args.max_gpus)
+    print(scale.format_table(points, m, setup))
+    if args.plot:
+        scale.plot(points, args.plot)
+        print(f"plot: {args.plot}")
     return 0

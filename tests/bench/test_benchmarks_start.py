@@ -52,6 +52,11 @@ RUNS = {
         "off": rf"^  timeline off\s+{NUM} examples/s \(median",
         "on": rf"^  timeline on\s+{NUM} examples/s \(median",
         "ratio": rf"^  on / off = {NUM} \(median of 1 adjacent pairs; ratio of medians {NUM}\)"})],
+    "published_scaling.py": [([], {
+        "title": r"^published vs predicted scaling efficiency \((\d+) points",
+        **{f"row {point}": rf"^  {point}\s+\S+\s+{NUM}\s+{NUM}%\s+{NUM}%\s+[+-][0-9.]+\s+[0-9.]+\s+\S.*(?:ok|MISS|input)$"
+           for point in ("horovod-512-vgg16", "hvd779-128", "aws-64-resnet50")},
+        "summary": rf"^within ±5 points: \d+ of {NUM} checked points"})],
     "reshard.py": [([], {
         "header": r"^  data\s+pipeline\s+examples/s\s+spread\s+MB/s$",
         **{f"row {data} {pipe}": rf"^  {data}\s+{pipe}\s+{NUM}\s+[0-9.]+%\s+{NUM}$"
@@ -135,7 +140,8 @@ def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_
         assert result["model"] == "unet" and result["global_batch"] == 4 and result["ratio_fit_spe1"] > 0
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.iterdir() if p.suffix not in (".py", "")))
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.iterdir()
+                                          if p.suffix not in (".py", "", ".csv")))   # .csv: a benchmark's data
 def test_other_benchmark_scripts_parse(script):
     assert script in SHELL_ONLY, f"benchmarks/{script}: neither a Python benchmark nor listed in SHELL_ONLY"
     done = _run(["bash", "-n", str(BENCHMARKS / script)], 60)

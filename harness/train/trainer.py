@@ -33,19 +33,22 @@ class StepProgress:
     """Where this worker is inside the K-step call, readable from another thread while the call runs (the
     step-progress watchdog, `harness.train.watchdog`): `drawn` counts the batches the loop has drawn from its input,
     `finished` the steps whose update has run (int64 scalar variables on the host CPU, counted since the trainer was
-    built). `drawn > finished`: this worker has its batch and is inside its step (its compute, or the all-reduce
-    waiting for its peers); `drawn == finished`: it waits for its own input.
+    built), and `in_call` whether a K-step call is running. Inside a call, `drawn > finished`: this worker has its
+    batch and is inside its step (its compute, or the all-reduce waiting for its peers); `drawn == finished`: it
+    waits for its own input. Between calls it is in the host's work (a collective of the controller's, such as the
+    preemption check, which waits for its peers too).
 
     Two variable increments per step (a few µs on a CPU); built only for runs of several workers."""
 
     def __init__(self):
+        self.in_call = False
         with tf.device("/cpu:0"):
             self.drawn = tf.Variable(0, dtype=tf.int64, trainable=False, name="harness_batches_drawn")
             self.finished = tf.Variable(0, dtype=tf.int64, trainable=False, name="harness_steps_finished")
 
     def waiting_for_input(self) -> bool:
-        """True when the last batch drawn has been trained on: the loop is waiting for its next batch."""
-        return int(self.drawn.numpy()) <= int(self.finished.numpy())
+        """True inside a call whose last batch drawn has been trained on: the loop waits for its next batch."""
+        return self.in_call and int(self.drawn.numpy()) <= int(self.finished.numpy())
 
 
 def per_example_cross_entropy(labels, logits, class_weights):
@@ -179,14 +182,18 @@ class Trainer:
                 batch = self._next_batch(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
                 got = tf.timestamp()
-                if self.progress is not None:   # a stateful op: it runs (automatic control dependencies)
-                    self.progress.drawn.assign_add(1)
+            after = got
+            if self.progress is not None:
+                # The step starts once the batch is counted: a count that merely ran beside the step could wait
+                # for a free inter-op thread behind a blocked collective (seen under Horovod with a peer gone).
+                with tf.control_dependencies([got]):
+                    after = self.progress.drawn.assign_add(1)
             # The step starts after `got` through its inputs alone (`after`: one Identity per batch tensor, on
             # the replica's device). A control block around the whole step put an edge from `got` on every op of
             # the model: ~40 µs more per step on the CPU (benchmarks/step_loop.py overhead case). With no edge at
             # all, `got` ran after the step's first ops and a step that never waited measured a 5-7% stall
             # (tests/train/test_probe.py).
-            loss, skipped = self._step(batch, after=got)
+            loss, skipped = self._step(batch, after=after)
             with tf.control_dependencies([loss]):
                 end = tf.timestamp()
                 if self.progress is not None:
@@ -204,7 +211,13 @@ class Trainer:
         """K steps in one call: float64 `[4, K]` (`ROWS`; `[3, K]` without loss scaling) on the host, losses
         averaged over ranks (the one wait for the device, and under Horovod one collective per call, so every rank
         sees the same losses)."""
-        out = self.train_loop(iterator, self._steps_tensor(k))
+        if self.progress is not None:
+            self.progress.in_call = True
+        try:
+            out = self.train_loop(iterator, self._steps_tensor(k))
+        finally:
+            if self.progress is not None:
+                self.progress.in_call = False
         if self.backend.ranks_summed > 1:
             out = tf.concat([self.backend.mean_over_ranks(out[:1]), out[1:]], 0)
         return out.numpy()

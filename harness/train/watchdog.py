@@ -82,8 +82,10 @@ def stalled(cluster, backup, bound_s: float, progress=None) -> Callable[[int, fl
     """The watchdog's message for `cluster` (`harness.train.faults.Cluster`), `backup` and this worker's
     `progress` (`harness.train.trainer.StepProgress`, read when the bound has passed):
 
-      - waiting for its own input: `worker 1 on host-b is stuck: its input has not delivered the batch after step
-        37 for 20 s (its peers wait for it in the all-reduce); ...`
+      - inside a call, before its batch: `worker 1 on host-b has waited 20 s for the batch after step 37: its own
+        input is stuck, unless a collective before the step waits for a peer (peers: worker 0 on host-a); ...`
+        (seen under Horovod with a peer gone: a rank whose step ended can wait before its next batch)
+      - between calls: `... it waits in a collective between calls for a peer that is lost or stuck: ...`
       - waiting inside its step: `no step progress on worker 0 on host-a for 20 s after step 37: it has its batch
         and waits in the step's all-reduce for a peer that is lost or stuck: worker 1 on host-b; ...` (the peer is
         named when there is one; with several, each names itself where it is the one waiting for its input)
@@ -95,12 +97,14 @@ def stalled(cluster, backup, bound_s: float, progress=None) -> Callable[[int, fl
         me = cluster.describe(cluster.me)
         tail = f"{resume_from(backup)}; {environment.PEER_TIMEOUT}={bound_s:g} sets the bound"
         if progress is not None and progress.waiting_for_input():
-            return (f"{me} is stuck: its input has not delivered the batch after step {step} for {seconds:.0f} s "
-                    f"(its peers wait for it in the all-reduce: {cluster.peers() or 'none'}); {tail}")
+            return (f"{me} has waited {seconds:.0f} s for the batch after step {step}: its own input is stuck, unless "
+                    f"a collective before the step waits for a peer (peers: {cluster.peers() or 'none'}); {tail}")
         if progress is not None:
             many = len(cluster.names) > 2
-            return (f"no step progress on {me} for {seconds:.0f} s after step {step}: it has its batch and waits in "
-                    f"the step's all-reduce for a peer that is lost or stuck: {cluster.peers() or 'none'}"
+            where = "it has its batch and waits in the step's all-reduce" if progress.in_call else (
+                "it waits in a collective between calls")
+            return (f"no step progress on {me} for {seconds:.0f} s after step {step}: {where} for a peer that is "
+                    f"lost or stuck: {cluster.peers() or 'none'}"
                     f"{' (the stuck one names itself in its own log)' if many else ''}; {tail}")
         return (f"no step progress on {me} for {seconds:.0f} s after step {step}: a peer is lost or stuck, or this "
                 f"worker's own step or input is (peers: {cluster.peers() or 'none'}); {tail}")

@@ -114,8 +114,9 @@ def test_mwms_link_down_both_workers_end_within_the_bound_naming_the_other(make_
         else:   # no TensorFlow error within the bound: the watchdog's line; it has its batch, names the peer
             assert re.fullmatch(
                 rf"harness train: StalledWorkerError: no step progress on worker {me} on "
-                rf"{re.escape(bed.hosts[me].address)} for \d+ s after step \d+: it has its batch and waits in the "
-                rf"step's all-reduce for a peer that is lost or stuck: worker {1 - me} on "
+                rf"{re.escape(bed.hosts[me].address)} for \d+ s after step \d+: (it has its batch and waits in the "
+                rf"step's all-reduce|it waits in a collective between calls) for a peer that is lost or stuck: "
+                rf"worker {1 - me} on "
                 rf"{re.escape(bed.hosts[1 - me].address)}; a re-run resumes from {re.escape(str(output / 'backup'))}"
                 rf" at step {STEPS}; HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound", line[0]), line[0]
     assert max(took) < BOUND_S + MARGIN_S, took
@@ -140,10 +141,10 @@ def test_mwms_stuck_worker_every_worker_ends_within_the_bound(make_bed, table_ex
         tail = (rf"; a re-run resumes from {re.escape(str(output / 'backup'))} at step {STEPS}; "
                 rf"HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound")
         if me == 1:   # the stuck worker names itself: its input has not delivered
-            m = re.fullmatch(rf"harness train: StalledWorkerError: worker 1 on {me_at} is stuck: its input has not "
-                             rf"delivered the batch after step (\d+) for (\d+) s \(its peers wait for it in the "
-                             rf"all-reduce: worker 0 on {peer_at}\)" + tail, line)
-            seconds, step = (int(m[2]), int(m[1])) if m else (None, None)
+            m = re.fullmatch(rf"harness train: StalledWorkerError: worker 1 on {me_at} has waited (\d+) s for the "
+                             rf"batch after step (\d+): its own input is stuck, unless a collective before the step "
+                             rf"waits for a peer \(peers: worker 0 on {peer_at}\)" + tail, line)
+            seconds, step = (int(m[1]), int(m[2])) if m else (None, None)
         else:         # its peer has its batch and waits in the all-reduce, naming worker 1
             m = re.fullmatch(rf"harness train: StalledWorkerError: no step progress on worker 0 on {me_at} for (\d+) "
                              rf"s after step (\d+): it has its batch and waits in the step's all-reduce for a peer "
@@ -173,11 +174,15 @@ def test_horovod_link_down_ends_the_job_within_the_bound_naming_the_ranks_hosts(
     assert launcher.returncode != 0, text[-4000:]
     m = re.search(rf"\[0\]<stderr>:harness train: (\w+): (.*)", text)
     assert m, text[-4000:]
-    if m[1] == "StalledWorkerError":
-        assert re.fullmatch(rf"no step progress on rank 0 on host0 for \d+ s after step \d+: it has its batch and "
-                            rf"waits in the step's all-reduce for a peer that is lost or stuck: rank 1 on "
-                            rf"host1; a re-run resumes from {re.escape(str(output / 'backup'))} at step {STEPS}; "
-                            rf"HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound", m[2]), m[0]
+    if m[1] == "StalledWorkerError":   # where rank 0 waits: inside its step, between calls, or before its batch
+        tail = (rf"; a re-run resumes from {re.escape(str(output / 'backup'))} at step {STEPS}; "
+                rf"HARNESS_PEER_TIMEOUT_S={BOUND_S} sets the bound")
+        assert (re.fullmatch(rf"no step progress on rank 0 on host0 for \d+ s after step \d+: (it has its batch and "
+                             rf"waits in the step's all-reduce|it waits in a collective between calls) for a peer "
+                             rf"that is lost or stuck: rank 1 on host1" + tail, m[2])
+                or re.fullmatch(rf"rank 0 on host0 has waited \d+ s for the batch after step \d+: its own input is "
+                                rf"stuck, unless a collective before the step waits for a peer \(peers: rank 1 on "
+                                rf"host1\)" + tail, m[2])), m[0]
     else:
         assert m[1] == "PeerLostError" and "rank 1 on host1" in m[2] and f"at step {STEPS}" in m[2], m[0]
     assert took < BOUND_S + MARGIN_S, took

@@ -142,9 +142,10 @@ def test_watchdog_allows_the_longest_call_seen_beyond_the_bound():
         dog.close()
 
 
-def _progress(drawn: int, finished: int):
+def _progress(drawn: int, finished: int, in_call: bool = True):
     from harness.train.trainer import StepProgress
     progress = StepProgress()
+    progress.in_call = in_call
     progress.drawn.assign(drawn)
     progress.finished.assign(finished)
     return progress
@@ -161,10 +162,10 @@ def _line(progress, cluster, capsys) -> str:
 
 def test_a_worker_waiting_for_its_own_input_names_itself_the_stuck_one(capsys):
     line = _line(_progress(drawn=21, finished=21), _cluster(2, me=1), capsys)
-    assert line == ("harness train: StalledWorkerError: worker 1 on 10.0.0.2 is stuck: its input has not delivered "
-                    "the batch after step 21 for 0 s (its peers wait for it in the all-reduce: worker 0 on "
-                    "10.0.0.1); a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=0.3 sets the "
-                    "bound"), line
+    assert line == ("harness train: StalledWorkerError: worker 1 on 10.0.0.2 has waited 0 s for the batch after step "
+                    "21: its own input is stuck, unless a collective before the step waits for a peer (peers: worker "
+                    "0 on 10.0.0.1); a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=0.3 sets "
+                    "the bound"), line
 
 
 def test_a_worker_that_has_its_batch_names_the_peer_it_waits_for(capsys):
@@ -173,6 +174,9 @@ def test_a_worker_that_has_its_batch_names_the_peer_it_waits_for(capsys):
                     "21: it has its batch and waits in the step's all-reduce for a peer that is lost or stuck: worker "
                     "1 on 10.0.0.2; a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=0.3 sets "
                     "the bound"), line
+    between = _line(_progress(drawn=21, finished=21, in_call=False), _cluster(2, me=0), capsys)
+    assert ("no step progress on worker 0 on 10.0.0.1 for 0 s after step 21: it waits in a collective between calls "
+            "for a peer that is lost or stuck: worker 1 on 10.0.0.2;") in between, between   # not "stuck" itself
     many = _line(_progress(drawn=22, finished=21), _cluster(3, me=0), capsys)
     assert "lost or stuck: worker 1 on 10.0.0.2, worker 2 on 10.0.0.3 (the stuck one names itself in its own log)" \
         in many, many
@@ -201,6 +205,6 @@ def test_the_k_step_loop_counts_batches_drawn_and_steps_finished():
     it = iter(data)
     trainer.run_loop(it, 5)
     assert (int(trainer.progress.drawn.numpy()), int(trainer.progress.finished.numpy())) == (5, 5)
-    assert trainer.progress.waiting_for_input()   # drawn == finished: between calls, it waits for the next batch
+    assert not trainer.progress.in_call and not trainer.progress.waiting_for_input()   # between calls
     trainer.run_loop(it, 3)
     assert (int(trainer.progress.drawn.numpy()), int(trainer.progress.finished.numpy())) == (8, 8)

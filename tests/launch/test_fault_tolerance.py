@@ -257,10 +257,10 @@ def test_killed_rank_under_horovodrun_stops_the_job_and_restart_resumes_from_ran
 
 def test_wait_prints_who_it_waits_for_while_waiting(capsys):
     from harness.distribute.strategy import wait_for_workers
-    from harness.errors import WorkerFailedError
+    from harness.errors import PeerLostError
 
     ports = free_ports(2)
-    with pytest.raises(WorkerFailedError):
+    with pytest.raises(PeerLostError):
         wait_for_workers(_tf_config(ports), timeout_s=3.5, progress_s=1.0)
     lines = capsys.readouterr().err.strip().splitlines()
     # one line per mark passed (1, 2, 3 s), at most one per poll: a poll that came late may skip none

@@ -9,7 +9,6 @@ does not read the data again. A rewritten shard changes size or mtime and is cou
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -81,6 +80,51 @@ def _save(path: str, new: dict) -> None:
         log.warning("could not write the record index %s: %s (counts will be recomputed next run)", path, e)
 
 
+def _read_sizes(shards: Sequence[Shard]) -> np.ndarray:
+    """`[len(shards), 2]` int64: records and uncompressed record bytes of each shard, read in one tf.data pipeline
+    (shards interleaved on TensorFlow's own threads, 4096 records per element; no per-record Python).
+
+    One pipeline, called from this thread alone: TensorFlow's Python API dispatcher keeps the arguments of the call
+    it is checking in storage shared by every thread (`PythonAPIDispatcher::Dispatch`,
+    tensorflow/python/framework/python_api_dispatcher.cc, TF 2.18), so ops built from several Python threads at
+    once can read another thread's freed argument (the signal 11 in `PyObject_GetAttr` under
+    `PyInstanceChecker::Check` that counting in a thread pool caused; tests/data/test_index.py).
+
+    Raises:
+      tf.errors.DataLossError: from whichever shard failed first (the caller names it).
+    """
+    sizes = np.zeros((len(shards), 2), np.int64)
+    if not shards:
+        return sizes
+    parallel = min(8, len(shards))
+
+    def read(i, path, compression):
+        def size(batch):
+            return i, tf.size(batch, out_type=tf.int64), tf.reduce_sum(tf.cast(tf.strings.length(batch), tf.int64))
+        return (tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=1 << 20)
+                .batch(_COUNT_BATCH).map(size))
+
+    ds = (tf.data.Dataset.from_tensor_slices((np.arange(len(shards), dtype=np.int64), [s.path for s in shards],
+                                              [s.compression for s in shards]))
+          .interleave(read, cycle_length=parallel, num_parallel_calls=parallel, deterministic=False))
+    for i, n, nbytes in ds.as_numpy_iterator():
+        sizes[i] += (n, nbytes)
+    return sizes
+
+
+def _checked(shard: Shard, n: int, nbytes: int) -> ShardStats:
+    """ShardStats of `shard` from its counted `n` records of `nbytes`, after the checks TF's read does not make."""
+    if n == 0 and records.has_payload(shard):
+        raise NotTFRecordError(f"{shard.path}: not a TFRecord file (it has bytes but no complete record)")
+    if shard.compression != GZIP:
+        size = tf.io.gfile.stat(shard.path).length
+        if size != nbytes + records.FRAMING_BYTES * n:
+            raise TruncatedShardError(f"{shard.path}: shard truncated after {n} records (last good record index "
+                                      f"{n - 1}): {size - nbytes - records.FRAMING_BYTES * n} trailing bytes "
+                                      "are a partial record header")
+    return ShardStats(int(n), int(nbytes))
+
+
 def count_shard(shard: Shard) -> ShardStats:
     """Read one shard to the end and return its ShardStats (no cache).
 
@@ -91,32 +135,31 @@ def count_shard(shard: Shard) -> ShardStats:
       CorruptShardError: if a record's CRC fails or the GZIP stream is corrupt (the message gives the last good
         record index).
     """
-    ds = records.dataset(shard, buffer_size=1 << 20).batch(_COUNT_BATCH)
+    return count_shards([shard])[0]
 
-    def add(acc, batch):
-        return (acc[0] + tf.size(batch, out_type=tf.int64),
-                acc[1] + tf.reduce_sum(tf.cast(tf.strings.length(batch), tf.int64)))
 
+def count_shards(shards: Sequence[Shard]) -> list[ShardStats]:
+    """ShardStats of each shard, in order, read in one pipeline (no cache). When a read fails, the shards are
+    read again one by one, so that the error names the first bad shard in order and its last good record.
+
+    Raises:
+      the errors of count_shard, for the first bad shard.
+    """
     try:
-        n, nbytes = ds.reduce((np.int64(0), np.int64(0)), add)
-        n, nbytes = int(n), int(nbytes)
+        sizes = _read_sizes(shards)
     except tf.errors.DataLossError as e:
-        good = records.count_until_error(shard.path, shard.compression)
-        raise records.data_loss_error(shard, good, e) from None
-    if n == 0 and records.has_payload(shard):
-        raise NotTFRecordError(f"{shard.path}: not a TFRecord file (it has bytes but no complete record)")
-    if shard.compression != GZIP:
-        size = tf.io.gfile.stat(shard.path).length
-        if size != nbytes + records.FRAMING_BYTES * n:
-            raise TruncatedShardError(f"{shard.path}: shard truncated after {n} records (last good record index "
-                                      f"{n - 1}): {size - nbytes - records.FRAMING_BYTES * n} trailing bytes "
-                                      "are a partial record header")
-    return ShardStats(n, nbytes)
+        if len(shards) == 1:
+            good = records.count_until_error(shards[0].path, shards[0].compression)
+            raise records.data_loss_error(shards[0], good, e) from None
+        for shard in shards:
+            count_shard(shard)
+        raise  # no shard failed alone: not expected; TensorFlow's own error, unnamed
+    return [_checked(s, n, nbytes) for s, (n, nbytes) in zip(shards, sizes)]
 
 
 def record_stats(shards: Sequence[Shard], *, use_cache: bool = True,
                  index_path: Optional[str] = None) -> list[ShardStats]:
-    """ShardStats for each shard, in order, from the cached index or by counting (in parallel threads).
+    """ShardStats for each shard, in order, from the cached index or by counting (count_shards: one pipeline).
 
     Zero-record shards are valid: they are counted and logged, not an error.
 
@@ -130,9 +173,8 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True,
     new = {}
     if todo:
         log.info("counting records of %d shard(s) (cached in %s)", len(todo), index_path)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
-            for i, stats in zip(todo, pool.map(lambda i: count_shard(shards[i]), todo)):
-                new[keys[i]] = {"records": stats.records, "bytes": stats.bytes}
+        for i, stats in zip(todo, count_shards([shards[i] for i in todo])):
+            new[keys[i]] = {"records": stats.records, "bytes": stats.bytes}
         if use_cache:
             _save(index_path, new)
     out = [ShardStats(**(new.get(k) or cached[k])) for k in keys]

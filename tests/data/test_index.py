@@ -1,7 +1,11 @@
 import os
+import sys
+import threading
 
+import pytest
 
-from harness.data import index, shards as S
+from harness.data import index, records, shards as S
+from harness.errors import CorruptShardError
 
 
 def test_real_point_counts(shared_data):
@@ -21,7 +25,46 @@ def test_counted_once_then_cached(table_export, monkeypatch, tmp_path):
         raise AssertionError("re-read although cached")
 
     monkeypatch.setattr(index, "count_shard", boom)
+    monkeypatch.setattr(index, "count_shards", boom)
     assert index.record_stats(found, index_path=path) == first
+
+
+def test_counting_calls_tensorflow_from_the_calling_thread_only(tmp_path):
+    """TensorFlow's Python API dispatcher is not safe for ops built from two Python threads at once (it checks one
+    call's arguments in storage the threads share): counting shards in a thread pool crashed ranks with signal 11
+    in `PyObject_GetAttr` under `PyInstanceChecker::Check`. Every Python frame of TensorFlow that counting enters
+    runs on the calling thread; the shards are read in parallel by tf.data's own threads."""
+    from harness.data import synth
+    synth.write_table_export(str(tmp_path / "t"), shards=8, records=800, seed=4)
+    found = S.discover_shards(str(tmp_path / "t"))
+    threads = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_globals.get("__name__", "").startswith("tensorflow"):
+            threads.add(threading.get_ident())
+
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        counts = index.record_counts(found, use_cache=False)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    assert threads == {threading.get_ident()}
+    assert len(counts) == 8 and sum(counts) == 800
+    assert counts == [len(records.read_records(s, 10 ** 6)) for s in found]
+
+
+def test_a_bad_shard_among_many_is_named_in_order(tmp_path):
+    """Read together, the shards are read again one by one when one fails: the error names the bad one."""
+    from harness.data import synth
+    synth.write_table_export(str(tmp_path / "t"), shards=4, records=400, seed=5, compressed=False)
+    found = S.discover_shards(str(tmp_path / "t"))
+    raw = bytearray(open(found[2].path, "rb").read())
+    raw[len(raw) // 2] ^= 0xFF
+    open(found[2].path, "wb").write(bytes(raw))
+    with pytest.raises(CorruptShardError, match=os.path.basename(found[2].path)):
+        index.record_counts(found, use_cache=False)
 
 
 def test_cache_keyed_by_size_and_mtime(tmp_path):

@@ -28,7 +28,8 @@ whose own port is taken fails at once (`ClusterConfigError` naming the port and 
 A peer's address that accepts connections is not proof that the peer is up (another process may hold its port),
 and the constructor holds the GIL while it blocks: no Python thread or signal handler of this process runs until
 it returns. So the constructor runs under a watchdog process (`_constructor_watchdog`) that, after another
-`HARNESS_WORKER_WAIT_S`, prints a `WorkerFailedError` naming the worker waited for and SIGKILLs this worker; it
+`HARNESS_WORKER_WAIT_S`, prints a `PeerLostError` naming the worker waited for and SIGKILLs this worker (exit 137,
+which Kubernetes' training-operator retries: a cluster fault, `harness.exit_codes`); it
 also ends this worker when its process group gets SIGTERM or SIGINT (how `harness launch local`, a terminal or a
 batch system stops it). Once the strategy is built, the SIGTERM handler TensorFlow installed is replaced by the one
 this process had before (by default SIGTERM ends the process), so a stopped worker stops.
@@ -50,7 +51,7 @@ import tensorflow as tf
 from harness.choices import STRATEGIES
 from harness.distribute import environment
 from harness.distribute.context import Backend, WorkerContext
-from harness.errors import ClusterConfigError, PeerLostError, WorkerFailedError
+from harness.errors import ClusterConfigError, PeerLostError
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ if not ready:
 
 def _constructor_watchdog(config: environment.TFConfig, bound_s: float) -> subprocess.Popen:
     """Start the watchdog of the strategy constructor (see the module docstring): after `bound_s` seconds it
-    prints a WorkerFailedError naming the task this one waits for, and SIGKILLs this worker."""
+    prints a PeerLostError naming the task this one waits for, and SIGKILLs this worker (exit 137: retryable)."""
     tasks = config.tasks()
     me = (config.task_type, config.task_index)
     leader = tasks[0]  # MultiWorkerMirrored's coordination service runs in the first task (chief, else worker 0)
@@ -255,7 +256,7 @@ def _constructor_watchdog(config: environment.TFConfig, bound_s: float) -> subpr
                    f"is still waiting for {leader[0]} {leader[1]} at {address} (the cluster's leader); something "
                    f"accepted connections at that address, but it is not that worker's server: another process "
                    f"holds its port, or the worker failed while starting")
-    message = f"harness: {WorkerFailedError.__name__}: {waiting}; {environment.WORKER_WAIT} sets the wait"
+    message = f"harness: {PeerLostError.__name__}: {waiting}; {environment.WORKER_WAIT} sets the wait"
     return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(bound_s), message],
                             stdin=subprocess.PIPE)
 

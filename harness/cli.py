@@ -443,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", help="--gang: the PodGroup's queue (Volcano)")
     p.add_argument("--priority-class", help="--gang: the PodGroup's priority class")
     p.add_argument("--scheduler-name", help="the pods' schedulerName, e.g. volcano (default: the operator's or cluster's)")
+    p.add_argument("--no-network-policy", action="store_true",
+                   help="leave out the NetworkPolicy that admits ingress to the job's pods from its own pods only "
+                        "(a cluster that enforces none, or has its own)")
     p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
     p.add_argument("-o", "--output", help="file to write (default: stdout)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")

@@ -31,7 +31,8 @@ def k8s(args) -> int:
         memory=args.memory, restart_policy=args.restart_policy, max_restarts=args.max_restarts,
         backoff_limit=args.backoff_limit, mpi_launcher=args.mpi_launcher,
         overrides=k8s_lib.load_overrides(args.overrides), gang=args.gang, queue=args.queue,
-        priority_class=args.priority_class, scheduler_name=args.scheduler_name)
+        priority_class=args.priority_class, scheduler_name=args.scheduler_name,
+        network_policy=not args.no_network_policy)
     text = k8s_lib.to_yaml(k8s_lib.manifests(options), options)
     if args.output in (None, "-"):
         sys.stdout.write(text)

@@ -47,6 +47,10 @@ The user's own settings (node selectors, tolerations, service account, secrets, 
 `--overrides` YAML with three sections, merged last: `manifest` into each top-level object, `pod` into every pod
 spec, `container` into every container that runs `harness` (dicts merge, lists append, other values replace;
 MPIJob: `container.env` goes to the launcher, which exports it to the ranks).
+
+Network: each job gets a NetworkPolicy (`network_policy`; `--no-network-policy` leaves it out) that admits ingress
+to the job's pods from the job's own pods only: TensorFlow's distributed server has no authorization and executes
+the graphs it is sent, whoever sends them (TensorFlow SECURITY.md, "Running a TensorFlow server").
 """
 from __future__ import annotations
 
@@ -127,6 +131,8 @@ class K8sOptions:
         PodGroup's priority class); with `gang` only.
       scheduler_name: the pods' `schedulerName` (e.g. `volcano`, `scheduler-plugins-scheduler`); None to leave it
         to the operator (under `gang`) or the cluster's default scheduler.
+      network_policy: also write the job's NetworkPolicy (`network_policy`); False (`--no-network-policy`) where
+        the cluster enforces none or the user applies their own.
     """
 
     kind: str
@@ -152,6 +158,7 @@ class K8sOptions:
     queue: Optional[str] = None
     priority_class: Optional[str] = None
     scheduler_name: Optional[str] = None
+    network_policy: bool = True
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -243,10 +250,45 @@ class _NoAliasDumper(yaml.SafeDumper):
 
 
 def manifests(options: K8sOptions) -> list[dict]:
-    """The objects to apply, in order (the Service before the Job that needs its DNS names)."""
+    """The objects to apply, in order: the claim, the NetworkPolicy (before any pod exists, so none is ever open),
+    the Service before the Job that needs its DNS names, the job."""
     build = {"tfjob": tfjob, "mpijob": mpijob, "indexed-job": indexed_job}[options.kind]
     claim = [volume_claim(options)] if options.volume_claim_size else []
-    return claim + build(options)
+    policy = [network_policy(options)] if options.network_policy else []
+    return claim + policy + build(options)
+
+
+def network_policy(o: K8sOptions) -> dict:
+    """The job's NetworkPolicy (networking.k8s.io/v1): ingress to the job's pods only from the job's own pods.
+
+    Why: TensorFlow's distributed server "does not include any authorization protocol and sends messages
+    unencrypted. It accepts connections from anywhere, and executes the graphs it is sent without performing any
+    checks", so anybody who reaches it runs arbitrary code as the worker, and "you must isolate the network in
+    which the cluster lives" (github.com/tensorflow/tensorflow/blob/master/SECURITY.md, "Running a TensorFlow
+    server"). A pod selected by no policy
+    admits every pod of the cluster; once a policy with `policyTypes: [Ingress]` selects it, it admits only what
+    some policy allows (kubernetes.io/docs/concepts/services-networking/network-policies, "The two sorts of pod
+    isolation").
+
+    What: `podSelector` = the labels every pod template of the job carries (`_labels`: `app.kubernetes.io/name:
+    harness`, `harness/job: <name>`), so it selects the workers and, for an MPIJob, the launcher; one ingress rule
+    `from` a `podSelector` with the same labels (pods of the policy's own namespace, as the job's are). Every port,
+    from those pods only, not a port list: the ports the job's processes use are not all fixed. The TF gRPC port
+    (`o.port`, 2222, `tfjob-port` of a TFJob, `grpc` of an Indexed Job) is, but NCCL's sockets between pods, a
+    tf.data service's servers where used and, in an MPIJob, Open MPI's daemons and TCP transport, Gloo and
+    Horovod's services listen on ephemeral ports (only sshd has a fixed one, the image's 2222); a port list would
+    stop those collectives, and opening them to the job's pods closes them to everyone else. Egress is not
+    restricted (the pods read data, images and credentials from outside).
+
+    Limits: only a network plugin that implements NetworkPolicy enforces it (Calico, Cilium, GKE Dataplane V2, ...):
+    on others it has no effect (same page, "Prerequisites"); policies add up, so another one that admits more to
+    these pods widens it.
+    """
+    return _override(o, {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _metadata(o),
+        "spec": {"podSelector": {"matchLabels": _labels(o)}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": _labels(o)}}]}]},
+    }, pods=False)
 
 
 def volume_claim(o: K8sOptions) -> dict:
@@ -486,6 +528,13 @@ def to_yaml(objects: Sequence[dict], options: K8sOptions) -> str:
     else:
         header += (f"# Not gang-scheduled (--gang): pods start one by one and wait up to {WAIT_ENV['HARNESS_WORKER_WAIT_S']}"
                    " s for their peers\n# (HARNESS_WORKER_WAIT_S, printed in their logs), holding their GPUs.\n")
+    if options.network_policy:
+        header += ("# NetworkPolicy: the job's pods admit connections from the job's own pods only (TensorFlow's "
+                   "server runs\n# what it is sent, from anyone); enforced only where the network plugin "
+                   "implements NetworkPolicy.\n")
+    else:
+        header += ("# No NetworkPolicy (--no-network-policy): any pod of the cluster can reach the workers' ports, "
+                   "and TensorFlow's\n# server runs what it is sent; isolate them with your own policy.\n")
     if options.volume_claim_size:
         header += (f"# Holds the claim {options.volume_claim}: `kubectl delete -f THIS_FILE` deletes it with "
                    "your data and backups; delete the job by name.\n")

@@ -101,8 +101,8 @@ def test_image_matches_what_the_manifests_assume():
     assert f"/home/{a['HARNESS_USER']}" == k8s.HOME
     runs = " ".join(rest for w, rest in final if w == "RUN")
     # The MPIJob's workers run `sshd -f HOME/.sshd_config`; the operator mounts the keys at HOME/.ssh.
-    (job,) = k8s.manifests(k8s.K8sOptions(kind="mpijob", command=("harness", "train", "--backend", "horovod"),
-                                          workers=2, image="h"))
+    job = k8s.manifests(k8s.K8sOptions(kind="mpijob", command=("harness", "train", "--backend", "horovod"),
+                                       workers=2, image="h"))[-1]
     worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert worker["command"][-1] == f"{k8s.HOME}/.sshd_config"
     assert '> "/home/${HARNESS_USER}/.sshd_config"' in runs

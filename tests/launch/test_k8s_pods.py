@@ -86,8 +86,8 @@ def _localhost(config: dict, ports: dict) -> dict:
 
 
 def test_tfjob_pods_form_a_multi_worker_cluster():
-    (job,) = k8s.manifests(k8s.K8sOptions(kind="tfjob", workers=2, image="h:1", name="unet",
-                                          command=(sys.executable, str(SCRIPT), "tf")))
+    job = k8s.manifests(k8s.K8sOptions(kind="tfjob", workers=2, image="h:1", name="unet",
+                                       command=(sys.executable, str(SCRIPT), "tf")))[-1]
     spec = job["spec"]["tfReplicaSpecs"]["Worker"]
     container = _containers(spec["template"])["tensorflow"]
     configs = [operator_tf_config(job, "Worker", i, "geo") for i in range(spec["replicas"])]
@@ -105,8 +105,8 @@ def test_tfjob_pods_form_a_multi_worker_cluster():
 
 
 def test_indexed_job_pods_build_tf_config_and_form_a_cluster():
-    _, job = k8s.manifests(k8s.K8sOptions(kind="indexed-job", workers=2, image="h:1", name="unet",
-                                          command=(sys.executable, str(SCRIPT), "tf")))
+    job = k8s.manifests(k8s.K8sOptions(kind="indexed-job", workers=2, image="h:1", name="unet",
+                                       command=(sys.executable, str(SCRIPT), "tf")))[-1]
     container = _containers(job["spec"]["template"])["harness"]
     addresses = ",".join(f"localhost:{p}" for p in free_ports(2))
     pod_env = [dict(_container_env(container), JOB_COMPLETION_INDEX=str(i), HARNESS_WORKER_ADDRESSES=addresses)
@@ -123,8 +123,8 @@ def test_indexed_job_pods_build_tf_config_and_form_a_cluster():
 def test_mpijob_launcher_command_runs_every_rank_with_ompi_variables():
     assert shutil.which("mpirun"), "mpirun not found (tools/install.sh installs openmpi-bin)"
     # One worker pod with 2 slots: the launcher starts 2 ranks there.
-    (job,) = k8s.manifests(k8s.K8sOptions(kind="mpijob", workers=1, gpus_per_worker=2, image="h:1",
-                                          command=(sys.executable, str(SCRIPT), "horovod")))
+    job = k8s.manifests(k8s.K8sOptions(kind="mpijob", workers=1, gpus_per_worker=2, image="h:1",
+                                       command=(sys.executable, str(SCRIPT), "horovod")))[-1]
     launcher = _containers(job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])["launcher"]
     env = _env(_container_env(launcher))
     if os.geteuid() == 0:   # the image runs as a user; CI runs as root, where mpirun needs consent

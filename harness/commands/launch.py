@@ -63,12 +63,19 @@ def horovod(args) -> int:
 
 
 def _launch(line: list[str], args) -> int:
-    """Print the line (`--dry-run`), or run it and wait (bounded by `--timeout` seconds when given)."""
+    """Print the line (`--dry-run`), or run it and wait (bounded by `--timeout` seconds when given). The printed
+    line shows each credential's value as `<redacted>` (`harness.redact`), with a note naming them on stderr."""
+    from harness import redact
     from harness.launch.mpi import run
 
+    shown = shlex.join(redact.redact_argv(line))
+    hidden = redact.redacted_names(line)
+    if hidden:
+        print(f"harness: the values of {', '.join(hidden)} are {redact.MARKER} in the printed line; export them "
+              "by name instead (mpirun -x NAME, --export NAME)", file=sys.stderr)
     if args.dry_run:
-        print(shlex.join(line))
+        print(shown)
         return 0
-    print(f"launching: {shlex.join(line)}", file=sys.stderr, flush=True)
+    print(f"launching: {shown}", file=sys.stderr, flush=True)
     run(line, timeout_s=args.timeout)
     return 0

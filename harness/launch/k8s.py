@@ -46,7 +46,10 @@ once the workers run (kubeflow/mpi-operator issue 608: a deadlock).
 The user's own settings (node selectors, tolerations, service account, secrets, extra env...) go in an
 `--overrides` YAML with three sections, merged last: `manifest` into each top-level object, `pod` into every pod
 spec, `container` into every container that runs `harness` (dicts merge, lists append, other values replace;
-MPIJob: `container.env` goes to the launcher, which exports it to the ranks).
+MPIJob: `container.env` goes to the launcher, which exports it to the ranks). A credential's value (a
+`container.env` name ending in `_KEY`, `_SECRET`, `_TOKEN` or `_PASSWORD`, `harness.redact`) is refused as a
+literal `value`: it comes from a Secret (`valueFrom.secretKeyRef`), so that it is in neither the file nor the job's
+object, which anyone who may read the job can print.
 
 Network: each job gets a NetworkPolicy (`network_policy`; `--no-network-policy` leaves it out) that admits ingress
 to the job's pods from the job's own pods only: TensorFlow's distributed server has no authorization and executes
@@ -62,7 +65,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-from harness import exit_codes
+from harness import exit_codes, redact
 from harness.choices import K8S_KINDS, MPI_LAUNCHERS
 from harness.errors import ConfigError
 from harness.launch import mpi
@@ -202,6 +205,7 @@ class K8sOptions:
         if self.kind == "mpijob":
             mpi.require_horovod_backend(self.command)
             _user_env_names(self)   # the launcher exports each by name: it must have one
+        check_env_values((self.overrides or {}).get("container") or {})
 
 
 def default_backoff_limit(o: K8sOptions) -> int:
@@ -240,6 +244,25 @@ def _user_env_names(o: K8sOptions) -> list[str]:
             raise ConfigError(f"overrides: container.env entry {entry!r} has no name")
         names.append(entry["name"])
     return names
+
+
+def check_env_values(container: Mapping) -> None:
+    """Refuse a credential's value written into the manifest: a `container.env` entry whose name
+    `harness.redact.is_secret_name` (ends in `_KEY`, `_SECRET`, `_TOKEN`, `_PASSWORD`) with a literal `value`.
+    Such a value would sit in the generated file and in the job's object, which `kubectl get -o yaml` prints to
+    anyone who may read jobs; a Secret keeps it out of both (kubernetes.io/docs/concepts/configuration/secret,
+    "Using Secrets as environment variables"). The error names the variable, never its value.
+
+    Raises:
+      ConfigError: naming the first such entry and the `valueFrom.secretKeyRef` that replaces it.
+    """
+    for entry in container.get("env") or []:
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if name and redact.is_secret_name(name) and entry.get("value"):
+            raise ConfigError(
+                f"overrides: container.env {name} has a literal value, which would be written into the manifest; "
+                f"put it in a Secret (kubectl create secret generic NAME --from-literal=KEY=...) and give "
+                f"{{name: {name}, valueFrom: {{secretKeyRef: {{name: NAME, key: KEY}}}}}}")
 
 
 class _NoAliasDumper(yaml.SafeDumper):

@@ -9,6 +9,7 @@ come back unchanged from a round trip through them (a field the model does not k
 import copy
 import os
 import pathlib
+import secrets
 import subprocess
 import sys
 
@@ -587,3 +588,19 @@ def test_cli_writes_the_network_policy_unless_told_not_to(kind, tmp_path):
     assert "# No NetworkPolicy (--no-network-policy)" in text
     assert [o for o in yaml.safe_load_all(text)] == [o for o in objects if o["kind"] != "NetworkPolicy"]
 
+
+# --- credentials: from Secrets, never literal values in the manifest ---------------------------------------------
+@pytest.mark.parametrize("kind", k8s.KINDS)
+@pytest.mark.parametrize("name", ["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_SECRET", "DB_PASSWORD"])
+def test_a_credentials_literal_value_is_refused_without_echoing_it(kind, name):
+    value = "hx-secret-" + secrets.token_hex(8)
+    with pytest.raises(ConfigError, match=f"container.env {name} has a literal value.*secretKeyRef") as e:
+        _make(kind, overrides={"container": {"env": [{"name": name, "value": value}]}})
+    assert value not in str(e.value)
+    ref = {"name": name, "valueFrom": {"secretKeyRef": {"name": "creds", "key": "k"}}}
+    job = _make(kind, overrides={"container": {"env": [ref]}})[-1]
+    validate(job)
+    envs = [e for t in k8s._pod_templates(job) for c in t["spec"]["containers"] for e in c["env"]]
+    assert ref in envs
+    # a path or a setting is not a credential: GOOGLE_APPLICATION_CREDENTIALS names a file the pod mounts
+    _make(kind, overrides=OVERRIDES)

@@ -3,6 +3,7 @@
 import math
 import os
 import pathlib
+import secrets
 import shlex
 import subprocess
 import sys
@@ -87,6 +88,19 @@ def test_secrets_and_host_devices_are_not_exported(capsys, monkeypatch):
         launch_mpi.mpirun_command(TRAIN, np=2, export=["NOT_SET_HERE"])
     with pytest.raises(ConfigError, match="--export TF_CONFIG: TF_CONFIG describes one process"):
         launch_mpi.mpirun_command(TRAIN, np=2, environ={"TF_CONFIG": "{}"}, export=["TF_CONFIG"])
+
+
+def test_a_credential_typed_into_the_line_is_printed_redacted(capsys, monkeypatch):
+    """Names travel (`-x NAME`); a value typed into the line (`-x HF_TOKEN=...`) is shown as <redacted>."""
+    value = "hx-secret-" + secrets.token_hex(8)
+    monkeypatch.setenv("MY_API_KEY", value)
+    assert cli.main(["launch", "mpi", "--np", "2", "--dry-run", "--export", "MY_API_KEY",
+                     f"--mpirun-args=-x HF_TOKEN={value} -x NCCL_DEBUG=INFO", "--", *TRAIN]) == 0
+    out, err = capsys.readouterr()
+    assert value not in out + err
+    line = shlex.split(out)
+    assert "HF_TOKEN=<redacted>" in line and "NCCL_DEBUG=INFO" in line and "MY_API_KEY" in _exported(line)
+    assert "the values of HF_TOKEN are <redacted> in the printed line" in err
 
 
 @pytest.mark.parametrize("command, match", [

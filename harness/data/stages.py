@@ -22,6 +22,7 @@ import random
 from typing import Callable, Optional, Sequence
 
 from harness.choices import CACHE_MODES
+from harness.distribute import resources as resources_lib
 from harness.errors import BatchSizeError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -110,11 +111,8 @@ class CacheChoice:
 
 
 def _available_memory() -> int:
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except ImportError:  # psutil is a dependency; keep the pipeline usable without it
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    """This worker's share of the memory available to its process (cgroup limit, host), measured now."""
+    return resources_lib.for_this_process().memory_bytes
 
 
 def _gb(b: float) -> str:
@@ -126,7 +124,8 @@ def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
     """Decide the cache for `nbytes` of cached elements (the pipeline passes the decoded size: parsed tensors).
 
     Args:
-      available: bytes of memory available (default: measured now, psutil).
+      available: bytes of memory available to this worker (default: measured now, `resources.for_this_process`:
+        the cgroup limit and the host's available memory, divided among the workers on the host).
     Raises:
       ConfigError: for an unknown mode, or mode "file" without cache_dir.
     """
@@ -168,8 +167,13 @@ def read_batch_size(mean_record_bytes: float) -> int:
 
 
 def decide_parallel_reads(files: int, cpu_count: Optional[int] = None) -> int:
-    """Files read at once (the interleave cycle): READERS_PER_CORE per core, at most the files, at least 1."""
-    cpus = (os.cpu_count() or 4) if cpu_count is None else cpu_count
+    """Files read at once (the interleave cycle): READERS_PER_CORE per core, at most the files, at least 1.
+
+    Args:
+      cpu_count: this worker's CPUs (default: `resources.for_this_process().cpus`: affinity mask and cgroup
+        quota, divided among the workers on the host).
+    """
+    cpus = resources_lib.for_this_process().cpus if cpu_count is None else cpu_count
     return max(1, min(files, int(READERS_PER_CORE * cpus)))
 
 
@@ -313,8 +317,9 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         cache, which holds parsed tensors.
       image: the records are image patches (augmentation applies to images only).
       record_sharding: the assignment shards records, not files (`sharding.RECORD`).
-      cpu_count: cores for the parallel reads (default os.cpu_count()).
-      available_memory: bytes (default: measured now) for cache="auto".
+      cpu_count: this worker's CPUs, for the parallel reads (default: `resources.for_this_process().cpus`).
+      available_memory: this worker's bytes of memory for cache="auto" (default: measured now,
+        `resources.for_this_process().memory_bytes`).
       cache_name: `fn(read_batch) -> str`, the file cache's name (digest of the files and spec; called only when
         the file cache is chosen).
     Raises:

@@ -136,6 +136,9 @@ def test_local_size_from_tf_config_and_launchers():
     slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"}  # no local size variable
     assert WorkerContext.from_environment(slurm).local_size == 1
     assert WorkerContext.from_environment({}).local_size == 1
+    import types
+    hvd = types.SimpleNamespace(rank=lambda: 3, size=lambda: 4, local_rank=lambda: 1, local_size=lambda: 2)
+    assert WorkerContext.from_horovod(hvd).local_size == 2
 
 
 def test_the_pipeline_default_follows_the_affinity_mask_of_a_real_process():

@@ -355,7 +355,7 @@ def apply_plan(plan: PipelinePlan, spec: DataSpec) -> tf.data.Dataset:
         ds = _keep(_shuffle(ds, plan), plan)
     ds = _batch(ds, spec, plan)
     ds = _augment(ds, spec, plan)
-    return _prefetch(ds)
+    return _prefetch(ds, plan)
 
 
 EPOCH_SEED_STRIDE = 1_000_003  # epoch e of seed s is shuffled with seed s * stride + e (< 2**62 for s < 2**31)
@@ -481,9 +481,11 @@ def _augment(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data
     return ds
 
 
-def _prefetch(ds: tf.data.Dataset) -> tf.data.Dataset:
+def _prefetch(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
     ds = ds.prefetch(AUTOTUNE)
     options = tf.data.Options()
+    if plan.cpu_budget:  # autotuning plans for this worker's CPUs, not every core of the host
+        options.autotune.cpu_budget = plan.cpu_budget
     # The harness shards by itself (assign_files); tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options)

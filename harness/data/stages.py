@@ -222,7 +222,9 @@ class PipelinePlan:
         (True but for a whole evaluation pass, whose last batch is partial so that every record is scored once);
         `dropped` records per pass left out by it (an evaluation of the first `records_per_epoch` records).
       augment: `augment` (flips and rotations, training images), `brightness`, `contrast` (color jitter).
-      prefetch: always AUTOTUNE.
+      prefetch: always AUTOTUNE; `cpu_budget`: the CPUs tf.data's autotuning plans for (the parallel maps and
+        the prefetch; `tf.data.Options().autotune.cpu_budget`, whose default is every schedulable core of the
+        host): this worker's CPUs (`harness.distribute.resources`). None: TensorFlow's default.
     """
 
     training: bool
@@ -259,6 +261,7 @@ class PipelinePlan:
     prefetch: str = "autotune"
     first_epoch: int = 0
     skip_batches: int = 0
+    cpu_budget: Optional[int] = None
 
     @property
     def cached_bytes(self) -> int:
@@ -298,7 +301,9 @@ class PipelinePlan:
                                          (f"brightness {self.brightness:g}", self.brightness),
                                          (f"contrast {self.contrast:g}", self.contrast)) if on]
         parts.append(f"augment: {', '.join(augment) if augment else 'none'}")
-        parts.append(f"prefetch: {self.prefetch}")
+        budget = (f", tf.data autotuning within {self.cpu_budget} CPU{'s' if self.cpu_budget != 1 else ''}"
+                  if self.cpu_budget else "")
+        parts.append(f"prefetch: {self.prefetch}{budget}")
         return "; ".join(parts)
 
 
@@ -332,6 +337,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {batch_size}")
     training, keep_n = o.training, o.records_per_epoch
     seed = random.randrange(2 ** 31) if o.seed is None else o.seed
+    cpus = resources_lib.for_this_process().cpus if cpu_count is None else cpu_count
     per_record = parse_per_record(mean_record_bytes)
     read_batch = None if per_record else read_batch_size(mean_record_bytes)
     cache = choose_cache(o.cache, records * decoded_record_bytes, cache_dir=o.cache_dir, name="",
@@ -374,7 +380,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         records=records, mean_record_bytes=mean_record_bytes, decoded_record_bytes=decoded_record_bytes, seed=seed,
         files=tuple(files), compressions=tuple(compressions),
         shuffle_files=training and not record_sharding and len(files) > 1,
-        parallel_reads=decide_parallel_reads(len(files), cpu_count),
+        parallel_reads=decide_parallel_reads(len(files), cpus), cpu_budget=cpus,
         deterministic=True, record_sharding=record_sharding,
         read_batch=read_batch, parse=parse, cache=cache, cache_dir=o.cache_dir,
         cache_holds_records=records_cached or (per_record and cached),

@@ -47,6 +47,7 @@ def test_one_cpu_under_taskset_reads_one_file_at_once(points, tmp_path):
     facts = summary["facts"]
     assert (facts["cpu_count"], facts["parallel_reads"], facts["resources"]["affinity_cpus"]) == (1, 1, 1)
     assert "1 file(s) at once" in facts["input_pipeline"]
+    assert "tf.data autotuning within 1 CPU" in facts["input_pipeline"]
 
 
 def test_two_local_workers_each_get_half(points, tmp_path):
@@ -82,8 +83,9 @@ def _cgroup_mounts():
 
 @pytest.fixture
 def limited_cgroup():
-    """A fresh cgroup limited to 1 CPU (of the 2 it may run on) and LIMIT bytes of memory; yields the file a child writes its pid to
-    (one per controller), and removes the cgroup after. Skipped, with the reason, where it cannot be made."""
+    """A fresh cgroup limited to 1 CPU (a quota of 100000 us per 100000 us period) and LIMIT bytes of memory;
+    yields the files a child writes its pid to (one per controller), and removes the cgroup after. Skipped, with
+    the reason, where it cannot be made."""
     if os.geteuid() != 0:
         pytest.skip("making a cgroup needs root")
     name, made, procs = f"hxres-{uuid.uuid4().hex[:8]}", [], []

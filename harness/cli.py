@@ -483,6 +483,8 @@ def main(argv=None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     name = " ".join(filter(None, [args.command, getattr(args, "launcher", None)]))
     try:
+        if args.command != "launch":   # a launcher's workers check for themselves
+            _check_cloud_storage(args)
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print(f"harness {name}: interrupted; run the same command again to resume from the last backup",
@@ -509,6 +511,16 @@ def main(argv=None) -> int:
         print(f"harness {name}: {type(e).__name__}: {_for_flags(e, args)}", file=sys.stderr)
         # A launcher passes on the code of the worker that failed first (WorkerFailedError.exit_code).
         return getattr(e, "exit_code", exit_codes.PERMANENT)
+
+
+def _check_cloud_storage(args: argparse.Namespace) -> None:
+    """Credentials for every gs:// path among the flags, checked before any work (`harness.data.gcs`)."""
+    from harness.data import gcs
+
+    values = []
+    for value in vars(args).values():
+        values += value if isinstance(value, (list, tuple)) else [value]
+    gcs.check_access(values)
 
 
 def _for_flags(error: Exception, args: argparse.Namespace) -> str:

@@ -26,6 +26,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import tensorflow as tf
 
+from harness.data import gcs
 from harness.errors import (CompressionMismatchError, MissingShardError, MixerError, ShardConflictError,
                             ShardDiscoveryError)
 
@@ -277,9 +278,11 @@ def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional
         from 0 when the source is a folder, any index below a declared `-of-N` count when the source is a folder
         or glob, or an index at or beyond `-of-N`.
       CompressionMismatchError: if `compression` is given and a file's first bytes say otherwise.
+      CredentialsError: a source is on gs:// and no Google Cloud credentials are found (`harness.data.gcs`).
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
+    gcs.check_access([str(s) for s in sources])   # credentials before the first gs:// read, once per process
     groups: dict[str, dict] = {}
     seen: set[str] = set()
     dropped = 0

@@ -22,7 +22,7 @@ def export(args) -> int:
     from harness.data.spec import DataSpec
     from harness.errors import ConfigError
     from harness.predict import model as model_lib
-    from harness.predict.serving import export_savedmodel, format_arguments
+    from harness.predict.serving import export_savedmodel, format_arguments, size_lines
 
     loaded = model_lib.load(args.model)
     spec = loaded.spec
@@ -33,9 +33,11 @@ def export(args) -> int:
     if spec is None:
         raise ConfigError(f"{args.model}: no run spec (summary.json) beside the model: give --bands (and "
                           "--patch-size, --kernel-margin for an image model)")
-    arguments = export_savedmodel(loaded, spec.replace(label=None), args.output,
-                                  probabilities=args.probabilities)
+    arguments, facts = export_savedmodel(loaded, spec.replace(label=None), args.output,
+                                         probabilities=args.probabilities)
     print(f"wrote {args.output} (signatures serving_default: {arguments['payloadFormat']}, grpc: GRPC_TF_TENSORS; "
-          f"inputs {', '.join(spec.bands)})")
+          f"inputs {', '.join(spec.bands)}; TensorFlow {facts['tensorflow_version']})")
+    for line in size_lines(facts):
+        print(line)
     print(format_arguments(arguments))
     return 0

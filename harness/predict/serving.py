@@ -20,6 +20,7 @@ Payload formats: https://developers.google.com/earth-engine/apidocs/ee-model-fro
 from __future__ import annotations
 
 import json
+import re
 
 import tensorflow as tf
 
@@ -34,8 +35,9 @@ class ServingModule(tf.Module):
     """The Keras model with its post-processing, as the two signatures (see the module doc)."""
 
     def __init__(self, loaded: model_lib.LoadedModel, spec: DataSpec, geometry: model_lib.Geometry, *,
-                 probabilities: bool):
+                 probabilities: bool, class_dtype: str = "int64"):
         super().__init__()
+        self._class_dtype = tf.as_dtype(class_dtype)
         self.model = loaded.model
         self._bands = tuple(spec.bands)
         self._image = spec.kind == IMAGE
@@ -64,7 +66,7 @@ class ServingModule(tf.Module):
             y = g.restore(y)
         elif y.shape.rank == 1:
             y = y[:, None]
-        out = {"class": tf.argmax(y, axis=-1, output_type=tf.int64)}
+        out = {"class": tf.cast(tf.argmax(y, axis=-1, output_type=tf.int64), self._class_dtype)}
         if self._probabilities:
             out["probabilities"] = tf.nn.softmax(y, axis=-1) if self._softmax else y
         return out
@@ -79,30 +81,75 @@ class ServingModule(tf.Module):
 
 
 def export_savedmodel(loaded: model_lib.LoadedModel, spec: DataSpec, output: str, *,
-                      probabilities: bool = False) -> dict:
-    """Write the SavedModel to `output` and return the matching `ee.Model.fromVertexAi` arguments.
+                      probabilities: bool = False) -> tuple[dict, dict]:
+    """Write the SavedModel to `output` and return the matching `ee.Model.fromVertexAi` arguments and what it asks
+    of Vertex AI (`harness.predict.vertex`).
 
+    The class band is the smallest integer type that holds the model's classes (uint8 up to 256 classes).
     Args:
       spec: the model's input spec: bands in channel order, band groups and their delivery; for images P
         (patch_size) and k (kernel_margin).
     Returns:
-      {"payloadFormat", "inputTileSize", "inputOverlapSize", "outputTileSize", "outputBands": {band: {"type",
-       "dimensions"}}} for images; {"payloadFormat", "inputProperties", "outputProperties"} for tables.
+      (arguments, facts). arguments: {"payloadFormat", "inputTileSize", "inputOverlapSize", "outputTileSize",
+       "outputBands": {band: {"type", "dimensions"}}} for images, {"payloadFormat", "inputProperties",
+       "outputProperties"} for tables, both with "outputMultiplier" (response / request bytes, >= 1) and
+       "maxPayloadBytes" (Vertex AI's online request limit). facts: {"tensorflow_version", "classes",
+       "class_dtype", "request_bytes", "response_bytes" (one tile or row, bytes), "limit_bytes", "largest_tile"
+       (images: the largest input tile side whose request fits the limit, pixels)}; also written to
+       `output/assets.extra/harness_export.json` (a folder TensorFlow Serving ignores).
     Raises:
       ModelMismatchError: as `harness.predict.model.check` (the model against the spec).
     """
+    from harness.predict import vertex
+
     geometry = model_lib.check(loaded, spec, "the run's spec")
-    module = ServingModule(loaded, spec, geometry, probabilities=probabilities)
+    shape = loaded.model.output_shape
+    shape = shape[0] if isinstance(shape, list) else shape      # several outputs: the first is the class scores
+    classes = int(shape[-1]) if len(shape) in (2, 4) and shape[-1] else 1
+    dtype, pixel_type = vertex.class_dtype(classes)
+    module = ServingModule(loaded, spec, geometry, probabilities=probabilities, class_dtype=dtype)
     tf.saved_model.save(module, output, signatures={"serving_default": module.serialized.get_concrete_function(),
                                                     "grpc": module.grpc.get_concrete_function()})
-    outputs = {"class": {"type": "ee.PixelType.int64()", "dimensions": 0}}
+    image = spec.kind == IMAGE
+    outputs = {"class": {"type": pixel_type, "dimensions": 0}}
+    tile = [geometry.patch, geometry.patch] if image else []
+    sizes = {"class": (tile, dtype)}
     if probabilities:
         outputs["probabilities"] = {"type": "ee.PixelType.float()", "dimensions": 1}
-    if spec.kind != IMAGE:
-        return {"payloadFormat": PAYLOAD, "inputProperties": list(spec.bands), "outputProperties": outputs}
+        sizes["probabilities"] = (tile + [classes], "float32")
+    request = vertex.request_bytes(spec.bands, geometry.input_side if image else None)
+    response = vertex.response_bytes(sizes)
+    sizing = {"outputMultiplier": max(1.0, round(response / request + 0.005, 2)),
+              "maxPayloadBytes": vertex.ONLINE_REQUEST_LIMIT}
+    facts = {"tensorflow_version": tf.__version__, "classes": classes, "class_dtype": dtype,
+             "request_bytes": request, "response_bytes": response, "limit_bytes": vertex.ONLINE_REQUEST_LIMIT,
+             "largest_tile": vertex.largest_tile(spec.bands) if image else None}
+    tf.io.gfile.makedirs(f"{output}/assets.extra")
+    with tf.io.gfile.GFile(f"{output}/assets.extra/harness_export.json", "w") as f:
+        f.write(json.dumps(facts, indent=1))
+    if not image:
+        return {"payloadFormat": PAYLOAD, "inputProperties": list(spec.bands), "outputProperties": outputs,
+                **sizing}, facts
     s, half = geometry.input_side, spec.kernel_margin // 2 if geometry.crop else 0
     return {"payloadFormat": PAYLOAD, "inputTileSize": [s, s], "inputOverlapSize": [half, half],
-            "outputTileSize": [geometry.patch, geometry.patch], "outputBands": outputs}
+            "outputTileSize": [geometry.patch, geometry.patch], "outputBands": outputs, **sizing}, facts
+
+
+def size_lines(facts: dict) -> list[str]:
+    """What `harness export` says of the Vertex AI limits: one tile's request and response, and where a request
+    would not fit the online limit, the largest tile that fits and the alternative."""
+    from harness.predict import vertex
+
+    what = "tile" if facts["largest_tile"] is not None else "row"
+    lines = [f"one {what}: request {facts['request_bytes']:,} bytes, response {facts['response_bytes']:,} bytes "
+             f"(Vertex AI's online request limit: {facts['limit_bytes']:,} bytes); class band "
+             f"{facts['class_dtype']} ({facts['classes']} classes)"]
+    if facts["request_bytes"] > facts["limit_bytes"]:
+        lines.append(f"one tile's request exceeds the online limit: tiles of at most {facts['largest_tile']} pixels "
+                     "a side fit (export a model for patches that size), or serve the grpc signature "
+                     "(payloadFormat=\"GRPC_TF_TENSORS\", raw tensors over gRPC)")
+    lines.append(vertex.runtime_advice(facts["tensorflow_version"]))
+    return lines
 
 
 def format_arguments(arguments: dict) -> str:
@@ -112,7 +159,4 @@ def format_arguments(arguments: dict) -> str:
 
 
 def _python(value) -> str:
-    text = json.dumps(value)
-    for kind in ("int64", "float"):
-        text = text.replace(f'"ee.PixelType.{kind}()"', f"ee.PixelType.{kind}()")
-    return text
+    return re.sub(r'"(ee\.PixelType\.\w+\(\))"', r"\1", json.dumps(value))

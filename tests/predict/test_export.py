@@ -41,14 +41,15 @@ def test_the_serialized_signature_gives_predicts_classes(exported):
     path, stdout, classes, patches = exported
     serve = tf.saved_model.load(str(path)).signatures["serving_default"]
     out = serve(**_request(patches, reversed(BANDS)))  # any key order
-    got = np.stack([tf.io.parse_tensor(s, tf.int64).numpy() for s in out["class"].numpy()])
+    got = np.stack([tf.io.parse_tensor(s, tf.uint8).numpy() for s in out["class"].numpy()])
     np.testing.assert_array_equal(got, classes)
     probs = np.stack([tf.io.parse_tensor(s, tf.float32).numpy() for s in out["probabilities"].numpy()])
     assert probs.shape == (6, 16, 16, 3)
     np.testing.assert_allclose(probs.sum(-1), 1, rtol=1e-5)
     assert ('payloadFormat="SERIALIZED_TF_TENSORS", inputTileSize=[20, 20], inputOverlapSize=[2, 2], '
-            'outputTileSize=[16, 16], outputBands={"class": {"type": ee.PixelType.int64(), "dimensions": 0}, '
-            '"probabilities": {"type": ee.PixelType.float(), "dimensions": 1}}') in stdout
+            'outputTileSize=[16, 16], outputBands={"class": {"type": ee.PixelType.uint8(), "dimensions": 0}, '
+            '"probabilities": {"type": ee.PixelType.float(), "dimensions": 1}}, outputMultiplier=') in stdout
+    assert "maxPayloadBytes=1500000)" in stdout
 
 
 def test_the_tensor_signature_gives_the_same_classes(exported):
@@ -73,7 +74,7 @@ def test_names_survive_a_reload_and_re_export(exported, tmp_path):
     for name in ("serving_default", "grpc"):
         assert sorted(again[name].structured_input_signature[1]) == BANDS
     out = again["serving_default"](**_request(patches, BANDS))
-    got = np.stack([tf.io.parse_tensor(s, tf.int64).numpy() for s in out["class"].numpy()])
+    got = np.stack([tf.io.parse_tensor(s, tf.uint8).numpy() for s in out["class"].numpy()])
     np.testing.assert_array_equal(got, classes)
 
 
@@ -87,12 +88,12 @@ def test_a_table_model(tmp_path):
     dense.set_weights([np.array([[-1, 0], [1, 0]], np.float32)])
     model.save(str(tmp_path / "m.keras"))
     r = run_cli("export", "--model", tmp_path / "m.keras", "--output", tmp_path / "sm", "--bands", "a", "b")
-    assert 'inputProperties=["a", "b"], outputProperties={"class": {"type": ee.PixelType.int64()' in r.stdout
+    assert 'inputProperties=["a", "b"], outputProperties={"class": {"type": ee.PixelType.uint8()' in r.stdout
     rows = np.random.default_rng(0).normal(size=(9, 2)).astype(np.float32)
     request = {name: tf.constant([tf.io.serialize_tensor(v).numpy() for v in rows[:, j]])
                for j, name in enumerate(["b", "a"][::-1])}
     out = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"](**request)
-    got = [int(tf.io.parse_tensor(s, tf.int64)) for s in out["class"].numpy()]
+    got = [int(tf.io.parse_tensor(s, tf.uint8)) for s in out["class"].numpy()]
     assert got == [0 if b > a else 1 for a, b in rows]
 
 

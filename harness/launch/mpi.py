@@ -328,8 +328,8 @@ def ports_note(line: Sequence[str]) -> list[str]:
     hosts = words[words.index("-H") + 1] if "-H" in words and words.index("-H") + 1 < len(words) else None
     names = sorted({h.partition(":")[0] for h in hosts.split(",")}) if hosts else []
     pin = " ".join(ports.open_mpi_pin(50000, 200))
-    open_mpi = ("Open MPI's runtime (mpirun/orted) and TCP BTL (the ranks' MPI messages), ephemeral ports; pin "
-                "them to a range")
+    open_mpi = ("Open MPI's runtime (mpirun/orted) and TCP BTL (the ranks' MPI messages), ephemeral ports (and a "
+                "second BTL socket per rank that stays so); pin the others to a range")
     if name == "horovodrun":
         mpi = "--mpi" in words
         lines = ["ssh (22, or horovodrun -p PORT) from this host to each other host: horovodrun starts the ranks "
@@ -345,8 +345,10 @@ def ports_note(line: Sequence[str]) -> list[str]:
                  "Open MPI's orted there", f"{open_mpi} with --mpirun-args \"{pin}\""]
     lines.append("NCCL (GPU all-reduce) on ephemeral ports that cannot be pinned: with GPUs, admit all TCP "
                  "between the job's hosts")
-    where = (f"between the job's hosts ({', '.join(names)}), TCP both ways" if len(names) > 1 else
-             "none to other hosts: every rank runs on this host (or the batch allocation); between a cluster's "
-             "hosts")
-    return ([f"# ports {where}; no other host needs any (none of these authenticates: README, Security):"] +
-            [f"#   {text};" for text in lines])
+    if len(names) > 1:
+        head = (f"# ports between the job's hosts ({', '.join(names)}), TCP both ways; no other host needs any "
+                "(none of these authenticates: README, Security):")
+    else:
+        head = ("# ports: no other host needs any (every rank on this host, or between the hosts of the batch "
+                "allocation), yet they listen on every interface: close them to other hosts (README, Security):")
+    return [head] + [f"#   {text};" for text in lines]

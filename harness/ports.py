@@ -99,7 +99,7 @@ _NOTHING = "nothing: no authentication, no encryption (TensorFlow SECURITY.md)"
 LOCAL_WORKERS = Listener(
     LOCAL, WORKER, ALL, FROM_TF_CONFIG, 1, _TF_SERVER,
     _NOTHING + "; TF_CONFIG names localhost but the server binds every interface: close the port to other hosts",
-    "the launcher picks a free port per worker")
+    "cannot be (the launcher picks a free port per worker)")
 
 def _open_mpi(mode: str) -> tuple[Listener, ...]:
     """Open MPI 4.1's listeners under `mode` (observed with 4.1.4: mpirun on one host; an orted on each other host
@@ -294,7 +294,9 @@ def observe(pid: int) -> list[Socket]:
     for proc in [root] + root.children(recursive=True):
         try:
             with proc.oneshot():
-                connections = proc.net_connections(kind="inet")
+                # net_connections since psutil 6.0; connections, its old name, before (setup.cfg: >= 5.9)
+                connections = getattr(proc, "net_connections", None) or proc.connections
+                connections = connections(kind="inet")
                 cmdline = proc.cmdline()
                 environ = proc.environ()
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):

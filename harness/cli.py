@@ -412,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds before all workers are stopped (default: none, wait)")
+    p.add_argument("--network", choices=("private", "host"), default="private",
+                   help="private (default): the workers in a network namespace with loopback only, open to no other "
+                        "host and reaching none; host: this host's network (their ports open to other hosts)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
     p = _command(lsub, "k8s", launch_cmd.k8s,
                  "Write Kubernetes manifests (TFJob, MPIJob, or Indexed Job + headless Service) for a command")

@@ -33,18 +33,20 @@ from typing import Iterable, Mapping, Optional, Sequence
 TRAIN = "harness train"
 PROFILE = "harness train --profile"
 LOCAL = "harness launch local"
+LOCAL_HOST = "harness launch local --network host"
 TF_CONFIG_MODE = "harness train, TF_CONFIG (MWMS)"
 HOROVOD_GLOO = "harness launch horovod --controller gloo"
 HOROVOD_MPI = "harness launch horovod --controller mpi"
 MPI = "harness launch mpi"
 DATA_SERVICE = "harness data-service + train --data-service"
 TENSORBOARD = "tensorboard --logdir (printed)"
-MODES = (TRAIN, PROFILE, LOCAL, TF_CONFIG_MODE, HOROVOD_GLOO, HOROVOD_MPI, MPI, DATA_SERVICE, TENSORBOARD)
+MODES = (TRAIN, PROFILE, LOCAL, LOCAL_HOST, TF_CONFIG_MODE, HOROVOD_GLOO, HOROVOD_MPI, MPI, DATA_SERVICE, TENSORBOARD)
 
 # Addresses a socket is bound to.
 ALL = "all interfaces"      # 0.0.0.0 / [::]: reachable from any host that can route to this one
 LOOPBACK = "loopback"       # 127.0.0.0/8 / ::1: this host only
 INTERFACE = "one interface"  # one interface's own address (Gloo's HOROVOD_GLOO_IFACE)
+PRIVATE = "own namespace"   # any address, in a network namespace of the run's own with loopback only
 
 # Ports.
 FROM_TF_CONFIG = "TF_CONFIG"          # the task's own host:port in TF_CONFIG's cluster
@@ -71,7 +73,7 @@ class Listener:
     Attributes:
       mode: one of `MODES`.
       process: the role of the process that listens (`WORKER`, `MPIRUN`, ...; `role()`).
-      address: `ALL`, `LOOPBACK` or `INTERFACE`.
+      address: `ALL`, `LOOPBACK`, `INTERFACE` or `PRIVATE`.
       port: `FROM_TF_CONFIG`, `FROM_FLAG`, `EPHEMERAL`, `RANDOM_1024`, `FIRST_FREE_1024` or
         `TENSORBOARD_PORTS`.
       per_process: how many such ports one process listens on at most (its IPv4 and IPv6 sockets of a port are
@@ -94,12 +96,18 @@ _TF_SERVER = ("TensorFlow's gRPC server: runs any graph it is sent (reads and wr
               "the worker's privileges); the collectives and coordination service of MultiWorkerMirroredStrategy")
 _NOTHING = "nothing: no authentication, no encryption (TensorFlow SECURITY.md)"
 
-# Item 2 of issue 24 (local runs reachable from this host only) changes the `launch local` row below: until it
-# lands, the workers of `harness launch local` listen on every interface although TF_CONFIG names localhost.
+# `harness launch local` (issue 24, item 2): by default the workers run in a network namespace of their own with
+# loopback only (harness/launch/netns.py), where TensorFlow's server still binds every interface of that namespace;
+# `--network host` (or a machine where no namespace can be made) leaves them on this host's interfaces.
 LOCAL_WORKERS = Listener(
-    LOCAL, WORKER, ALL, FROM_TF_CONFIG, 1, _TF_SERVER,
-    _NOTHING + "; TF_CONFIG names localhost but the server binds every interface: close the port to other hosts",
+    LOCAL, WORKER, PRIVATE, FROM_TF_CONFIG, 1, _TF_SERVER,
+    "the run's own network namespace (loopback only): no other host, nor this host outside the run, reaches it",
     "cannot be (the launcher picks a free port per worker)")
+LOCAL_HOST_WORKERS = Listener(
+    LOCAL_HOST, WORKER, ALL, FROM_TF_CONFIG, 1, _TF_SERVER,
+    _NOTHING + "; TF_CONFIG names localhost but the server binds every interface (the launcher says so, with the "
+    "ports): close them to other hosts", "cannot be (the launcher picks a free port per worker)")
+
 
 def _open_mpi(mode: str) -> tuple[Listener, ...]:
     """Open MPI 4.1's listeners under `mode` (observed with 4.1.4: mpirun on one host; an orted on each other host
@@ -123,6 +131,7 @@ def _open_mpi(mode: str) -> tuple[Listener, ...]:
 
 INVENTORY: tuple[Listener, ...] = (
     LOCAL_WORKERS,
+    LOCAL_HOST_WORKERS,
     Listener(TF_CONFIG_MODE, WORKER, ALL, FROM_TF_CONFIG, 1, _TF_SERVER,
              _NOTHING + "; the network (Kubernetes: the job's NetworkPolicy, `launch k8s`)",
              "the port of the task's address in TF_CONFIG (`launch k8s --port`, default 2222)"),
@@ -154,8 +163,8 @@ INVENTORY: tuple[Listener, ...] = (
 @dataclass(frozen=True)
 class Socket:
     """A listening TCP socket (or a bound UDP one, `udp`) found in a process: its `pid`, the process's `role()`,
-    the bound `ip` and `port`, and the ports that process was told to use (`told`: its TF_CONFIG address's, its
-    `--port`)."""
+    the bound `ip` and `port`, the ports that process was told to use (`told`: its TF_CONFIG address's, its
+    `--port`), and whether it sits in another network namespace than the observer's (`private`)."""
     pid: int
     process: str
     ip: str
@@ -163,6 +172,7 @@ class Socket:
     told: frozenset = frozenset()
     udp: bool = False
     command: str = ""
+    private: bool = False
 
 
 def role(cmdline: Sequence[str]) -> str:
@@ -222,7 +232,7 @@ def matches(row: Listener, socket: Socket, ephemeral: Optional[tuple[int, int]] 
     loopback address: Gloo binds lo's when every rank is on one host) and port kind; never a UDP socket."""
     if socket.udp or row.process != socket.process:
         return False
-    found = address_class(socket.ip)
+    found = PRIVATE if socket.private else address_class(socket.ip)
     if found != row.address and not (row.address == INTERFACE and found == LOOPBACK):
         return False
     return _port_matches(row.port, socket, ephemeral or ephemeral_range())
@@ -279,9 +289,45 @@ def told_ports(cmdline: Sequence[str], environ: Mapping[str, str]) -> frozenset:
     return frozenset(ports)
 
 
+_LISTEN = "0A"   # TCP_LISTEN in /proc/net/tcp's `st` column (include/net/tcp_states.h)
+
+
+def _proc_sockets(pid: int) -> list[tuple[str, int, bool]]:
+    """(ip, port, udp) of each listening TCP socket and unconnected UDP socket process `pid` holds, read from
+    /proc/PID/net/{tcp,tcp6,udp,udp6}: the tables of the process's own network namespace (psutil reads this
+    process's /proc/net, which does not hold the sockets of a worker in a namespace of its own; proc(5))."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table, udp in (("tcp", False), ("tcp6", False), ("udp", True), ("udp6", True)):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if inode not in inodes or (state != _LISTEN if not udp else int(remote.split(":")[1], 16) != 0):
+                continue
+            address, port = local.split(":")
+            raw = bytes.fromhex(address)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append((str(ipaddress.ip_address(raw)), int(port, 16), udp))
+    return found
+
+
 def observe(pid: int) -> list[Socket]:
-    """The listening TCP sockets (and bound, unconnected UDP ones) of process `pid` and all its descendants, now
-    (psutil). A socket shared by a parent and the children it forked is reported once, for the one nearest
+    """The listening TCP sockets (and bound, unconnected UDP ones) of process `pid` and all its descendants, now:
+    the process tree from psutil, each process's sockets from its own network namespace's tables
+    (`_proc_sockets`). A socket shared by a parent and the children it forked is reported once, for the one nearest
     `pid`. Processes that end while being read are skipped.
 
     Raises:
@@ -290,27 +336,24 @@ def observe(pid: int) -> list[Socket]:
     import psutil
 
     root = psutil.Process(pid)
+    mine = os.readlink("/proc/self/ns/net")
     found, keys = [], set()
     for proc in [root] + root.children(recursive=True):
         try:
             with proc.oneshot():
-                # net_connections since psutil 6.0; connections, its old name, before (setup.cfg: >= 5.9)
-                connections = getattr(proc, "net_connections", None) or proc.connections
-                connections = connections(kind="inet")
                 cmdline = proc.cmdline()
                 environ = proc.environ()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            private = os.readlink(f"/proc/{proc.pid}/ns/net") != mine
+            sockets = _proc_sockets(proc.pid)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
             continue
-        for c in connections:
-            udp = c.type == 2   # socket.SOCK_DGRAM
-            if not (c.status == psutil.CONN_LISTEN or (udp and not c.raddr)):
-                continue
-            key = (c.laddr.ip, c.laddr.port, udp)
+        for ip, port, udp in sockets:
+            key = (os.readlink(f"/proc/{proc.pid}/ns/net") if private else mine, ip, port, udp)
             if key in keys:
                 continue
             keys.add(key)
-            found.append(Socket(proc.pid, role(cmdline), c.laddr.ip, c.laddr.port, told_ports(cmdline, environ),
-                                udp, " ".join(cmdline)[:200]))
+            found.append(Socket(proc.pid, role(cmdline), ip, port, told_ports(cmdline, environ), udp,
+                                " ".join(cmdline)[:200], private))
     return found
 
 

@@ -112,9 +112,10 @@ def test_profile_opens_no_profiler_server(table, tmp_path):
     check(ports.PROFILE, watch([(_train(table, tmp_path / "run", "--profile"), ENV)], tmp_path))
 
 
-def test_launch_local_workers(table, tmp_path):
-    cmd = [*CLI, "launch", "local", "--workers", "2", "--", *_train(table, tmp_path / "run")]
-    check(ports.LOCAL, watch([(cmd, ENV)], tmp_path))
+@pytest.mark.parametrize("network", ["private", "host"])
+def test_launch_local_workers(table, tmp_path, network):
+    cmd = [*CLI, "launch", "local", "--workers", "2", "--network", network, "--", *_train(table, tmp_path / "run")]
+    check(ports.LOCAL if network == "private" else ports.LOCAL_HOST, watch([(cmd, ENV)], tmp_path))
 
 
 def test_workers_from_tf_config(table, tmp_path):

@@ -14,10 +14,11 @@ the sequential per-record baseline, pipelines timed in turns).
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Sequence
+
+from harness.distribute import resources
 
 
 def _batch_examples(element):
@@ -73,8 +74,9 @@ def time_round_robin(runs: dict, expected: dict, repeats: int) -> tuple[dict, di
 
 
 def _reads(paths: Sequence[str], parallel: bool):
-    """`num_parallel_reads`: one per file up to the cores, or None (sequential, file after file)."""
-    return min(len(paths), os.cpu_count() or 1) if parallel else None
+    """`num_parallel_reads`: one per file up to this worker's CPUs (`resources.for_this_process`), or None
+    (sequential, file after file)."""
+    return min(len(paths), resources.for_this_process().cpus) if parallel else None
 
 
 def read_limit(paths: Sequence[str], compression: str, batch: int, *, parallel: bool):

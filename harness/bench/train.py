@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from typing import Optional
 
 from harness.errors import ConfigError
@@ -92,6 +91,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     Raises:
       ConfigError: for a bad --baseline; the errors of `harness.train.inputs.prepare` for real shards.
     """
+    from harness.distribute import resources
     from harness.distribute.backend import TrainingBackend
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession, default_window
@@ -135,7 +135,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     with session:
         controller.fit(iterator)
     facts = (dict(real.worker_facts(context.rank), synthetic=False) if real and not synthetic
-             else {"synthetic": True, "cpu_count": os.cpu_count()})
+             else {"synthetic": True, "cpu_count": resources.detect(context.local_size).cpus})
     config_out = dataclasses.asdict(options)
     config_out.update(policy=policy, global_batch_size=global_batch, shapes=dataclasses.asdict(shapes),
                       context=str(context), plan=real.plan.to_dict() if real and not synthetic else None)

@@ -55,9 +55,11 @@ def data_service(args) -> int:
 
     if args.role == "dispatcher":
         server = service.start_dispatcher(args.port, work_dir=args.work_dir)
+        print(service.open_port_note("dispatcher", server.target), file=sys.stderr, flush=True)
         service.serve_until_signal(f"tf.data service dispatcher at {server.target}")
     else:
         server = service.start_worker(args.dispatcher, args.port, worker_address=args.worker_address)
+        print(service.open_port_note("worker", server._address), file=sys.stderr, flush=True)
         service.serve_until_signal(f"tf.data service worker on port {args.port or '(any)'}, dispatcher "
                                    f"{args.dispatcher}")
     # Exit at once: a worker's task threads for an endless training job would keep the interpreter's shutdown

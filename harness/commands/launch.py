@@ -12,10 +12,11 @@ def _command(args) -> list[str]:
 
 
 def local(args) -> int:
-    """`harness launch local --workers N [--gpus-per-worker G] [--timeout S] -- CMD...`."""
+    """`harness launch local --workers N [--gpus-per-worker G] [--timeout S] [--network private|host] -- CMD...`."""
     from harness.launch.local import run_local
 
-    run_local(_command(args), workers=args.workers, gpus_per_worker=args.gpus_per_worker, timeout_s=args.timeout)
+    run_local(_command(args), workers=args.workers, gpus_per_worker=args.gpus_per_worker, timeout_s=args.timeout,
+              network=args.network)
     return 0
 
 

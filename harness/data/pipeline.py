@@ -285,7 +285,7 @@ def build_dataset(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
 
 def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, options: PipelineOptions, *,
                   input_pipeline_id: int = 0, num_input_pipelines: int = 1,
-                  assignment: Optional[ShardAssignment] = None) -> PipelinePlan:
+                  assignment: Optional[ShardAssignment] = None, resources=None) -> PipelinePlan:
     """Measure one input pipeline's share (records, serialized and decoded bytes) and decide its stages
     (`stages.decide`): what `apply_plan` builds, the job logs and the profile reports.
 
@@ -298,6 +298,8 @@ def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         files (or records) are split by assign_nonempty (zero-record files skipped).
       assignment: this pipeline's files as the epoch plan assigned them (`Plan.assignments[id]`); computed from
         the pipeline id and count when None.
+      resources: this worker's `harness.distribute.resources.Resources` (its CPUs set the parallel reads, its
+        memory the cache="auto" decision); measured now (`resources.for_this_process`) when None.
 
     Raises:
       SpecError: if the spec has no label.
@@ -332,6 +334,8 @@ def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         mean_record_bytes=mean_bytes, decoded_record_bytes=decoded_record_bytes(spec), image=spec.kind == IMAGE,
         record_sharding=assignment.policy == RECORD, input_pipeline_id=assignment.input_pipeline_id,
         num_input_pipelines=assignment.num_input_pipelines,
+        cpu_count=resources.cpus if resources else None,
+        available_memory=resources.memory_bytes if resources else None,
         cache_name=lambda read_batch: cache_name(spec, assignment, compressions, read_batch=read_batch,
                                                  training=options.training))
     log.info("%s", plan.describe())
@@ -351,7 +355,7 @@ def apply_plan(plan: PipelinePlan, spec: DataSpec) -> tf.data.Dataset:
         ds = _keep(_shuffle(ds, plan), plan)
     ds = _batch(ds, spec, plan)
     ds = _augment(ds, spec, plan)
-    return _prefetch(ds)
+    return _prefetch(ds, plan)
 
 
 EPOCH_SEED_STRIDE = 1_000_003  # epoch e of seed s is shuffled with seed s * stride + e (< 2**62 for s < 2**31)
@@ -477,9 +481,11 @@ def _augment(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data
     return ds
 
 
-def _prefetch(ds: tf.data.Dataset) -> tf.data.Dataset:
+def _prefetch(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
     ds = ds.prefetch(AUTOTUNE)
     options = tf.data.Options()
+    if plan.cpu_budget:  # autotuning plans for this worker's CPUs, not every core of the host
+        options.autotune.cpu_budget = plan.cpu_budget
     # The harness shards by itself (assign_files); tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options)

@@ -62,6 +62,17 @@ def start_worker(dispatcher: str, port: int = 0, *, worker_address: Optional[str
     return tf.data.experimental.service.WorkerServer(config, start=True)
 
 
+def open_port_note(role: str, address: str) -> str:
+    """The line a `harness data-service` server says once at its start: its port is open on every interface.
+
+    `address`: the server's `host:port` or `grpc://host:port`. TensorFlow's tf.data service servers bind every
+    interface (tensorflow/core/data/service/server_lib.cc: `"0.0.0.0:" + port`) and offer no bind address; they
+    run the dataset graphs they are sent, like TensorFlow's server (SECURITY.md, "Running a TensorFlow server")."""
+    port = address.rsplit(":", 1)[-1]
+    return (f"harness data-service {role}: TCP port {port} listens on every interface (the tf.data service has no "
+            "bind address) and runs the dataset graphs it is sent: open it only to the job's hosts (a firewall)")
+
+
 def serve_until_signal(what: str) -> None:
     """Block until SIGINT or SIGTERM; the servers end with the process."""
     stop = threading.Event()

@@ -22,6 +22,7 @@ import random
 from typing import Callable, Optional, Sequence
 
 from harness.choices import CACHE_MODES
+from harness.distribute import resources as resources_lib
 from harness.errors import BatchSizeError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -110,11 +111,8 @@ class CacheChoice:
 
 
 def _available_memory() -> int:
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except ImportError:  # psutil is a dependency; keep the pipeline usable without it
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    """This worker's share of the memory available to its process (cgroup limit, host), measured now."""
+    return resources_lib.for_this_process().memory_bytes
 
 
 def _gb(b: float) -> str:
@@ -126,7 +124,8 @@ def choose_cache(mode: str, nbytes: int, *, cache_dir: Optional[str], name: str,
     """Decide the cache for `nbytes` of cached elements (the pipeline passes the decoded size: parsed tensors).
 
     Args:
-      available: bytes of memory available (default: measured now, psutil).
+      available: bytes of memory available to this worker (default: measured now, `resources.for_this_process`:
+        the cgroup limit and the host's available memory, divided among the workers on the host).
     Raises:
       ConfigError: for an unknown mode, or mode "file" without cache_dir.
     """
@@ -168,8 +167,13 @@ def read_batch_size(mean_record_bytes: float) -> int:
 
 
 def decide_parallel_reads(files: int, cpu_count: Optional[int] = None) -> int:
-    """Files read at once (the interleave cycle): READERS_PER_CORE per core, at most the files, at least 1."""
-    cpus = (os.cpu_count() or 4) if cpu_count is None else cpu_count
+    """Files read at once (the interleave cycle): READERS_PER_CORE per core, at most the files, at least 1.
+
+    Args:
+      cpu_count: this worker's CPUs (default: `resources.for_this_process().cpus`: affinity mask and cgroup
+        quota, divided among the workers on the host).
+    """
+    cpus = resources_lib.for_this_process().cpus if cpu_count is None else cpu_count
     return max(1, min(files, int(READERS_PER_CORE * cpus)))
 
 
@@ -218,7 +222,9 @@ class PipelinePlan:
         (True but for a whole evaluation pass, whose last batch is partial so that every record is scored once);
         `dropped` records per pass left out by it (an evaluation of the first `records_per_epoch` records).
       augment: `augment` (flips and rotations, training images), `brightness`, `contrast` (color jitter).
-      prefetch: always AUTOTUNE.
+      prefetch: always AUTOTUNE; `cpu_budget`: the CPUs tf.data's autotuning plans for (the parallel maps and
+        the prefetch; `tf.data.Options().autotune.cpu_budget`, whose default is every schedulable core of the
+        host): this worker's CPUs (`harness.distribute.resources`). None: TensorFlow's default.
     """
 
     training: bool
@@ -255,6 +261,7 @@ class PipelinePlan:
     prefetch: str = "autotune"
     first_epoch: int = 0
     skip_batches: int = 0
+    cpu_budget: Optional[int] = None
 
     @property
     def cached_bytes(self) -> int:
@@ -294,7 +301,9 @@ class PipelinePlan:
                                          (f"brightness {self.brightness:g}", self.brightness),
                                          (f"contrast {self.contrast:g}", self.contrast)) if on]
         parts.append(f"augment: {', '.join(augment) if augment else 'none'}")
-        parts.append(f"prefetch: {self.prefetch}")
+        budget = (f", tf.data autotuning within {self.cpu_budget} CPU{'s' if self.cpu_budget != 1 else ''}"
+                  if self.cpu_budget else "")
+        parts.append(f"prefetch: {self.prefetch}{budget}")
         return "; ".join(parts)
 
 
@@ -313,8 +322,9 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         cache, which holds parsed tensors.
       image: the records are image patches (augmentation applies to images only).
       record_sharding: the assignment shards records, not files (`sharding.RECORD`).
-      cpu_count: cores for the parallel reads (default os.cpu_count()).
-      available_memory: bytes (default: measured now) for cache="auto".
+      cpu_count: this worker's CPUs, for the parallel reads (default: `resources.for_this_process().cpus`).
+      available_memory: this worker's bytes of memory for cache="auto" (default: measured now,
+        `resources.for_this_process().memory_bytes`).
       cache_name: `fn(read_batch) -> str`, the file cache's name (digest of the files and spec; called only when
         the file cache is chosen).
     Raises:
@@ -327,6 +337,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {batch_size}")
     training, keep_n = o.training, o.records_per_epoch
     seed = random.randrange(2 ** 31) if o.seed is None else o.seed
+    cpus = resources_lib.for_this_process().cpus if cpu_count is None else cpu_count
     per_record = parse_per_record(mean_record_bytes)
     read_batch = None if per_record else read_batch_size(mean_record_bytes)
     cache = choose_cache(o.cache, records * decoded_record_bytes, cache_dir=o.cache_dir, name="",
@@ -369,7 +380,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         records=records, mean_record_bytes=mean_record_bytes, decoded_record_bytes=decoded_record_bytes, seed=seed,
         files=tuple(files), compressions=tuple(compressions),
         shuffle_files=training and not record_sharding and len(files) > 1,
-        parallel_reads=decide_parallel_reads(len(files), cpu_count),
+        parallel_reads=decide_parallel_reads(len(files), cpus), cpu_budget=cpus,
         deterministic=True, record_sharding=record_sharding,
         read_batch=read_batch, parse=parse, cache=cache, cache_dir=o.cache_dir,
         cache_holds_records=records_cached or (per_record and cached),

@@ -41,6 +41,8 @@ class WorkerContext:
       task_type: `"chief"` or `"worker"` (launchers and single-worker jobs: `"worker"`).
       task_index: index within `task_type`.
       backend: how replicas are kept in sync.
+      local_size: workers on this worker's host (they share its CPUs and memory: `resources`); 1 where the
+        source does not say.
     """
 
     rank: int
@@ -50,6 +52,7 @@ class WorkerContext:
     task_type: str
     task_index: int
     backend: Backend
+    local_size: int = 1
 
     def __post_init__(self):
         if not 0 <= self.rank < self.num_workers:
@@ -57,6 +60,8 @@ class WorkerContext:
         if self.local_rank < 0 or self.replicas_per_worker < 1:
             raise ClusterConfigError(f"local rank {self.local_rank} must be >= 0 and replicas per worker "
                                      f"{self.replicas_per_worker} >= 1")
+        if self.local_size < 1:
+            raise ClusterConfigError(f"local size {self.local_size} must be >= 1")
         if self.backend in (Backend.SINGLE, Backend.MIRRORED) and self.num_workers != 1:
             raise ClusterConfigError(f"{self.backend.value} runs one worker, not {self.num_workers}")
         if self.backend in (Backend.SINGLE, Backend.HOROVOD) and self.replicas_per_worker != 1:
@@ -115,23 +120,27 @@ class WorkerContext:
         hosts = [config.cluster[t][i].rsplit(":", 1)[0] for t, i in tasks]
         local_rank = hosts[:rank].count(hosts[rank])
         return cls(rank, len(tasks), local_rank, replicas_per_worker, config.task_type, config.task_index,
-                   Backend.MULTI_WORKER)
+                   Backend.MULTI_WORKER, local_size=hosts.count(hosts[rank]))
 
     @classmethod
     def from_launcher(cls, env: environment.LauncherEnv, *, backend: Backend = Backend.HOROVOD,
                       replicas_per_worker: int = 1) -> "WorkerContext":
-        """From launcher variables (mpirun, srun, horovodrun, ...). Local rank 0 when the launcher sets none."""
+        """From launcher variables (mpirun, srun, horovodrun, ...). Local rank 0 and local size 1 when the
+        launcher sets none."""
         return cls(env.rank, env.size, env.local_rank or 0, replicas_per_worker, environment.WORKER, env.rank,
-                   backend)
+                   backend, local_size=env.local_size or 1)
 
     @classmethod
     def from_horovod(cls, hvd) -> "WorkerContext":
         """From an initialized Horovod module (`horovod.tensorflow` or `horovod.tensorflow.keras`).
 
-        Only `hvd.rank()`, `hvd.size()` and `hvd.local_rank()` are called; one replica per process.
+        Only `hvd.rank()`, `hvd.size()`, `hvd.local_rank()` and `hvd.local_size()` (where there is one) are
+        called; one replica per process.
         """
         rank = hvd.rank()
-        return cls(rank, hvd.size(), hvd.local_rank(), 1, environment.WORKER, rank, Backend.HOROVOD)
+        local_size = hvd.local_size() if hasattr(hvd, "local_size") else 1
+        return cls(rank, hvd.size(), hvd.local_rank(), 1, environment.WORKER, rank, Backend.HOROVOD,
+                   local_size=local_size)
 
     @classmethod
     def from_environment(cls, environ: Optional[Mapping[str, str]] = None, *,

@@ -98,6 +98,17 @@ class MPIControlPlane:
             finally:
                 node.Free()
 
+    def local_size(self) -> int:
+        """Ranks on this process's host (the same shared-memory split): they share its CPUs and memory."""
+        from mpi4py import MPI
+
+        with self._lock:
+            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            try:
+                return node.Get_size()
+            finally:
+                node.Free()
+
 
 def thread_level_name(level: int) -> str:
     """'single', 'funneled', 'serialized' or 'multiple' for one of mpi4py's `MPI.THREAD_*` constants."""
@@ -177,9 +188,10 @@ def launched_by_mpi(environ: Optional[Mapping[str, str]] = None) -> bool:
 
 def discover(*, backend: Backend = Backend.HOROVOD) -> WorkerContext:
     """This process's `WorkerContext` from MPI itself (mpi4py), without Horovod: rank and size of COMM_WORLD and
-    the local rank from a shared-memory split, so any MPI works, whatever variables its launcher sets."""
+    the local rank and size from a shared-memory split, so any MPI works, whatever variables its launcher sets."""
     plane = MPIControlPlane()
-    return WorkerContext(plane.rank, plane.size, plane.local_rank(), 1, environment.WORKER, plane.rank, backend)
+    return WorkerContext(plane.rank, plane.size, plane.local_rank(), 1, environment.WORKER, plane.rank, backend,
+                         local_size=plane.local_size())
 
 
 # --- the sharding self-check ---------------------------------------------------------------------------------------

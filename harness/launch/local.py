@@ -6,6 +6,14 @@ free port, and optionally its own slice of GPUs (`CUDA_VISIBLE_DEVICES`). Output
 `[worker i]` prefix. When one worker fails the others are stopped and the launcher fails, naming the worker that
 failed first and exiting with a code derived from its code (`harness.launch.stopping`). SIGTERM and SIGINT to the
 launcher are forwarded to every worker's process group.
+
+Network (`network`): by default ("private") the workers run in a network namespace of their own with loopback
+only (`harness.launch.netns`): TensorFlow's server listens on every interface and runs any graph it is sent, so on
+this host's network each worker's port would be open to every host that can reach this one. There, no other host
+(and nothing on this host outside the namespace) reaches them; they also reach nothing beyond it, so a command that
+names a URL (gs://, grpc://, https://) is refused before any worker starts. "host" runs them in this host's
+network; that, and a machine where no namespace can be made, is said once on stderr with the ports, before any
+worker starts.
 """
 from __future__ import annotations
 
@@ -21,9 +29,10 @@ import time
 from typing import Mapping, Sequence
 
 from harness.errors import ConfigError, PreemptedError, WorkerFailedError
-from harness.launch import stopping
+from harness.launch import netns, stopping
 
 GRACE_S = stopping.GRACE_S  # seconds a worker gets between the forwarded signal and SIGKILL
+NETWORKS = ("private", "host")
 
 
 def free_ports(n: int) -> list[int]:
@@ -95,12 +104,16 @@ def _wait(index: int, proc: subprocess.Popen, exits: queue.Queue) -> None:
 
 
 def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0, timeout_s: float | None = None,
-              out=None) -> None:
+              out=None, network: str = "private", err=None) -> None:
     """Run `command` as `workers` workers and wait for all of them.
 
     The worker that failed first in time is the failure (its peers fail after it, in their next collective, or
     are ended by this launcher's stop: neither is named). SIGTERM and SIGINT to the launcher are forwarded to
     every worker's process group; workers still running `GRACE_S` seconds after a stop get SIGKILL.
+
+    network: "private" (the workers in a namespace with loopback only; where none can be made here, they run in
+      this host's network and `err` gets one line saying so, with the ports) or "host" (this host's network; the
+      same line). `out`: the workers' prefixed output (default stdout); `err`: the launcher's notes (stderr).
 
     Raises:
       WorkerFailedError: when a worker exits non-zero (the others are stopped; one line names the worker that
@@ -108,15 +121,51 @@ def run_local(command: Sequence[str], *, workers: int, gpus_per_worker: int = 0,
         `stopping.launcher_code` of its code), or when `timeout_s` seconds pass first (all are stopped; exit 2).
       PreemptedError: the launcher got SIGTERM (exit 138, retryable: see `harness.launch.stopping`).
       KeyboardInterrupt: the launcher got SIGINT (the CLI exits 130).
-      ConfigError: if `command` is empty or `workers < 1`.
+      ConfigError: if `command` is empty, `workers < 1`, `network` is not one of NETWORKS, or, with a private
+        network, the command names a URL (it would need a network the workers do not have).
     """
     if not command:
         raise ConfigError("no command to launch (put it after --)")
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
-    out = out or sys.stdout
+    if network not in NETWORKS:
+        raise ConfigError(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    urls = netns.needs_network(command) if network == "private" else []
+    if urls:
+        raise ConfigError(f"{' '.join(urls)}: the workers run in a private network namespace (loopback only, no route "
+                          "out, its own localhost), which cannot reach it; pass --network host to run them in this "
+                          "host's network (their ports are then open to other hosts: close them with a firewall)")
+    out, err = out or sys.stdout, err or sys.stderr
     envs = worker_environments(workers, gpus_per_worker=gpus_per_worker)
     addresses = [json.loads(env["TF_CONFIG"])["cluster"]["worker"][i] for i, env in enumerate(envs)]
+    private = _private_network(network, addresses, err)
+    try:
+        _run(command if private is None else private.wrap(command), envs, addresses, timeout_s, out)
+    finally:
+        if private is not None:
+            private.__exit__(None, None, None)
+
+
+def _private_network(network: str, addresses: Sequence[str], err) -> netns.PrivateNetwork | None:
+    """An entered PrivateNetwork, or None (for "host", or where none can be made) after one line on `err` naming
+    the ports open to other hosts."""
+    reason = "--network host"
+    if network == "private":
+        try:
+            private = netns.PrivateNetwork().__enter__()
+        except netns.NamespaceError as e:
+            reason = f"no private network namespace can be made here ({e.strerror})"
+        else:
+            return private
+    ports = ", ".join(a.rsplit(":", 1)[1] for a in addresses)
+    err.write(f"harness launch local: {reason}: the workers' TCP ports {ports} listen on every interface and are "
+              "open to every host that can reach this one (TensorFlow's server runs any graph it is sent); close "
+              "them to other hosts with a firewall\n")
+    err.flush()
+    return None
+
+
+def _run(command: Sequence[str], envs, addresses, timeout_s, out) -> None:
     procs, threads, exits = [], [], queue.Queue()
     failure = timed_out = None
     with stopping.StopSignals() as stop:

@@ -17,7 +17,6 @@ import dataclasses
 import itertools
 import json
 import os
-import shlex
 from typing import Callable, Iterator, Optional
 
 import numpy as np
@@ -30,7 +29,7 @@ from harness.data.source import ShardSet, open_shards
 from harness.distribute.context import WorkerContext
 from harness.distribute.sharding import contiguous_runs, files_with_records
 from harness.errors import ConfigError, MissingFeatureError, MixerError, OutputExistsError
-from harness.predict import model as model_lib, reader, writer
+from harness.predict import model as model_lib, reader, upload, writer
 from harness.predict.options import CLASSIFICATION, CSV, PredictOptions
 
 MANIFEST = "predict.json"
@@ -71,12 +70,12 @@ class Job:
 
 def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
         say: Callable[[str], None] = print) -> dict:
-    """Predict this worker's shards; the chief (rank 0) also writes the mixer copy and prints the upload line.
+    """Predict this worker's shards; the chief (rank 0) also writes the mixer copy and prints the upload commands.
 
     Returns:
       {"rank", "workers", "shards": this worker's input shard indices, "written": output paths written,
        "skipped": complete outputs left as they were, "outputs": every output path in order, "upload": the
-       printed upload line (chief) or None}.
+       printed upload commands in order (chief; `upload_lines`) or []}.
     Raises:
       the data layer's errors (discovery, counts, spec: a band missing from the export names it), MixerError
       (image export without a mixer, or totalPatches differing from the records), ModelMismatchError (model vs
@@ -103,15 +102,16 @@ def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
     if not job.image and options.format == CSV and all(tf.io.gfile.exists(p) for p in job.outputs):
         rows = writer.concatenate_csv(job.merged_csv, job.outputs)  # the last worker to finish sees every part
         say(f"  {os.path.basename(job.merged_csv)}: {rows} rows (the whole table)")
-    upload = upload_line(job) if context.is_chief else None
-    if upload:
-        say(upload)
+    upload_cmds = upload_lines(job) if context.is_chief else []
+    for line in upload_cmds:
+        say(line)
+    if upload_cmds:
         pending = [p for p in job.outputs if not tf.io.gfile.exists(p)]
         if pending:
             say(f"  ({len(pending)} of these files are still being written by other workers: upload when every "
                 "worker has finished)")
     return {"rank": context.rank, "workers": context.num_workers, "shards": list(mine), "written": written,
-            "skipped": skipped, "outputs": list(job.outputs), "upload": upload}
+            "skipped": skipped, "outputs": list(job.outputs), "upload": upload_cmds}
 
 
 def prepare(options: PredictOptions) -> Job:
@@ -331,15 +331,16 @@ def _step_fn(job: Job):
     return step
 
 
-def upload_line(job: Job) -> str:
-    """The `earthengine upload` command for the outputs (zero-record shards left out), in order: for images the
-    mixer copy last; for tables the whole CSV (or the TFRecord files). ASSET is the user's to choose."""
+def upload_lines(job: Job) -> list[str]:
+    """The commands that upload the outputs to Earth Engine, in order (`harness.predict.upload`): zero-record
+    shards left out; for images the mixer copy last; for tables the whole CSV (or the TFRecord files). Local
+    outputs are copied to a bucket first (the CLI reads only gs://)."""
     files = files_with_records([(out, n) for out, (_, n) in zip(job.outputs, job.shards.counts)])
     if job.image:
-        return shlex.join(["earthengine", "upload", "image", "--asset_id=ASSET", *files, job.mixer_copy])
-    if job.options.format == CSV:
+        files = [*files, job.mixer_copy]
+    elif job.options.format == CSV:
         files = [job.merged_csv]
-    return shlex.join(["earthengine", "upload", "table", "--asset_id=ASSET", *files])
+    return upload.lines(files, image=job.image) if files else []
 
 
 def read_outputs(paths) -> list[dict]:

@@ -20,6 +20,7 @@ from harness.data import spec as spec_lib
 from harness.data.labels import check_first_labels
 from harness.data.source import ShardSet, open_shards
 from harness.distribute import plan as plan_lib
+from harness.distribute import resources as resources_lib
 from harness.distribute.sharding import FILE, ShardAssignment
 from harness.errors import BatchSizeError, ConfigError, MixerError
 from harness.train.options import TrainOptions, class_weights
@@ -45,6 +46,8 @@ class Inputs:
       pipelines: the `PipelinePlan` of every input pipeline this process built, by `(training,
         input_pipeline_id)`: what the profile reports (`worker_facts`), never decided again.
       start: where the training pipelines begin (`datasets`): `{"first_epoch", "skip_batches", "seed"}`.
+      resources: this worker's CPUs and memory (`harness.distribute.resources.Resources`): every pipeline's
+        parallel reads and cache decision; None: measured when a pipeline is planned.
     """
 
     train: ShardSet
@@ -59,6 +62,7 @@ class Inputs:
     options: TrainOptions
     pipelines: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     start: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    resources: Optional[resources_lib.Resources] = dataclasses.field(default=None, compare=False)
 
     @property
     def all_shards(self) -> list:
@@ -99,7 +103,8 @@ class Inputs:
         if key not in self.pipelines:
             data, plan = (self.train, self.plan) if training else (self.validation, self.validation_plan)
             self.pipelines[key] = pipeline_lib.plan_pipeline(data, self.spec, self.pipeline_options(training),
-                                                             assignment=plan.assignments[input_pipeline_id])
+                                                             assignment=plan.assignments[input_pipeline_id],
+                                                             resources=self.resources)
         return self.pipelines[key]
 
     def datasets(self, backend, *, start_step: int = 0, seed: Optional[int] = None) -> tuple:
@@ -127,8 +132,11 @@ class Inputs:
         """What the profile's advice needs to know of this worker's input."""
         stages = self.pipeline_plan(True, rank)  # the training pipeline this worker built (the cache it applied)
         return {"compression": self.train.shards[0].compression or "none", "files_per_worker": len(stages.files),
-                "cpu_count": os.cpu_count(), "cache": stages.cache.kind, "input_pipeline": stages.describe(),
-                "data_service": bool(self.options.data_service)}
+                "cpu_count": self.resources.cpus if self.resources else resources_lib.for_this_process().cpus,
+                "parallel_reads": stages.parallel_reads, "cache": stages.cache.kind,
+                "input_pipeline": stages.describe(),
+                "data_service": bool(self.options.data_service),
+                "resources": self.resources.to_dict() if self.resources else None}
 
 
 def resolve_spec(data: dict, train: ShardSet) -> spec_lib.DataSpec:
@@ -142,7 +150,8 @@ def resolve_spec(data: dict, train: ShardSet) -> spec_lib.DataSpec:
 def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = None,
             data_config: Optional[dict] = None,
             on_plan: Callable[[plan_lib.Plan, ShardSet], None] = lambda plan, train: None,
-            say: Callable[..., None] = lambda *a, **k: None) -> Inputs:
+            say: Callable[..., None] = lambda *a, **k: None,
+            resources: Optional[resources_lib.Resources] = None) -> Inputs:
     """Discover, count and check the data once, plan the epoch and sample the statistics.
 
     Args:
@@ -154,6 +163,8 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
       on_plan: called with the epoch plan and the training `ShardSet` before anything else is read (Horovod
         checks there that every rank planned the same steps; `--check-sharding` gathers the assignments).
       say: prints a job-wide line (the chief's print).
+      resources: this worker's CPUs and memory, for every input pipeline's defaults; None: measured here
+        (`resources.detect` for the context's local size).
     Raises:
       the data layer's errors (discovery, counts, spec, labels, mixer), BatchSizeError, ConfigError (no label,
       training data also used for validation, fewer than 2 classes).
@@ -177,7 +188,8 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
     mean, variance, labels, num_classes = _sample(options, train, spec, plan, backend, say)
     return Inputs(train=train, validation=validation, spec=spec, plan=plan, validation_plan=val_plan,
                   num_classes=num_classes, mean=mean, variance=variance,
-                  class_weights=class_weights(options.class_weights, num_classes, labels), options=options)
+                  class_weights=class_weights(options.class_weights, num_classes, labels), options=options,
+                  resources=resources or resources_lib.detect(context.local_size))
 
 
 def _validation(options, train: ShardSet, spec, plan, say):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from harness.distribute import environment
+from harness.distribute import resources as resources_lib
 from harness.distribute.backend import TrainingBackend, check_same_step, check_same_weights, make_backend
 from harness.errors import ConfigError
 from harness.train.options import TrainOptions
@@ -56,6 +57,9 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     context, say = backend.context, backend.say
     peer_timeout_s = environment.read_peer_timeout_s()   # a bad value fails before any data is read
     say(f"worker: {context}")
+    # Every worker prints its own: the CPUs and memory are each host's (and each process's affinity mask).
+    resources = resources_lib.detect(context.local_size)
+    print(f"resources: {resources.describe()}", flush=True)
     from harness.train import shared_output
     shared_output.check(options.output, backend)  # a folder private to each host: refused before any data is read
     builder = user_model.resolve(options, model_fn)  # an import failure or a Keras 3 function: before any data
@@ -66,6 +70,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     control.check_callbacks(callbacks)
     policy = precision.apply_policy(options.precision)
     inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say,
+                                resources=resources,
                                 on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
     plan, spec = inputs.plan, inputs.spec
     losses.probe(loss_fn, spec.label_shape, inputs.num_classes, spec.task)
@@ -166,7 +171,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                "updates": {"steps": controller.steps_run, "skipped": controller.updates_skipped}, "learning_rate": schedule.get_config(),
                "history": history, "timing": controller.timer.summary(), "model": model_path,
                "evaluation": _evaluation_counts(history, inputs.validation_plan),
-               "spec": spec.replace(num_classes=inputs.num_classes).to_config()}  # what `harness predict` reads
+               "spec": spec.replace(num_classes=inputs.num_classes).to_config(),  # what `harness predict` reads
+               "facts": inputs.worker_facts(context.rank)}  # this worker's CPUs, memory and pipeline
     summary["ranks"] = results.rank_stats(backend, plan, summary, say)  # None but on Horovod's rank 0
     if spec.task == "classification" and history and "val_iou" in history[-1]:
         summary["class_names"] = list(spec.class_names) or [str(c) for c in range(inputs.num_classes)]

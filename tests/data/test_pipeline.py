@@ -351,3 +351,19 @@ def test_an_epoch_read_again_from_its_number_is_in_the_same_order_past_the_batch
     resumed = _ids(_all(_build(found, spec, 8, first_epoch=1, skip_batches=3, **kwargs).take(7)))
     assert resumed == whole[8 * 8:]
     assert all(len(set(whole[i:i + 40])) == 40 for i in (0, 40, 80)) and whole[40:80] != whole[:40]  # reshuffled
+
+
+def test_the_pipeline_is_sized_by_the_workers_resources(table):
+    """The worker's CPUs (harness.distribute.resources) set the files read at once and tf.data's autotuning
+    budget (default: every core of the host); its memory the cache='auto' budget."""
+    from harness.distribute import resources
+
+    found, spec = table
+    one = resources.combine(local_size=2, host_cpus=8, affinity_cpus=2, cgroup_cpus=None,
+                            host_available_bytes=1000, cgroup_memory=(None, None))  # 1 CPU, 500 bytes each
+    plan = P.plan_pipeline(found, spec, P.PipelineOptions(per_replica_batch_size=8, training=True, cache="auto"),
+                           resources=one)
+    assert (plan.parallel_reads, plan.cpu_budget, plan.cache.kind) == (1, 1, "none")
+    assert "of memory and no --cache-dir" in plan.cache.reason
+    assert P.apply_plan(plan, spec).options().autotune.cpu_budget == 1
+    assert plan.describe().endswith("prefetch: autotune, tf.data autotuning within 1 CPU")

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+import procs
+
 from harness.data import pipeline, service
 from harness.data.shards import discover_shards
 from harness.data.spec import infer_spec
@@ -69,3 +71,23 @@ def test_train_with_data_service(data_service, table_export, tmp_path):
 def test_address_forms():
     assert service.address("host:5050") == "grpc://host:5050"
     assert service.address("grpc://host:5050") == "grpc://host:5050"
+
+
+def test_a_server_names_its_port_open_on_every_interface(tmp_path):
+    """A dispatcher says once, at its start, which port it opened to every host: the one it listens on."""
+    log = tmp_path / "dispatcher.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "data-service", "dispatcher"],
+                                env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        _wait_for_line(log, "tf.data service", proc)
+        listening = procs.listening(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    notes = [ln for ln in log.read_text().splitlines() if ln.startswith("harness data-service dispatcher: TCP port")]
+    assert len(notes) == 1, log.read_text()
+    port = int(notes[0].split()[5])
+    assert {p for _, p in listening} == {port}, (listening, notes)
+    assert {a for a, _ in listening} <= {"0.0.0.0", "::"}       # every interface, as the line says

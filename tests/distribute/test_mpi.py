@@ -34,7 +34,7 @@ def run_ranks(np_: int, *args, timeout: float = 60) -> dict:
 def test_discovery_gather_and_sharding_check_two_ranks():
     by_rank = run_ranks(2, 4)
     for rank, r in by_rank.items():
-        assert (r["rank"], r["size"], r["local_rank"]) == (rank, 2, rank)  # one host
+        assert (r["rank"], r["size"], r["local_rank"], r["local_size"]) == (rank, 2, rank, 2)  # one host
         assert r["env"] == ["openmpi", rank, 2, rank]  # MPI agrees with the launcher's variables
         assert r["launched_by_mpi"]
         files = r["files"]

@@ -43,16 +43,19 @@ def test_one_worker_returns_the_band_cropped_in_order(one_worker, margin_export)
     assert [p.name for p in sorted(out.glob("*.tfrecord"))] == [f"scene-{i:05d}.tfrecord" for i in range(5)]
 
 
-def test_upload_line_lists_the_files_in_order_mixer_last(one_worker):
-    """The earthengine CLI is not installed here: what can be run of the line is checked (files, order, mixer)."""
+def test_upload_commands_copy_the_files_then_upload_them_in_order_mixer_last(one_worker):
+    """Local outputs: `gcloud storage cp` of the files in order with the mixer last, then `earthengine upload
+    image` of those copies in the same order (the CLI's own rules: tests/predict/test_upload.py)."""
     out, result, lines = one_worker
-    line = next(l for l in lines if l.startswith("earthengine upload image"))
-    words = shlex.split(line)
-    assert words[:4] == ["earthengine", "upload", "image", "--asset_id=ASSET"]
-    files = words[4:]
-    assert files[-1].endswith("scene-mixer.json") and files[:-1] == result["outputs"]
-    assert files[:-1] == sorted(files[:-1])
-    assert all(__import__("os").path.exists(f) for f in files)
+    cmds = [shlex.split(l) for l in lines if l.startswith(("gcloud storage cp", "earthengine upload"))]
+    assert [c[:3] for c in cmds] == [["gcloud", "storage", "cp"], ["earthengine", "upload", "image"]]
+    copied, staging = cmds[0][3:-1], cmds[0][-1]
+    assert staging == "gs://BUCKET/PATH/" and result["upload"] == lines[-2:]
+    assert copied[-1].endswith("scene-mixer.json") and copied[:-1] == result["outputs"]
+    assert copied[:-1] == sorted(copied[:-1])
+    assert all(__import__("os").path.exists(f) for f in copied)
+    assert cmds[1][3] == "--asset_id=projects/my-project/assets/predictions"
+    assert cmds[1][4:] == [staging + __import__("os").path.basename(f) for f in copied]
 
 
 def test_inspect_reads_the_output_as_an_export_of_the_same_grid(one_worker, margin_export):
@@ -77,7 +80,8 @@ def test_workers_write_identical_files(launcher, workers, one_worker, margin_exp
     shares = re.findall(r"worker (\d+)/(\d+): input shards (\S+)", r.stdout)
     assert sorted(int(w) for w, n, _ in shares) == list(range(workers))
     assert all(int(n) == workers for _, n, _ in shares)
-    assert r.stdout.count("earthengine upload image") == 1  # the chief's line
+    assert r.stdout.count("earthengine upload image") == 1  # the chief's lines
+    assert r.stdout.count("gcloud storage cp") == 1
 
 
 def test_classes_and_probabilities(margin_export, tmp_path):
@@ -110,5 +114,5 @@ def test_a_zero_record_shard_gets_an_empty_file_left_out_of_the_upload(margin_ex
                                 task="regression"), context=WorkerContext.single(), say=lines.append)
     assert len(result["outputs"]) == 6 and (tmp_path / "out" / "scene-00005.tfrecord").stat().st_size == 0
     assert len(read_outputs(result["outputs"])) == RECORDS
-    upload = shlex.split(next(l for l in lines if l.startswith("earthengine")))
-    assert upload[4:-1] == result["outputs"][:5]
+    copy = shlex.split(next(l for l in lines if l.startswith("gcloud storage cp")))
+    assert copy[3:-2] == result["outputs"][:5] and copy[-2].endswith("scene-mixer.json")   # no empty scene-00005

@@ -67,7 +67,8 @@ def test_csv_one_row_per_record_in_order(points, two_class_model, tmp_path, work
     p0 = 1 / (1 + np.exp(-np.array([np.float32(r["b"]) - np.float32(r["a"]) for r in rows])))
     np.testing.assert_allclose([float(r["p0"]) for r in table], p0, rtol=1e-5)
     assert sorted(p.name for p in out.glob("points-*.csv")) == [f"points-{i:05d}.csv" for i in range(3)]
-    assert any(l == f"earthengine upload table --asset_id=ASSET {out}/points.csv" for l in lines)
+    copy = lines.index(f"gcloud storage cp {out}/points.csv gs://BUCKET/PATH/")   # the chief's, then the upload
+    assert lines[copy + 1] == "earthengine upload table --asset_id=projects/my-project/assets/predictions gs://BUCKET/PATH/points.csv"
 
 
 def test_tfrecord_rows(points, two_class_model, tmp_path):

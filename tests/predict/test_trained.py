@@ -40,7 +40,7 @@ def test_a_trained_run_predicts_in_order(tmp_path):
     out = tmp_path / "pred"
     r = run_cli("predict", "--model", run_dir, "--data", data, "--output", out, "--probabilities")
     rows = read_outputs(sorted(out.glob("*.tfrecord")))
-    assert len(rows) == 9 and "earthengine upload image --asset_id=ASSET" in r.stdout
+    assert len(rows) == 9 and "earthengine upload image --asset_id=projects/my-project/assets/predictions" in r.stdout
     assert set(rows[0]) == {"class", "probability_0", "probability_1", "probability_2"}
     assert all(v.size == 16 * 16 for row in rows for v in row.values())
     import tf_keras as keras
@@ -71,4 +71,7 @@ def test_the_real_aces_patch(tmp_path, shared_data):
     assert rep["features"] == [{"name": "class", "dtype": "int64", "values": 65536,
                                 "patch": "256x256 (mixer patchDimensions 256x256)"}]
     assert rep["total_records"] == 1
-    assert r.stdout.strip().endswith(f"{out}/image_2021-00000.tfrecord {out}/image_2021-mixer.json")
+    assert r.stdout.strip().splitlines()[-2:] == [
+        f"gcloud storage cp {out}/image_2021-00000.tfrecord {out}/image_2021-mixer.json gs://BUCKET/PATH/",
+        "earthengine upload image --asset_id=projects/my-project/assets/predictions "
+        "gs://BUCKET/PATH/image_2021-00000.tfrecord gs://BUCKET/PATH/image_2021-mixer.json"]

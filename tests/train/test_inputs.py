@@ -93,17 +93,17 @@ def test_the_first_records_of_every_shard_are_read_once(tmp_path, monkeypatch):
     assert len(head) == 16 and len(reads) == 5  # the first shard was read 16 records deep, for the label check
 
 
-def test_the_profile_names_the_cache_the_pipeline_applied(tmp_path, monkeypatch, caplog):
+def test_the_profile_names_the_cache_the_pipeline_applied(tmp_path, caplog):
     """The pipeline decides the cache on the decoded size (parsed tensors), the profile's facts decided it again
     on the serialized size: with the memory budget between the two, the pipeline cached in memory and the profile
     said "not cached" (and advised --cache memory). The facts now read the plan the pipeline applied."""
+    import dataclasses
     import logging
-    import types
 
-    import psutil
     import tensorflow as tf
 
     from harness.data import pipeline
+    from harness.distribute import resources as resources_lib
     from harness.profile import report as report_lib
 
     synth.write_table_export(str(tmp_path), prefix="t", shards=2, records=400, classes=3, seed=1)
@@ -112,7 +112,9 @@ def test_the_profile_names_the_cache_the_pipeline_applied(tmp_path, monkeypatch,
     serialized = prepared.train.nbytes()
     decoded = sum(prepared.plan.records) * pipeline.decoded_record_bytes(prepared.spec)
     assert decoded < serialized  # an Example names every feature: its bytes exceed the float32 values
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(available=decoded + serialized))
+    # this worker's memory (harness.distribute.resources, measured by prepare): room for the decoded records only
+    prepared = dataclasses.replace(prepared, resources=resources_lib.combine(
+        local_size=1, host_cpus=2, affinity_cpus=2, cgroup_cpus=None, host_available_bytes=decoded + serialized))
     with caplog.at_level(logging.INFO, logger="harness.data.pipeline"):
         ds = prepared.dataset_fn(True)(tf.distribute.InputContext())
     applied = [r.getMessage() for r in caplog.records if "cache: " in r.getMessage()]

@@ -84,7 +84,9 @@ def test_value_errors_are_messages_not_tracebacks(points):
 
 def test_launch_errors_name_the_launcher():
     r = _cli("launch", "local", "--workers", "2", "--", sys.executable, "-c", "import sys; sys.exit(4)")
-    assert r.returncode == 2 and r.stderr.startswith("harness launch local: WorkerFailedError"), r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and last.startswith("harness launch local: WorkerFailedError"), r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_plan_matches_summary(points, tmp_path):

@@ -24,6 +24,7 @@ except ClusterConfigError as e:
 launcher = environment.read_launcher()
 print("MPI_CONTROL " + json.dumps({
     "rank": context.rank, "size": context.num_workers, "local_rank": context.local_rank,
+    "local_size": context.local_size,
     "env": [launcher.launcher, launcher.rank, launcher.size, launcher.local_rank],
     "launched_by_mpi": mpi.launched_by_mpi(), "gathered": gathered,
     "files": [list(a.files) for a in good], "description": mpi.describe_sharding(good, files), "broken": broken,

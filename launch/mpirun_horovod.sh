@@ -14,6 +14,10 @@
 # need from this environment, by name (never all TF_*: Terraform's TF_VAR_* secrets share the prefix; never
 # CUDA_VISIBLE_DEVICES, which is this host's). Without HOSTS, mpirun uses this host, or the batch system's
 # allocation.
+# Ports (README, Security): between the job's hosts only, TCP both ways: ssh 22 from this host to the others, Open
+# MPI's runtime and TCP BTL (pinned to 50000-50199 by adding to the mpirun line: -mca oob_tcp_static_ipv4_ports
+# 50000 -mca oob_tcp_static_ipv6_ports 50000 -mca btl_tcp_port_min_v4 50001 -mca btl_tcp_port_range_v4 199, the
+# same _v6; harness.ports.open_mpi_pin), a second BTL socket and NCCL on ephemeral ports; no other host needs any.
 set -euo pipefail
 
 NP=${NP:-2}

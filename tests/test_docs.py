@@ -32,3 +32,10 @@ def test_every_cited_doc_and_section_exists():
     assert "GEE_FORMAT.md" in cited, cited  # the format reference is cited from the repository
     missing = {name: where for name, where in cited.items() if not (ROOT / "docs" / name).is_file()}
     assert missing == {}
+
+
+def test_readme_security_table_is_the_port_inventory():
+    """The README's table of listening sockets is `harness.ports.markdown_table()`, as is (issue 24, item 1)."""
+    from harness import ports
+
+    assert ports.markdown_table() in (ROOT / "README.md").read_text()

@@ -65,15 +65,17 @@ def horovod(args) -> int:
 
 def _launch(line: list[str], args) -> int:
     """Print the line (`--dry-run`), or run it and wait (bounded by `--timeout` seconds when given). The printed
-    line shows each credential's value as `<redacted>` (`harness.redact`), with a note naming them on stderr."""
+    line shows each credential's value as `<redacted>` (`harness.redact`), with a note naming them on stderr; the
+    ports the job needs open between which hosts (`ports_note`) go to stderr as shell comments."""
     from harness import redact
-    from harness.launch.mpi import run
+    from harness.launch.mpi import ports_note, run
 
     shown = shlex.join(redact.redact_argv(line))
     hidden = redact.redacted_names(line)
     if hidden:
         print(f"harness: the values of {', '.join(hidden)} are {redact.MARKER} in the printed line; export them "
               "by name instead (mpirun -x NAME, --export NAME)", file=sys.stderr)
+    print("\n".join(ports_note(line)), file=sys.stderr)
     if args.dry_run:
         print(shown)
         return 0

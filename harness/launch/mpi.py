@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Mapping, Optional, Sequence
 
+from harness import ports
 from harness.choices import HOROVOD_CONTROLLERS
 from harness.distribute import environment
 from harness.errors import ConfigError, PreemptedError, WorkerFailedError
@@ -312,3 +313,42 @@ def beside_python(name: str) -> str:
     """The virtual environment's script when it is there (it need not be on PATH), else the bare name."""
     path = os.path.join(os.path.dirname(sys.executable), name)
     return path if os.path.exists(path) else name
+
+
+def ports_note(line: Sequence[str]) -> list[str]:
+    """Shell comment lines (`# ...`) for an mpirun or horovodrun `line`: which ports its job needs open between
+    which hosts, which of them can be pinned to a range (and how), and that no other host needs any (README,
+    "Security"; the listeners are `harness.ports.INVENTORY`'s). Sources: Open MPI 4.1's MCA parameters
+    (`ompi_info --param oob tcp --level 9`, `--param btl tcp`); Horovod 0.28.1's rendezvous and services take a
+    random free port >= 1024 (horovod/runner/util/network.py `find_port`), its driver/task services run only for
+    remote hosts, during the start (horovod/runner/driver/driver_service.py `get_common_interfaces`); NCCL's and
+    Gloo's sockets take ephemeral ports NCCL cannot confine (NVIDIA/nccl issue 388)."""
+    words = list(line)
+    name = os.path.basename(words[0]) if words else ""
+    hosts = words[words.index("-H") + 1] if "-H" in words and words.index("-H") + 1 < len(words) else None
+    names = sorted({h.partition(":")[0] for h in hosts.split(",")}) if hosts else []
+    pin = " ".join(ports.open_mpi_pin(50000, 200))
+    open_mpi = ("Open MPI's runtime (mpirun/orted) and TCP BTL (the ranks' MPI messages), ephemeral ports (and a "
+                "second BTL socket per rank that stays so); pin the others to a range")
+    if name == "horovodrun":
+        mpi = "--mpi" in words
+        lines = ["ssh (22, or horovodrun -p PORT) from this host to each other host: horovodrun starts the ranks "
+                 "there, and at the start Horovod's task services (HMAC-keyed, a random port >= 1024 each)"]
+        if mpi:
+            lines.append(f"{open_mpi} with --horovodrun-args '--mpi-args=\"{pin}\"'")
+        else:
+            lines.append("horovodrun's Gloo rendezvous on this host (HTTP key-value store, no key) on a random "
+                         "port >= 1024 and Gloo's transport between the ranks on ephemeral ports: neither can "
+                         "be pinned")
+    else:
+        lines = ["ssh (22, or -mca plm_rsh_args \"-p PORT\") from this host to each other host: mpirun starts "
+                 "Open MPI's orted there", f"{open_mpi} with --mpirun-args \"{pin}\""]
+    lines.append("NCCL (GPU all-reduce) on ephemeral ports that cannot be pinned: with GPUs, admit all TCP "
+                 "between the job's hosts")
+    if len(names) > 1:
+        head = (f"# ports between the job's hosts ({', '.join(names)}), TCP both ways; no other host needs any "
+                "(none of these authenticates: README, Security):")
+    else:
+        head = ("# ports: no other host needs any (every rank on this host, or between the hosts of the batch "
+                "allocation), yet they listen on every interface: close them to other hosts (README, Security):")
+    return [head] + [f"#   {text};" for text in lines]

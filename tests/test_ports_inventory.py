@@ -1,0 +1,211 @@
+"""The listening sockets of every mode are the inventory's, no more and no fewer (issue 24, item 1).
+
+Each test runs one mode briefly on a small synthetic table export (one epoch, 2 workers or ranks at most), polls
+the sockets of the run's process trees with psutil (`harness.ports.observe`) until it ends, and compares all it saw
+with `harness.ports.INVENTORY`: a socket no row describes fails the test with what it found (so a new listener
+cannot appear unnoticed), and so does a row of the mode that no socket matched (a stale row).
+"""
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import ports
+from harness.launch.local import free_ports, worker_environments
+from harness.launch.mpi import beside_python
+from harness.profile.trace import tensorboard_command
+
+BIN = pathlib.Path(sys.executable).parent
+CLI = [sys.executable, "-m", "harness.cli"]
+ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+           CUDA_VISIBLE_DEVICES="", HARNESS_WORKER_WAIT_S="60",
+           PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+POLL_S = 0.05
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    from harness.data import synth
+    folder = tmp_path_factory.mktemp("table")
+    synth.write_table_export(str(folder), prefix="points", shards=2, records=64, seed=3)
+    return folder
+
+
+def _train(table, output, *flags) -> list:
+    return [*CLI, "train", "--data", str(table), "--label", "class", "--epochs", "1", "--global-batch-size", "16",
+            "--output", str(output), *flags]
+
+
+def _start(cmd, env, log):
+    with open(log, "w") as out:
+        return subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _kill(procs):
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait(30)
+
+
+def watch(runs, tmp_path, *, timeout=240, servers=(), until=None) -> list:
+    """Start `runs` (commands, each with its environment: [(cmd, env), ...]) and `servers` (likewise, started
+    first and stopped by SIGTERM once the runs end), each in its own session with its output in a file under
+    `tmp_path`; poll their process trees' sockets every `POLL_S` seconds until every run has exited (or `until()`
+    is true); returns every socket seen (once per process, address and port).
+
+    Fails the test, with the output's tail, when a run exits non-zero or `timeout` seconds pass (all killed).
+    """
+    started = []
+    try:
+        for i, (cmd, env) in enumerate([*servers, *runs]):
+            started.append(_start(cmd, env, tmp_path / f"{i}.log"))
+        runs_ = started[len(servers):]
+        seen, deadline = {}, time.monotonic() + timeout
+        while any(p.poll() is None for p in runs_) and not (until and until(seen)):
+            for p in started:
+                try:
+                    for s in ports.observe(p.pid):
+                        seen.setdefault((s.pid, s.ip, s.port, s.udp), s)
+                except Exception:   # the process ended between the poll and the read
+                    pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout} s:\n{_tails(tmp_path, len(started))}")
+            time.sleep(POLL_S)
+        for p in started[:len(servers)]:
+            p.send_signal(signal.SIGTERM)
+        bad = [p for p in runs_ if p.poll() not in (0, None)]
+        assert not bad, f"exit {[p.returncode for p in bad]}:\n{_tails(tmp_path, len(started))}"
+        return list(seen.values())
+    finally:
+        _kill(started)
+
+
+def _tails(tmp_path, n) -> str:
+    return "\n".join(f"--- {i}.log\n" + (tmp_path / f"{i}.log").read_text()[-3000:] for i in range(n))
+
+
+def check(mode, sockets) -> None:
+    """The run of `mode` listened as the inventory says: no unlisted socket, no row unseen."""
+    unlisted, unseen = ports.compare(mode, sockets)
+    assert not unlisted, (f"{mode}: listeners the inventory (harness/ports.py) does not list:\n" +
+                          "\n".join(f"  {s.process} pid {s.pid}: {'udp' if s.udp else 'tcp'} {s.ip}:{s.port} "
+                                    f"(told {sorted(s.told)}) {s.command}" for s in unlisted))
+    assert not unseen, f"{mode}: rows no socket matched (stale?): {unseen}\nseen: {sockets}"
+
+
+# --- the modes ------------------------------------------------------------------------------------------------------
+def test_single_process_train_listens_on_nothing(table, tmp_path):
+    check(ports.TRAIN, watch([(_train(table, tmp_path / "run"), ENV)], tmp_path))
+
+
+def test_profile_opens_no_profiler_server(table, tmp_path):
+    check(ports.PROFILE, watch([(_train(table, tmp_path / "run", "--profile"), ENV)], tmp_path))
+
+
+@pytest.mark.parametrize("network", ["private", "host"])
+def test_launch_local_workers(table, tmp_path, network):
+    cmd = [*CLI, "launch", "local", "--workers", "2", "--network", network, "--", *_train(table, tmp_path / "run")]
+    check(ports.LOCAL if network == "private" else ports.LOCAL_HOST, watch([(cmd, ENV)], tmp_path))
+
+
+def test_workers_from_tf_config(table, tmp_path):
+    envs = worker_environments(2, base=ENV)
+    check(ports.TF_CONFIG_MODE, watch([(_train(table, tmp_path / "run"), env) for env in envs], tmp_path))
+
+
+def _horovod_train(table, tmp_path):
+    return ["--", *_train(table, tmp_path / "run", "--backend", "horovod")]
+
+
+@pytest.mark.skipif(not shutil.which("horovodrun", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"),
+                    reason="no horovodrun (Horovod not installed)")
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_launch_horovod(table, tmp_path, controller):
+    if controller == "mpi" and not shutil.which("mpirun"):
+        pytest.skip("no mpirun (Open MPI not installed)")
+    cmd = [*CLI, "launch", "horovod", "--np", "2", "--controller", controller, *_horovod_train(table, tmp_path)]
+    check(ports.HOROVOD_GLOO if controller == "gloo" else ports.HOROVOD_MPI, watch([(cmd, ENV)], tmp_path))
+
+
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="no mpirun (Open MPI not installed)")
+def test_launch_mpi(table, tmp_path):
+    cmd = [*CLI, "launch", "mpi", "--np", "2", *_horovod_train(table, tmp_path)]
+    check(ports.MPI, watch([(cmd, ENV)], tmp_path))
+
+
+def test_data_service(table, tmp_path):
+    port = free_ports(1)[0]
+    servers = [([*CLI, "data-service", "dispatcher", "--port", port], ENV),
+               ([*CLI, "data-service", "worker", "--dispatcher", f"localhost:{port}"], ENV)]
+    run = _train(table, tmp_path / "run", "--data-service", f"grpc://localhost:{port}", "--strategy", "single")
+    check(ports.DATA_SERVICE, watch([(run, ENV)], tmp_path, servers=servers))
+
+
+def test_printed_tensorboard_line(tmp_path):
+    line = tensorboard_command(str(tmp_path / "tensorboard")).split()
+    line[0] = beside_python("tensorboard")
+    if not os.path.exists(line[0]):
+        pytest.skip("no tensorboard beside this Python (the `profile` extra)")
+    first = []   # when the first socket was seen: TensorBoard and its data server start one after the other
+
+    def settled(seen):
+        first[:] = first or ([time.monotonic()] if seen else [])
+        return bool(first) and time.monotonic() - first[0] > 10
+
+    sockets = watch([(line, ENV)], tmp_path, until=settled, timeout=120)
+    check(ports.TENSORBOARD, sockets)
+
+
+# --- the comparison itself ------------------------------------------------------------------------------------------
+def test_an_unlisted_listener_is_named():
+    extra = ports.Socket(7, ports.WORKER, "0.0.0.0", 40000)
+    assert ports.compare(ports.TRAIN, [extra]) == ([extra], [])
+    tf = ports.Socket(7, ports.WORKER, "::", 40001, frozenset({40001}))
+    assert ports.compare(ports.TF_CONFIG_MODE, [tf]) == ([], [])
+    assert ports.compare(ports.TF_CONFIG_MODE, [tf, ports.Socket(7, ports.WORKER, "::", 40002, tf.told)]) == \
+        ([ports.Socket(7, ports.WORKER, "::", 40002, tf.told)], [])
+    assert ports.compare(ports.TF_CONFIG_MODE, []) == ([], ports.rows(ports.TF_CONFIG_MODE))
+
+
+# --- item 4: what the printed lines say, and the pin they give ------------------------------------------------------
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="no mpirun (Open MPI not installed)")
+def test_open_mpi_pin_puts_every_listener_on_all_interfaces_in_the_range(tmp_path):
+    first, count = free_ports(1)[0], 20
+    pin = " ".join(ports.open_mpi_pin(first, count))
+    script = "from mpi4py import MPI; import time; MPI.COMM_WORLD.barrier(); time.sleep(3)"
+    cmd = [*CLI, "launch", "mpi", "--np", "2", "--mpirun-args", pin, "--", sys.executable, "-c", script]
+    sockets = watch([(cmd, ENV)], tmp_path, timeout=120)
+    wide = sorted({(s.process, s.port) for s in sockets if ports.address_class(s.ip) == ports.ALL})
+    assert {p for p, _ in wide} == {ports.MPIRUN, ports.WORKER}, sockets
+    assert all(first <= port < first + count for _, port in wide), (first, wide)
+    assert (ports.MPIRUN, first) in wide
+    rest = [s for s in sockets if ports.address_class(s.ip) != ports.ALL]
+    assert all((s.process, ports.address_class(s.ip)) in {(ports.MPIRUN, ports.LOOPBACK),
+                                                          (ports.WORKER, ports.INTERFACE)} for s in rest), rest
+
+
+@pytest.mark.parametrize("launcher", [["mpi"], ["horovod", "--controller", "gloo"], ["horovod", "--controller", "mpi"]])
+def test_printed_line_names_the_ports_between_the_hosts(launcher):
+    cmd = [*CLI, "launch", *launcher, "--np", "2", "-H", "node1:1,node2:1", "--dry-run", "--",
+           "harness", "train", "--backend", "horovod", "--data", "d"]
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    note = [line for line in r.stderr.splitlines() if line.startswith("#")]
+    assert note[0].startswith("# ports between the job's hosts (node1, node2), TCP both ways; no other host"), note
+    text = "\n".join(note)
+    assert "ssh (22" in text and "NCCL" in text
+    if launcher == ["horovod", "--controller", "gloo"]:
+        assert "Gloo rendezvous" in text and "cannot" in text and "-mca" not in text
+    else:
+        assert " ".join(ports.open_mpi_pin(50000, 200)) in text
+    assert r.stdout.split()[0].endswith(launcher[0] == "mpi" and "mpirun" or "horovodrun")

@@ -292,8 +292,9 @@ def told_ports(cmdline: Sequence[str], environ: Mapping[str, str]) -> frozenset:
 _LISTEN = "0A"   # TCP_LISTEN in /proc/net/tcp's `st` column (include/net/tcp_states.h)
 
 
-def _proc_sockets(pid: int) -> list[tuple[str, int, bool]]:
-    """(ip, port, udp) of each listening TCP socket and unconnected UDP socket process `pid` holds, read from
+def proc_sockets(pid: int) -> list[tuple[str, int, bool]]:
+    """(ip, port, udp) of each listening TCP socket and unconnected UDP socket process `pid` holds (OSError when
+    the process is gone), read from
     /proc/PID/net/{tcp,tcp6,udp,udp6}: the tables of the process's own network namespace (psutil reads this
     process's /proc/net, which does not hold the sockets of a worker in a namespace of its own; proc(5))."""
     inodes = set()
@@ -327,7 +328,7 @@ def _proc_sockets(pid: int) -> list[tuple[str, int, bool]]:
 def observe(pid: int) -> list[Socket]:
     """The listening TCP sockets (and bound, unconnected UDP ones) of process `pid` and all its descendants, now:
     the process tree from psutil, each process's sockets from its own network namespace's tables
-    (`_proc_sockets`). A socket shared by a parent and the children it forked is reported once, for the one nearest
+    (`proc_sockets`). A socket shared by a parent and the children it forked is reported once, for the one nearest
     `pid`. Processes that end while being read are skipped.
 
     Raises:
@@ -344,7 +345,7 @@ def observe(pid: int) -> list[Socket]:
                 cmdline = proc.cmdline()
                 environ = proc.environ()
             private = os.readlink(f"/proc/{proc.pid}/ns/net") != mine
-            sockets = _proc_sockets(proc.pid)
+            sockets = proc_sockets(proc.pid)
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
             continue
         for ip, port, udp in sockets:

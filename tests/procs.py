@@ -82,38 +82,14 @@ def one_line(log, kind: str) -> str:
     return lines[0]
 
 
+
 def listening(pid: int) -> set[tuple[str, int]]:
     """(address, port) of every TCP socket process `pid` listens on, read in the process's own network namespace
-    (/proc/PID/net/tcp and tcp6, proc(5)); psutil reads the caller's, and misses a process in another namespace.
+    (`harness.ports.proc_sockets`; psutil reads the caller's, and misses a process in another namespace).
     Addresses as the kernel shows them: "0.0.0.0", "127.0.0.1", "::", "::1". Empty when the process is gone."""
-    import ipaddress
+    from harness.ports import proc_sockets
 
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
+        return {(ip, port) for ip, port, udp in proc_sockets(pid) if not udp}
     except OSError:             # gone
         return set()
-    inodes = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:         # closed since the listing
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    found = set()
-    for table, v6 in (("tcp", False), ("tcp6", True)):
-        try:
-            with open(f"/proc/{pid}/net/{table}") as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if cols[3] != "0A" or cols[9] not in inodes:        # 0A: TCP_LISTEN
-                continue
-            hexaddr, hexport = cols[1].split(":")
-            raw = bytes.fromhex(hexaddr)
-            # The kernel prints each 32-bit word in host (little-endian) order.
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            found.add((str(ipaddress.ip_address(raw)), int(hexport, 16)))
-    return found

@@ -48,3 +48,14 @@ def cpu_mirrored():
 
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
                                           cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
+def pytest_collection_finish(session):
+    """Refuse a run in which importing a test module turned TensorFlow's eager execution off for the whole process
+    (earthengine-api's ee.cli.commands calls tf.compat.v1.disable_v2_behavior() at import: every later test that
+    iterates a dataset then fails with "only supported in eager mode"). Such a module runs its import in a child
+    process (tests/predict/scripts/ee_manifests.py)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and not tf.executing_eagerly():
+        raise pytest.UsageError("a test module turned off TensorFlow's eager execution when it was imported: "
+                                "import it in a child process")

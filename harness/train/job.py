@@ -133,8 +133,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                     tensorboard.on_epoch_end, *([stopper.stop_if_done] if stopper else [])]
     guard = None
     if context.num_workers > 1:   # one process has no peer to wait for
-        guard = watchdog.Watchdog(watchdog.stalled(cluster, backup, peer_timeout_s, trainer.progress),
-                                  bound_s=peer_timeout_s)
+        describe = watchdog.stalled(cluster, backup, peer_timeout_s, trainer.progress)
+        guard = watchdog.Watchdog(describe, bound_s=peer_timeout_s, linger_s=describe.linger_s)
     preempt = Preemption(backend, backup, initial_step, hosts=cluster.hosts)  # SIGTERM: every worker backs up at one step and exits 138
     controller = Controller(trainer, run_schedule, context=context, evaluator=evaluator, callbacks=users,
                             on_epoch_end=on_epoch_end, watchdog=guard, on_call_end=preempt.after_call, **hooks)

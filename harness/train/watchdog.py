@@ -23,6 +23,11 @@ from harness import exit_codes
 from harness.distribute import environment
 from harness.errors import StalledWorkerError
 
+# Seconds a worker whose own input is stuck waits after its line before it exits (at most a quarter of the bound):
+# its peers' bounds end at about the same time (each adds its own longest call), and its exit would close their
+# collectives' sockets, turning their "waits for a peer that is lost or stuck: worker N" into a lost-peer error.
+LINGER_S = 5.0
+
 
 class Watchdog:
     """Ends the process when `beat` is not called for `bound_s` seconds, plus the longest interval between two
@@ -33,12 +38,17 @@ class Watchdog:
       describe: `fn(step, seconds) -> str`, the message (step: the last step beaten; seconds: since that beat).
       exit: called with `harness.exit_codes.RETRYABLE` after the line is printed (tests pass their own).
       poll_s: how often the thread looks (seconds).
+      linger_s: `fn() -> seconds` to wait between the line and the exit (read after `describe`; default none):
+        the worker whose own input is stuck lingers (`stalled`), so that its peers, whose bounds end at about the
+        same time, name it as stuck before its exit closes their collectives' sockets.
     """
 
     def __init__(self, describe: Callable[[int, float], str], *, bound_s: Optional[float] = None,
-                 exit: Callable[[int], None] = os._exit, poll_s: float = 0.5):
+                 exit: Callable[[int], None] = os._exit, poll_s: float = 0.5,
+                 linger_s: Optional[Callable[[], float]] = None):
         self.bound_s = bound_s if bound_s is not None else environment.read_peer_timeout_s()
         self._describe, self._exit, self._poll_s = describe, exit, min(poll_s, self.bound_s / 4)
+        self._linger_s = linger_s or (lambda: 0.0)
         self._lock = threading.Lock()
         self._armed_at: Optional[float] = None
         self._step = 0
@@ -74,6 +84,7 @@ class Watchdog:
                 print(f"harness train: {StalledWorkerError.__name__}: {self._describe(step, since)}",
                       file=sys.stderr, flush=True)
                 sys.stdout.flush()
+                self._stop.wait(self._linger_s())
                 self._exit(exit_codes.RETRYABLE)
                 return
 
@@ -90,13 +101,19 @@ def stalled(cluster, backup, bound_s: float, progress=None) -> Callable[[int, fl
         and waits in the step's all-reduce for a peer that is lost or stuck: worker 1 on host-b; ...` (the peer is
         named when there is one; with several, each names itself where it is the one waiting for its input)
 
-    then `a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=20 sets the bound`."""
+    then `a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=20 sets the bound`.
+
+    `describe.linger_s()` is LINGER_S after a description of this worker's own input stuck, with peers (it is the
+    cause; they wait on it), else 0: the seconds the Watchdog waits before the exit (`Watchdog(linger_s=...)`)."""
     from harness.train.faults import resume_from
+
+    cause = []
 
     def describe(step: int, seconds: float) -> str:
         me = cluster.describe(cluster.me)
         tail = f"{resume_from(backup)}; {environment.PEER_TIMEOUT}={bound_s:g} sets the bound"
         if progress is not None and progress.waiting_for_input():
+            cause.append(bool(cluster.peers()))
             return (f"{me} has waited {seconds:.0f} s for the batch after step {step}: its own input is stuck, unless "
                     f"a collective before the step waits for a peer (peers: {cluster.peers() or 'none'}); {tail}")
         if progress is not None:
@@ -108,4 +125,6 @@ def stalled(cluster, backup, bound_s: float, progress=None) -> Callable[[int, fl
                     f"{' (the stuck one names itself in its own log)' if many else ''}; {tail}")
         return (f"no step progress on {me} for {seconds:.0f} s after step {step}: a peer is lost or stuck, or this "
                 f"worker's own step or input is (peers: {cluster.peers() or 'none'}); {tail}")
+
+    describe.linger_s = lambda: min(LINGER_S, bound_s / 4) if cause and cause[-1] else 0.0
     return describe

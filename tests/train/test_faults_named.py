@@ -208,3 +208,35 @@ def test_the_k_step_loop_counts_batches_drawn_and_steps_finished():
     assert not trainer.progress.in_call and not trainer.progress.waiting_for_input()   # between calls
     trainer.run_loop(it, 3)
     assert (int(trainer.progress.drawn.numpy()), int(trainer.progress.finished.numpy())) == (8, 8)
+
+
+@pytest.mark.parametrize("drawn, me, lingers", [(21, 1, True), (22, 0, False)])
+def test_only_the_worker_whose_own_input_is_stuck_lingers_before_its_exit(drawn, me, lingers, capsys):
+    """The cause lingers a quarter of the bound (at most LINGER_S) between its line and its exit, so that its
+    peers, whose bounds end at about the same time, name it as stuck before its exit closes their sockets (on the
+    bed, under load, the stuck worker's exit turned its peer's line into a lost-peer error); the peer waiting in
+    the all-reduce exits at once."""
+    bound = 0.8
+    describe = watchdog.stalled(_cluster(2, me=me), Backup(), bound, _progress(drawn=drawn, finished=21))
+    exits, described = [], []
+
+    def timed(step, seconds):       # the line is written right after its description
+        described.append(time.monotonic())
+        return describe(step, seconds)
+
+    dog = watchdog.Watchdog(timed, bound_s=bound, exit=lambda code: exits.append(time.monotonic()), poll_s=0.02,
+                            linger_s=describe.linger_s)
+    deadline = time.monotonic() + 10
+    try:
+        dog.beat(21)
+        while not exits:
+            time.sleep(0.01)
+            assert time.monotonic() < deadline, "the watchdog never exited"
+    finally:
+        dog.close()
+    assert "StalledWorkerError" in capsys.readouterr().err
+    waited = exits[0] - described[0]
+    if lingers:
+        assert describe.linger_s() == bound / 4 and waited >= bound / 4 - 0.03, waited
+    else:
+        assert describe.linger_s() == 0.0 and waited < bound / 4, waited

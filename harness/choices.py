@@ -140,3 +140,7 @@ MPI_LAUNCHERS = ("mpirun", "horovodrun")
 
 HOROVOD_CONTROLLERS = ("gloo", "mpi")
 """horovodrun's rendezvous (`harness launch horovod --controller`, `harness.launch.mpi`)."""
+
+LOCAL_NETWORKS = ("private", "host")
+"""Where `harness launch local --network` runs its workers (`harness.launch.local`): private, a network namespace
+of their own with loopback only (`harness.launch.netns`); host, this host's network (their ports open to others)."""

@@ -11,7 +11,8 @@ import sys
 from typing import Callable
 
 from harness.choices import (ALLREDUCE_ALGORITHMS, BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES,
-                             EPOCH_METRICS, EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOSSES, LR_SCALINGS,
+                             EPOCH_METRICS, EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOCAL_NETWORKS, LOSSES,
+                             LR_SCALINGS,
                              MPI_LAUNCHERS, OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
 from harness.commands import predict as predict_cmd, train as train_cmd
@@ -412,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds before all workers are stopped (default: none, wait)")
-    p.add_argument("--network", choices=("private", "host"), default="private",
+    p.add_argument("--network", choices=LOCAL_NETWORKS, default="private",
                    help="private (default): the workers in a network namespace with loopback only, open to no other "
                         "host and reaching none; host: this host's network (their ports open to other hosts)")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")

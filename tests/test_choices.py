@@ -40,6 +40,7 @@ FLAGS = {
     (("launch", "k8s"), "--kind"): choices.K8S_KINDS,
     (("launch", "k8s"), "--mpi-launcher"): choices.MPI_LAUNCHERS,
     (("launch", "horovod"), "--controller"): choices.HOROVOD_CONTROLLERS,
+    (("launch", "local"), "--network"): choices.LOCAL_NETWORKS,
 }
 
 

@@ -28,11 +28,12 @@ import threading
 import time
 from typing import Mapping, Sequence
 
+from harness import choices
 from harness.errors import ConfigError, PreemptedError, WorkerFailedError
 from harness.launch import netns, stopping
 
 GRACE_S = stopping.GRACE_S  # seconds a worker gets between the forwarded signal and SIGKILL
-NETWORKS = ("private", "host")
+NETWORKS = choices.LOCAL_NETWORKS
 
 
 def free_ports(n: int) -> list[int]:

@@ -89,23 +89,21 @@ class MPIControlPlane:
 
     def local_rank(self) -> int:
         """This process's index among the ranks on its host (shared-memory split of the communicator)."""
-        from mpi4py import MPI
-
-        with self._lock:
-            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-            try:
-                return node.Get_rank()
-            finally:
-                node.Free()
+        return self._on_host(lambda node: node.Get_rank())
 
     def local_size(self) -> int:
         """Ranks on this process's host (the same shared-memory split): they share its CPUs and memory."""
+        return self._on_host(lambda node: node.Get_size())
+
+    def _on_host(self, read):
+        """`read(node)` of the communicator of the ranks on this host (MPI_Comm_split_type, COMM_TYPE_SHARED: a
+        collective, so every rank calls it in the same order), freed after."""
         from mpi4py import MPI
 
         with self._lock:
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
             try:
-                return node.Get_size()
+                return read(node)
             finally:
                 node.Free()
 

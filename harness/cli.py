@@ -12,8 +12,8 @@ from typing import Callable
 
 from harness.choices import (ALLREDUCE_ALGORITHMS, BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES,
                              EPOCH_METRICS, EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOCAL_NETWORKS, LOSSES,
-                             LR_SCALINGS,
-                             MPI_LAUNCHERS, OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
+                             LR_SCALINGS, MPI_LAUNCHERS, OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES,
+                             STRATEGIES, TASKS)
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
 from harness.commands import predict as predict_cmd, train as train_cmd
 from harness import exit_codes

@@ -20,6 +20,7 @@ test: install
 
 bench: install
 	$(PY) benchmarks/input_pipeline.py
+	$(PY) benchmarks/gcs_read.py
 	$(PY) benchmarks/reshard.py
 	$(PY) benchmarks/profile_overhead.py
 	$(PY) benchmarks/predict.py

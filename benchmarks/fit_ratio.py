@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
+import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
 # --smoke: one round of 2 epochs of 2 steps of 4; `make test` runs it (tests/bench/test_benchmarks_start.py)
 SMOKE = dict(batch=4, steps=2, epochs=2, rounds=1)
@@ -103,12 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="rounds of every variant, in alternating order")
     p.add_argument("--output", default="runs/fit_ratio", help="scratch folder")
     p.add_argument("--json", help="write the figures here")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the benchmark runs; "
-                   "its figures mean nothing (flags given explicitly still apply)")
-    args = p.parse_args(argv)
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args(argv)
+    args = smoke.parse(p, argv, SMOKE)
 
     backend, policy, inputs = _setup(args)
     rates = {"harness": [], "fit_spe1": [], "fit_speK": []}

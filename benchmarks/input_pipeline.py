@@ -40,6 +40,7 @@ import tensorflow as tf  # noqa: E402
 from harness.bench.input import (harness_dataset, per_record, read_limit, reader_limit,  # noqa: E402
                                  time_round_robin)
 from harness.data import index, pipeline, shards as shards_lib, spec as spec_lib, synth  # noqa: E402
+import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
 POINTS = os.path.join(os.path.dirname(ROOT), "shared", "data", "gee-aces-points", "training.tfrecord.gz")
 # --smoke: one pass, one run, 4 image patches; `make test` runs it (tests/bench/test_benchmarks_start.py)
@@ -138,12 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--image-batch", type=int, default=16)
     p.add_argument("--image-passes", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the benchmark runs; "
-                   "its figures mean nothing (flags given explicitly still apply)")
-    args = p.parse_args(argv)
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args(argv)
+    args = smoke.parse(p, argv, SMOKE)
     logging.basicConfig(level=logging.WARNING)
     print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores")
     if args.only in (None, "points"):

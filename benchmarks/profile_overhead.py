@@ -23,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
+import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
 # --smoke: one timed pair of 3 steps of 16x16 patches; `make test` runs it (tests/bench/test_benchmarks_start.py)
 SMOKE = dict(pairs=2, steps=3, patch=16, batch=2)
@@ -57,12 +58,7 @@ def main(argv=None) -> int:
     p.add_argument("--patch", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--interval", type=float, default=0.05, help="utilization sampling period, seconds")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the benchmark runs; "
-                   "its figures mean nothing (flags given explicitly still apply)")
-    args = p.parse_args(argv)
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args(argv)
+    args = smoke.parse(p, argv, SMOKE)
 
     import tensorflow as tf
     import tf_keras as keras

@@ -23,6 +23,7 @@ import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 
 from harness.bench.input import measure  # noqa: E402
 from harness.data import reshard, synth  # noqa: E402
+import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
 # --smoke: 8 patches of 16x16x2, one pass; `make test` runs it (tests/bench/test_benchmarks_start.py)
 SMOKE = dict(records=8, patch=16, bands=2, shards=1, workers=2, shards_per_worker=1, batch=4, passes=1, repeats=1)
@@ -40,12 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the benchmark runs; "
-                   "its figures mean nothing (flags given explicitly still apply)")
-    args = p.parse_args(argv)
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args(argv)
+    args = smoke.parse(p, argv, SMOKE)
     import tensorflow as tf
     print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores")
     with tempfile.TemporaryDirectory(prefix="harness-reshard-") as tmp:

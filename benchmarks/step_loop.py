@@ -46,6 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
+import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
 ACES = os.path.join(os.environ.get("HARNESS_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")),
                     "gee-aces-points", "training.tfrecord.gz")
@@ -449,12 +450,7 @@ def main(argv=None) -> int:
     p.add_argument("--overhead-steps", type=int, default=2000, help="steps per epoch of the one-weight model")
     p.add_argument("--mirrored-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--horovod-rank", help=argparse.SUPPRESS)  # a folder for this rank's result
-    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the benchmark runs; "
-                   "its figures mean nothing (flags given explicitly still apply)")
-    args = p.parse_args(argv)
-    if args.smoke:
-        p.set_defaults(**SMOKE)
-        args = p.parse_args(argv)
+    args = smoke.parse(p, argv, SMOKE)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - set(CASES)
     if unknown:

@@ -37,6 +37,12 @@ CACHE_MODES = ("auto", "memory", "file", "none")
   file: `tf.data.Dataset.cache(path)` in files under `--cache-dir` (required).
   none: read and parsed again every epoch."""
 
+PARSE_PLACEMENTS = ("auto", "records", "batches")
+"""Where records are parsed (`--parse`, `train.parse`; `harness.data.stages.decide`, `harness tune`).
+  auto: by the mean record size: records above 64 kB one by one, smaller ones in read batches.
+  records: one `parse_example` per record, in parallel, then batched.
+  batches: read batches of ~256 kB of records, one vectorized `parse_example` each."""
+
 # --- distribution -------------------------------------------------------------------------------------------------
 BACKENDS = ("tf", "horovod")
 """Who keeps replicas in sync (`--backend`, `harness.distribute.backend`).

@@ -12,10 +12,10 @@ from typing import Callable
 
 from harness.choices import (ALLREDUCE_ALGORITHMS, BACKENDS, CACHE_MODES, CLASS_WEIGHTS, DATA_KINDS, DTYPES,
                              EPOCH_METRICS, EXPORT_FORMATS, HOROVOD_CONTROLLERS, K8S_KINDS, LOCAL_NETWORKS, LOSSES,
-                             LR_SCALINGS, MPI_LAUNCHERS, OPTIMIZERS, PRECISIONS, PREDICTION_FORMATS, SCHEDULES,
-                             STRATEGIES, TASKS)
+                             LR_SCALINGS, MPI_LAUNCHERS, OPTIMIZERS, PARSE_PLACEMENTS, PRECISIONS,
+                             PREDICTION_FORMATS, SCHEDULES, STRATEGIES, TASKS)
 from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
-from harness.commands import predict as predict_cmd, train as train_cmd
+from harness.commands import predict as predict_cmd, train as train_cmd, tune as tune_cmd
 from harness import exit_codes
 from harness.errors import ClusterFault, HarnessError
 
@@ -142,6 +142,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle-buffer", type=POSITIVE, default=S,
                    help="records; default: about 256 MB of serialized records, at most 16384 and at most the "
                         "worker's records")
+    p.add_argument("--parse", choices=PARSE_PLACEMENTS, default=S,
+                   help="records one by one, or read batches (vectorized); default auto: by the record size")
+    p.add_argument("--parallel-reads", type=POSITIVE, default=S, help="files read at once (default: one per CPU)")
+    p.add_argument("--map-parallelism", type=POSITIVE, default=S,
+                   help="calls in flight of each parallel map (parse, augment); default AUTOTUNE")
+    p.add_argument("--prefetch", type=POSITIVE, default=S, help="batches prefetched (default AUTOTUNE)")
     p.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
     p.add_argument("--brightness", type=float, default=S, metavar="B",
                    help="training inputs only: every band x U(1-B, 1+B) per example (default 0)")
@@ -254,6 +260,9 @@ def _bench_commands(sub) -> None:
     p.add_argument("--baseline", metavar="REPORT",
                    help="a one-replica run's report.json: adds scaling efficiency (default: none)")
     p.add_argument("--seed", type=int, default=0, help="synthetic data and model initialization")
+    p.add_argument("--backend", choices=BACKENDS, default="tf",
+                   help="tf: tf.distribute (TF_CONFIG for several workers); horovod: one process per replica under "
+                        "horovodrun/mpirun, as `harness train --backend horovod`")
 
     p = _command(bsub, "allreduce", bench_cmd.bench_allreduce,
                  "The gradient all-reduce training runs, timed over sizes on the workers it is launched on; fits the "
@@ -396,6 +405,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "train", train_cmd.train, "Train on GEE TFRecord shards (one worker or several)")
     _train_args(p)
+    p.add_argument("--tune", action="store_true", default=argparse.SUPPRESS,
+                   help="probe each input stage on this worker's files and the step before training, and train "
+                        "with the levers harness tune would write (the chief's decision on every worker)")
+    p = _command(sub, "tune", tune_cmd.tune,
+                 "Probe each input stage on your data, decide the pipeline's levers and write a config for train")
+    _train_args(p)
+    p.add_argument("--write", default="tune.yaml", metavar="FILE", help="the run config written")
+    p.add_argument("--workers", type=POSITIVE, default=1, help="training workers, one per host (each reads its share)")
+    p.add_argument("--probe-records", type=POSITIVE, default=256, help="records each stage's probe reads")
+    p.add_argument("--compute-steps", type=POSITIVE, default=20, help="timed steps on synthetic batches")
     p = _command(sub, "demo", train_cmd.demo,
                  "Write a synthetic GEE image export (if absent) and train a U-Net on it with 2 CPU replicas")
     p.add_argument("--output", default="runs/demo", help="training output folder")

@@ -1,4 +1,5 @@
 """Shared fixtures: the real exports (../shared/data, or fetched: tests/shared_data.py) and small synthetic exports."""
+import os
 import pathlib
 import sys
 
@@ -59,3 +60,38 @@ def pytest_collection_finish(session):
     if tf is not None and not tf.executing_eagerly():
         raise pytest.UsageError("a test module turned off TensorFlow's eager execution when it was imported: "
                                 "import it in a child process")
+
+
+@pytest.fixture(scope="session")
+def gcs_bed(tmp_path_factory):
+    """A Cloud Storage bucket `gs://bucket` on loopback that TensorFlow's own gs:// file system reaches through a
+    local proxy (tests/gcs_bed.py): one child process for the session, stopped at its end, also after a failure.
+    Use `gcs` in tests, which also checks that nothing tried to leave loopback."""
+    from gcs_bed import GcsBed
+
+    bed = GcsBed(tmp_path_factory.mktemp("gcs-bed"))
+    bed.start()
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+@pytest.fixture
+def gcs(gcs_bed, monkeypatch):
+    """`gcs_bed`, with this process's environment routed to it (`GcsBed.env()`; subprocesses inherit it) and the
+    credentials probe reset; fails the test when the proxy refused a request during it (a host other than Google
+    Cloud Storage's, or plain HTTP: something tried to leave loopback)."""
+    from harness.data import gcs as gcs_lib
+
+    before = len(gcs_bed.refused())
+    for k in [k for k in os.environ if "proxy" in k.lower() or k in ("GOOGLE_APPLICATION_CREDENTIALS",
+                                                                      "GOOGLE_AUTH_TOKEN_FOR_TESTING")]:
+        monkeypatch.delenv(k)
+    for k, v in gcs_bed.env({}).items():
+        monkeypatch.setenv(k, v)
+    gcs_lib.reset()
+    yield gcs_bed
+    gcs_lib.reset()
+    refused = gcs_bed.refused()[before:]
+    assert not refused, f"the GCS bed's proxy refused (traffic meant to leave loopback): {refused}"

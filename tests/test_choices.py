@@ -22,6 +22,8 @@ FLAGS = {
     (("train",), "--strategy"): choices.STRATEGIES,
     (("train",), "--cache"): choices.CACHE_MODES,
     (("train",), "--backend"): choices.BACKENDS,
+    (("bench", "train"), "--backend"): choices.BACKENDS,
+    (("train",), "--parse"): choices.PARSE_PLACEMENTS,
     (("bench", "allreduce"), "--backend"): choices.BACKENDS,
     (("bench", "scale"), "--backend"): choices.BACKENDS,
     (("bench", "scale"), "--algorithm"): choices.ALLREDUCE_ALGORITHMS,
@@ -42,6 +44,8 @@ FLAGS = {
     (("launch", "horovod"), "--controller"): choices.HOROVOD_CONTROLLERS,
     (("launch", "local"), "--network"): choices.LOCAL_NETWORKS,
 }
+# `harness tune` takes every flag of `harness train` (the run it tunes)
+FLAGS.update({(("tune",), flag): names for (path, flag), names in list(FLAGS.items()) if path == ("train",)})
 
 
 def _flags_with_choices(parser: argparse.ArgumentParser, path=()):

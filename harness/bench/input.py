@@ -18,36 +18,8 @@ import statistics
 import time
 from typing import Sequence
 
+from harness.data.probe import count_examples, time_passes  # noqa: F401 (moved down a layer; used here and by benchmarks/)
 from harness.distribute import resources
-
-
-def _batch_examples(element):
-    """Examples in one dataset element: the leading dimension of its first component (int64 tensor)."""
-    import tensorflow as tf
-
-    first = tf.nest.flatten(element)[0]
-    return tf.shape(first, out_type=tf.int64)[0]
-
-
-def count_examples(ds) -> int:
-    """Examples in one full pass over `ds` (a dataset of batches), counted inside TensorFlow (`Dataset.reduce`,
-    no per-batch Python)."""
-    import tensorflow as tf
-
-    return int(ds.reduce(tf.constant(0, tf.int64), lambda acc, e: acc + _batch_examples(e)))
-
-
-def time_passes(ds, repeats: int) -> tuple[int, list[float], list[float]]:
-    """(examples per pass, wall seconds of each timed pass, process CPU seconds of each) after one warm-up
-    pass."""
-    n = count_examples(ds)
-    secs, cpu = [], []
-    for _ in range(repeats):
-        c, t = time.process_time(), time.perf_counter()
-        count_examples(ds)
-        secs.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    return n, secs, cpu
 
 
 def time_round_robin(runs: dict, expected: dict, repeats: int) -> tuple[dict, dict]:

@@ -36,6 +36,8 @@ class BenchTrainOptions:
       patch_size, bands, classes: synthetic shapes when `like` is not given (pixels, bands, classes).
       sample_interval: seconds between utilization samples.
       baseline: a one-replica run's report.json, for the scaling efficiency.
+      backend: "tf" (tf.distribute: the strategy from `strategy` and TF_CONFIG) or "horovod" (one process per
+        replica under horovodrun/mpirun: `harness train --backend horovod`'s step).
     """
 
     data: tuple[str, ...] = (SYNTHETIC,)
@@ -62,6 +64,7 @@ class BenchTrainOptions:
     no_plot: bool = False
     baseline: Optional[str] = None
     seed: int = 0
+    backend: str = "tf"
 
     def __post_init__(self):
         if tuple(self.data) != (SYNTHETIC,) and SYNTHETIC in self.data:
@@ -92,8 +95,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
       ConfigError: for a bad --baseline; the errors of `harness.train.inputs.prepare` for real shards.
     """
     from harness.distribute import resources
-    from harness.distribute.backend import TrainingBackend
-    from harness.distribute.strategy import make_strategy
+    from harness.distribute.backend import make_backend
     from harness.profile.session import ProfileSession, default_window
     from harness.profile.trace import parse_step_window
     from harness.train import factory, models, optim, precision
@@ -101,8 +103,8 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     from harness.train.options import TrainOptions
     from harness.train.synthetic import Shapes, synthetic_batches
 
-    strategy, context = make_strategy(options.strategy, num_cpu_replicas=options.cpu_replicas)
-    backend = TrainingBackend(strategy, context)
+    backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas)
+    strategy, context = backend.strategy, backend.context
     baseline = load_baseline(options.baseline) if options.baseline else None
     policy = precision.apply_policy(options.precision)
     synthetic = options.synthetic
@@ -125,7 +127,9 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     trainer = factory.make_trainer(backend, model, optimizer, real.plan if real and not synthetic else batch)
     controller = Controller(trainer, Schedule(epochs=1, steps_per_epoch=total, warmup_steps=options.warmup),
                             context=context, **session.controller_kwargs())   # K: auto, as `harness train`
-    iterator = (synthetic_batches(strategy, shapes, options.per_replica_batch_size, options.seed) if synthetic
+    # Horovod: one replica per process, each its own seed (under tf.distribute the replica ids differ already)
+    seed = options.seed + (context.rank if backend.name == "horovod" else 0)
+    iterator = (synthetic_batches(strategy, shapes, options.per_replica_batch_size, seed) if synthetic
                 else iter(backend.distribute(real.dataset_fn(True))))
     if context.is_chief:
         print(f"bench train: {'synthetic batches on the device' if synthetic else 'real data'}, {shapes.kind} "

@@ -407,13 +407,15 @@ def _read(plan: PipelinePlan, *, seed=None, shuffle_files: bool = True) -> tf.da
 
 
 def _parse_records(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:
-    return ds.map(lambda r: decode_one(spec, r), num_parallel_calls=AUTOTUNE, deterministic=plan.deterministic)
+    return ds.map(lambda r: decode_one(spec, r), num_parallel_calls=plan.map_parallelism or AUTOTUNE,
+                  deterministic=plan.deterministic)
 
 
 def _parse_before_cache(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:
     """Read batches parsed as they come (small records), or single records parsed into the cache (large)."""
     if plan.parse == stages_lib.PARSE_READ_BATCHES:
-        return ds.map(lambda r: decode(spec, r), num_parallel_calls=AUTOTUNE, deterministic=plan.deterministic)
+        return ds.map(lambda r: decode(spec, r), num_parallel_calls=plan.map_parallelism or AUTOTUNE,
+                      deterministic=plan.deterministic)
     if plan.parse == stages_lib.PARSE_BEFORE_CACHE:
         return _parse_records(ds, spec, plan)
     return ds
@@ -470,19 +472,19 @@ def _augment(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data
     if plan.augment:
         seeds = tf.data.Dataset.random(seed=plan.seed).batch(2, drop_remainder=True)
         ds = tf.data.Dataset.zip((ds, seeds)).map(
-            lambda batch, s: augment_batch(spec, batch[0], batch[1], s), num_parallel_calls=AUTOTUNE,
-            deterministic=plan.deterministic)
+            lambda batch, s: augment_batch(spec, batch[0], batch[1], s),
+            num_parallel_calls=plan.map_parallelism or AUTOTUNE, deterministic=plan.deterministic)
     if plan.brightness or plan.contrast:
         seeds = tf.data.Dataset.random(seed=plan.seed + 1).batch(2, drop_remainder=True)
         ds = tf.data.Dataset.zip((ds, seeds)).map(
             lambda batch, s: (color_jitter(batch[0], s, brightness=plan.brightness, contrast=plan.contrast),
                               batch[1]),
-            num_parallel_calls=AUTOTUNE, deterministic=plan.deterministic)
+            num_parallel_calls=plan.map_parallelism or AUTOTUNE, deterministic=plan.deterministic)
     return ds
 
 
 def _prefetch(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
-    ds = ds.prefetch(AUTOTUNE)
+    ds = ds.prefetch(plan.prefetch_depth or AUTOTUNE)
     options = tf.data.Options()
     if plan.cpu_budget:  # autotuning plans for this worker's CPUs, not every core of the host
         options.autotune.cpu_budget = plan.cpu_budget

@@ -21,7 +21,7 @@ import os
 import random
 from typing import Callable, Optional, Sequence
 
-from harness.choices import CACHE_MODES
+from harness.choices import CACHE_MODES, PARSE_PLACEMENTS
 from harness.distribute import resources as resources_lib
 from harness.errors import BatchSizeError, ConfigError
 
@@ -83,6 +83,10 @@ class PipelineOptions:
       first_epoch: training: the 0-based number of the first epoch delivered (a resumed run's), which seeds its
         order; skip_batches: batches of that first epoch already trained on, skipped (a resume in the middle of an
         epoch: the epoch goes on with the batches not yet trained on).
+      parse: "auto" (by the record size: VECTORIZE_MAX_RECORD_BYTES), "records" (one by one) or "batches" (read
+        batches, one vectorized parse each); parallel_reads: files read at once (default READERS_PER_CORE per
+        CPU, at most the files); map_parallelism: calls in flight of every parallel map (default AUTOTUNE);
+        prefetch: batches prefetched (default AUTOTUNE). `harness tune` decides them (`harness.data.tune`).
     """
 
     per_replica_batch_size: int
@@ -98,6 +102,10 @@ class PipelineOptions:
     contrast: float = 0.0
     first_epoch: int = 0
     skip_batches: int = 0
+    parse: str = "auto"
+    parallel_reads: Optional[int] = None
+    map_parallelism: Optional[int] = None
+    prefetch: Optional[int] = None
 
 
 # --- cache -------------------------------------------------------------------------------------------------------
@@ -222,7 +230,8 @@ class PipelinePlan:
         (True but for a whole evaluation pass, whose last batch is partial so that every record is scored once);
         `dropped` records per pass left out by it (an evaluation of the first `records_per_epoch` records).
       augment: `augment` (flips and rotations, training images), `brightness`, `contrast` (color jitter).
-      prefetch: always AUTOTUNE; `cpu_budget`: the CPUs tf.data's autotuning plans for (the parallel maps and
+      prefetch: AUTOTUNE, or `prefetch_depth` batches; `map_parallelism`: calls in flight of every parallel map
+        (None: AUTOTUNE); `cpu_budget`: the CPUs tf.data's autotuning plans for (the parallel maps and
         the prefetch; `tf.data.Options().autotune.cpu_budget`, whose default is every schedulable core of the
         host): this worker's CPUs (`harness.distribute.resources`). None: TensorFlow's default.
     """
@@ -262,6 +271,8 @@ class PipelinePlan:
     first_epoch: int = 0
     skip_batches: int = 0
     cpu_budget: Optional[int] = None
+    map_parallelism: Optional[int] = None
+    prefetch_depth: Optional[int] = None
 
     @property
     def cached_bytes(self) -> int:
@@ -275,7 +286,7 @@ class PipelinePlan:
         # a cache holds the first pass's file order (pipeline._epochs): the files are reshuffled only without one
         order = ", file order reshuffled each epoch" if self.shuffle_files and self.cache.kind == "none" else ""
         parse = (f"read batches of {self.read_batch} records (vectorized)" if self.parse == PARSE_READ_BATCHES
-                 else self.parse)
+                 else self.parse) + (f", {self.map_parallelism} calls in flight" if self.map_parallelism else "")
         holds = "records" if self.cache_holds_records else "read batches"
         cache = f"cache: {self.cache.kind} ({self.cache.reason})" + (
             f", holding parsed {holds}" + (", unbatched each epoch" if self.unbatch_after_cache else "")
@@ -303,7 +314,8 @@ class PipelinePlan:
         parts.append(f"augment: {', '.join(augment) if augment else 'none'}")
         budget = (f", tf.data autotuning within {self.cpu_budget} CPU{'s' if self.cpu_budget != 1 else ''}"
                   if self.cpu_budget else "")
-        parts.append(f"prefetch: {self.prefetch}{budget}")
+        prefetch = f"{self.prefetch_depth} batches" if self.prefetch_depth else self.prefetch
+        parts.append(f"prefetch: {prefetch}{budget}")
         return "; ".join(parts)
 
 
@@ -338,7 +350,9 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
     training, keep_n = o.training, o.records_per_epoch
     seed = random.randrange(2 ** 31) if o.seed is None else o.seed
     cpus = resources_lib.for_this_process().cpus if cpu_count is None else cpu_count
-    per_record = parse_per_record(mean_record_bytes)
+    if o.parse not in PARSE_PLACEMENTS:
+        raise ConfigError(f"parse must be one of {', '.join(PARSE_PLACEMENTS)}, got {o.parse!r}")
+    per_record = parse_per_record(mean_record_bytes) if o.parse == "auto" else o.parse == "records"
     read_batch = None if per_record else read_batch_size(mean_record_bytes)
     cache = choose_cache(o.cache, records * decoded_record_bytes, cache_dir=o.cache_dir, name="",
                          available=available_memory)
@@ -380,7 +394,9 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         records=records, mean_record_bytes=mean_record_bytes, decoded_record_bytes=decoded_record_bytes, seed=seed,
         files=tuple(files), compressions=tuple(compressions),
         shuffle_files=training and not record_sharding and len(files) > 1,
-        parallel_reads=decide_parallel_reads(len(files), cpus), cpu_budget=cpus,
+        parallel_reads=(max(1, min(len(files), o.parallel_reads)) if o.parallel_reads
+                        else decide_parallel_reads(len(files), cpus)), cpu_budget=cpus,
+        map_parallelism=o.map_parallelism, prefetch_depth=o.prefetch,
         deterministic=True, record_sharding=record_sharding,
         read_batch=read_batch, parse=parse, cache=cache, cache_dir=o.cache_dir,
         cache_holds_records=records_cached or (per_record and cached),

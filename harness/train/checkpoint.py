@@ -116,9 +116,9 @@ class Backup:
         from harness.train import resume
 
         path = os.path.join(self.chief_dir, FINGERPRINT)
-        if self.fingerprint is None or not os.path.exists(path):
+        if self.fingerprint is None or not tf.io.gfile.exists(path):
             return
-        with open(path) as f:
+        with tf.io.gfile.GFile(path) as f:
             saved = json.load(f)
         self.saved_fingerprint = saved
         self.resume_note = resume.check_workers(saved, self.fingerprint, step, self.chief_dir)
@@ -137,12 +137,13 @@ class Backup:
             return
         if self.context.is_chief and self.fingerprint is not None:
             # Before the checkpoint, and whole or not at all (renamed into place): a run killed while writing it
-            # left an empty file beside a complete checkpoint, and the resume failed on its JSON.
+            # left an empty file beside a complete checkpoint, and the resume failed on its JSON. tf.io.gfile: the
+            # output may be on gs:// (where the rename is a copy, and each object is whole or absent anyway).
             final = os.path.join(self.chief_dir, FINGERPRINT)
-            os.makedirs(self.chief_dir, exist_ok=True)
-            with open(final + ".tmp", "w") as f:
+            tf.io.gfile.makedirs(self.chief_dir)
+            with tf.io.gfile.GFile(final + ".tmp", "w") as f:
                 json.dump(self.fingerprint, f, indent=1)
-            os.replace(final + ".tmp", final)
+            tf.io.gfile.rename(final + ".tmp", final, overwrite=True)
         path = self.manager.save(checkpoint_number=step)
         if self.context.is_chief:
             log.debug("backup written: %s", path)
@@ -165,7 +166,17 @@ def save_model(model, output_dir: str, context) -> str | None:
         return None
     if context.is_chief:
         path = os.path.join(output_dir, "model.keras")
-        model.save(path)
+        if "://" not in path:
+            model.save(path)
+            return path
+        # tf_keras 2.18 saves a gs:// path into a local temporary folder and never copies it there
+        # (`_support_gcs_uri`, tf_keras/src/saving/saving_api.py): the job ended with no model in the bucket.
+        scratch = tempfile.mkdtemp(prefix="harness-model-")
+        try:
+            model.save(os.path.join(scratch, "model.keras"))
+            tf.io.gfile.copy(os.path.join(scratch, "model.keras"), path, overwrite=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         return path
     scratch = tempfile.mkdtemp(prefix=f"harness-model-worker{context.rank}-")
     try:

@@ -163,7 +163,9 @@ def make(options, model, context, save_model: Callable) -> Optional[EarlyStoppin
 
     def save_best(epoch: int) -> None:
         if context.is_chief:
-            os.makedirs(folder, exist_ok=True)
+            import tensorflow as tf
+
+            tf.io.gfile.makedirs(folder)   # the output may be on gs://
         save_model(model, folder, context)
     return EarlyStopping(monitor=monitor, patience=options.early_stopping, min_delta=options.min_delta,
                          save_best=save_best)

@@ -78,7 +78,8 @@ class Inputs:
             shuffle_buffer=o.shuffle_buffer, cache=o.cache, cache_dir=o.cache_dir, augment=o.augment and training,
             seed=start.get("seed", o.seed), validate=False,  # validated once by prepare
             brightness=o.brightness if training else 0.0, contrast=o.contrast if training else 0.0,
-            first_epoch=start.get("first_epoch", 0), skip_batches=start.get("skip_batches", 0))
+            first_epoch=start.get("first_epoch", 0), skip_batches=start.get("skip_batches", 0),
+            parse=o.parse, parallel_reads=o.parallel_reads, map_parallelism=o.map_parallelism, prefetch=o.prefetch)
 
     def dataset_fn(self, training: bool) -> Callable:
         """`fn(tf.distribute.InputContext) -> tf.data.Dataset` of one worker, reading the files its plan assigns."""

@@ -21,6 +21,8 @@ import contextlib
 import signal
 import threading
 
+from harness.errors import ClusterFault
+
 _REQUESTED = threading.Event()
 _TERMINATED: list = [None]   # the call boundary (global step) SIGTERM arrived after, or None
 _BOUNDARY: list = [0]        # the last call boundary passed (global step)
@@ -50,10 +52,14 @@ def at_boundary(step: int) -> None:
 @contextlib.contextmanager
 def handling():
     """Within the block, SIGINT sets the request flag and raises KeyboardInterrupt, and SIGTERM notes the step
-    (`terminated_at`); the previous handlers are put back and the flags cleared at the end (after a SIGTERM, SIGTERM
-    is left ignored: the process is ending with its backup written, as `PreemptedError`). Does nothing outside
-    the main thread (where `signal.signal` is refused); an ignored SIGINT (`SIG_IGN`: a shell's background job,
-    `nohup`) stays so."""
+    (`terminated_at`); the previous handlers are put back and the flags cleared at the end. A process leaving the
+    block on its way out of a cluster fault (a SIGTERM that reached it, or a `ClusterFault` raised in the block: a
+    peer's preemption agreed through the all-reduce, a lost or stuck peer) leaves SIGTERM ignored: its backup is
+    written and it is exiting retryable, and the SIGTERM its launcher sends the workers still running (`harness
+    launch local`, horovodrun) must not kill it half-way through its exit (its one line, its atexit work, code
+    138 instead of a signal's). The exit stays bounded by the launcher's SIGKILL after its grace period. Does
+    nothing outside the main thread (where `signal.signal` is refused); an ignored SIGINT (`SIG_IGN`: a shell's
+    background job, `nohup`) stays so."""
     _REQUESTED.clear()
     _TERMINATED[0] = None
     if threading.current_thread() is not threading.main_thread():
@@ -72,11 +78,15 @@ def handling():
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
     previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
+    faulted = False
     try:
         yield
+    except ClusterFault:
+        faulted = True
+        raise
     finally:
-        if _TERMINATED[0] is not None:   # preempted: leaving with its backup written; a second SIGTERM (a
-            previous[signal.SIGTERM] = signal.SIG_IGN   # launcher stopping the rest) must not cut the exit short
+        if faulted or _TERMINATED[0] is not None:   # exiting retryable: a launcher's SIGTERM to the workers
+            previous[signal.SIGTERM] = signal.SIG_IGN    # still running must not cut the exit short
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         _REQUESTED.clear()

@@ -4,8 +4,9 @@ Order (every step fails before training starts where it can): backend (strategy 
 user's model function and loss resolved (`user_model`, `losses`: import errors and Keras 3 refused before any data
 is read) → precision policy → inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch
 plan, statistics) → model (checked, `--init-from`), schedule and optimizer (`optim`) under the strategy's scope →
-restore the backup (broadcast from rank 0 under Horovod) → the datasets, from the restored step (a preempted epoch
-goes on at its next batch) → train (`harness.train.factory` builds the trainer and
+restore the backup (broadcast from rank 0 under Horovod) → with `--tune`, the input pipeline's levers
+(`harness.train.tune`: probed on each worker's files, the chief's decision applied on all) → the datasets, from
+the restored step (a preempted epoch goes on at its next batch) → train (`harness.train.factory` builds the trainer and
 the evaluator, `harness.train.controller.Controller` runs the epochs; `control` stops early) → final model and
 `summary.json` (chief only).
 
@@ -95,15 +96,6 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     # --seed, else rank 0's random one; then the datasets, from the epoch and batch the run continues at.
     seed = resume.data_seed(backend, int(data_seed.numpy()), options.seed)
     data_seed.assign(seed)
-    train_ds, val_ds = inputs.datasets(backend, start_step=initial_step, seed=seed)
-
-    run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
-                            steps_per_loop=options.loop_steps)
-    profiler = profiling.session(options, backend, run_schedule, plan)
-    tensorboard = summaries.EpochSummaries(options.output, context, schedule=schedule, class_names=spec.class_names)
-    hooks = dict(profiler.controller_kwargs()) if profiler else {}
-    hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
-
     def make_trainer(model, optimizer):
         return factory.make_trainer(backend, model, optimizer, plan, loss_fn=loss_fn,
                                     class_weights=inputs.class_weights, clip_norm=options.clip_norm)
@@ -113,6 +105,21 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
             fresh = builder.build(inputs, policy)
             fresh_optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
         return make_trainer(fresh, fresh_optimizer)
+
+    tuned = None
+    if options.tune:  # before the datasets: each worker probes its files, every worker applies the chief's levers
+        from harness.train import tune as tune_lib
+        inputs, tuned = tune_lib.tune(inputs, backend, probe_trainer, say,
+                                      compute_on_cpu=not tf.config.list_physical_devices("GPU"),
+                                      resuming=initial_step > 0)
+    train_ds, val_ds = inputs.datasets(backend, start_step=initial_step, seed=seed)
+
+    run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
+                            steps_per_loop=options.loop_steps)
+    profiler = profiling.session(options, backend, run_schedule, plan)
+    tensorboard = summaries.EpochSummaries(options.output, context, schedule=schedule, class_names=spec.class_names)
+    hooks = dict(profiler.controller_kwargs()) if profiler else {}
+    hooks["step_hooks"] = (*hooks.get("step_hooks", ()), tensorboard)
 
     trainer = make_trainer(model, optimizer)
     evaluator = (factory.make_evaluator(backend, model, metrics.for_task(spec.task, inputs.num_classes),
@@ -173,6 +180,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                "evaluation": _evaluation_counts(history, inputs.validation_plan),
                "spec": spec.replace(num_classes=inputs.num_classes).to_config(),  # what `harness predict` reads
                "facts": inputs.worker_facts(context.rank)}  # this worker's CPUs, memory and pipeline
+    if tuned is not None:
+        summary["tune"] = tuned
     summary["ranks"] = results.rank_stats(backend, plan, summary, say)  # None but on Horovod's rank 0
     if spec.task == "classification" and history and "val_iou" in history[-1]:
         summary["class_names"] = list(spec.class_names) or [str(c) for c in range(inputs.num_classes)]

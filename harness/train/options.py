@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.choices import BACKENDS, CACHE_MODES, CLASS_WEIGHTS, PRECISIONS, STRATEGIES
+from harness.choices import BACKENDS, CACHE_MODES, CLASS_WEIGHTS, PARSE_PLACEMENTS, PRECISIONS, STRATEGIES
 from harness.errors import ConfigError
 
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
-               "shuffle_buffer", "seed", "warmup_steps", "base_batch_size", "early_stopping"}
-_BOOL_FIELDS = {"augment", "profile", "check_sharding", "nesterov"}
+               "shuffle_buffer", "seed", "warmup_steps", "base_batch_size", "early_stopping", "parallel_reads",
+               "map_parallelism", "prefetch"}
+_BOOL_FIELDS = {"augment", "profile", "check_sharding", "nesterov", "tune"}
 _FLOAT_FIELDS = {"brightness", "contrast", "min_delta", "focal_gamma", "learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
                  "clip_norm"}
 
@@ -93,6 +94,12 @@ class TrainOptions:
     min_delta: float = 0.0
     brightness: float = 0.0             # training inputs x U(1 - b, 1 + b) per example (harness.data.pipeline)
     contrast: float = 0.0               # image bands around their mean x U(1 - c, 1 + c)
+    # the input pipeline's levers (`harness tune` writes them; `harness.data.stages.PipelineOptions`)
+    parse: str = "auto"                 # auto | records | batches
+    parallel_reads: int | None = None   # files read at once; None: one per CPU
+    map_parallelism: int | None = None  # calls in flight of each parallel map; None: AUTOTUNE
+    prefetch: int | None = None         # batches; None: AUTOTUNE
+    tune: bool = False                  # decide the four levers and the cache before training (harness.train.tune)
 
     def __post_init__(self):
         from harness.train import optim
@@ -102,7 +109,7 @@ class TrainOptions:
         _check_option_types(self)
         optim.check_options(self)
         for name, choices in (("backend", BACKENDS), ("precision", PRECISIONS), ("strategy", STRATEGIES),
-                              ("cache", CACHE_MODES)):
+                              ("cache", CACHE_MODES), ("parse", PARSE_PLACEMENTS)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.class_weights not in CLASS_WEIGHTS:
@@ -115,6 +122,9 @@ class TrainOptions:
         for name in ("brightness", "contrast"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("parallel_reads", "map_parallelism", "prefetch"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if not self.learning_rate > 0:

@@ -104,7 +104,7 @@ class Preemption:
             host = f" (host {name})" if name else ""
             names.append(f"worker {w}{host} at step {int(signalled[w]) - 1}")
         return (f"SIGTERM on {', '.join(names)}: backup written at step {step} in "
-                f"{os.path.abspath(self.backup.chief_dir)}; run the same command to resume")
+                f"{_where(self.backup.chief_dir)}; run the same command to resume")
 
     def stats(self) -> dict:
         """The checks' cost: `{"calls", "checks", "every_steps", "median_s", "max_s"}` (calls seen, checks run, a
@@ -113,3 +113,8 @@ class Preemption:
         s = self.collective_s
         return {"calls": self.calls, "checks": len(s), "every_steps": self.every_steps,
                 "median_s": float(np.median(s)) if s else 0.0, "max_s": float(max(s)) if s else 0.0}
+
+
+def _where(folder: str) -> str:
+    """`folder` as the message names it: absolute when local, as given when a URL (`gs://...`)."""
+    return folder if "://" in folder else os.path.abspath(folder)

@@ -44,6 +44,8 @@ def write_summary(summary: dict, output: str) -> None:
           f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
           + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else "")
           + f"; model: {summary['model']}", flush=True)
-    os.makedirs(output, exist_ok=True)
-    with open(os.path.join(output, "summary.json"), "w") as f:
+    import tensorflow as tf   # tf.io.gfile: the output folder may be on gs://
+
+    tf.io.gfile.makedirs(output)
+    with tf.io.gfile.GFile(os.path.join(output, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)

@@ -50,3 +50,24 @@ def test_real_data_and_input_bench(small_images, tmp_path, capsys):
     printed = capsys.readouterr().out
     for words in ("read limit", "harness", "per-record", "harness / read limit", "CPU us/ex"):
         assert words in printed
+
+
+def test_two_ranks_under_horovodrun(tmp_path):
+    """`bench train --backend horovod`: the step `harness train --backend horovod` runs (one replica per rank,
+    Horovod's all-reduce), both ranks' steps in rank 0's report (before: no --backend, and under horovodrun each
+    rank ran alone, one replica each, a report written twice)."""
+    import pathlib
+
+    import procs
+
+    bin_dir = pathlib.Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_"))}
+    env.update(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    out = procs.run([bin_dir / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", bin_dir / "harness", "bench",
+                     "train", "--backend", "horovod", "--data", "synthetic", "--output", tmp_path, "--no-trace",
+                     "--no-plot", *COMMON], env=env, timeout=300)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["summary"]["replicas_in_sync"] == 2, out[-3000:]
+    assert [p["rank"] for p in report["parts"]] == [0, 1] and all(len(p["steps"]) == 8 for p in report["parts"])
+    assert "(horovod)" in report["config"]["context"] and report["config"]["backend"] == "horovod"
+    assert out.count("bench train: synthetic batches") == 1, out[-3000:]   # the chief alone reports

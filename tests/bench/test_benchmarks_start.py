@@ -27,14 +27,24 @@ _STEP_ROW = r"^  {name}\s+" + NUM + r" (?:examples/s|µs/step) \(median; range"
 _RATIO = r"^  {a} / {b} = " + NUM
 RUNS = {
     "cluster.py": [([], {
-        "title": r"^U-Net 16x16x4, per-replica batch 8, 3 timed steps after 2; gradient " + NUM + " bytes per step",
-        "one process": rf"^\s+1\s+1\s+none\s+{NUM}\s+{NUM}\s+{NUM}\s+1\.00$",
-        "two hosts": rf"^\s+2\s+2\s+100 Mbit/s\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",
+        "title": r"^U-Net 16x16x4, per-replica batch 8, 3 timed steps after 2; gradient " + NUM + " bytes in 36 "
+                 "tensors per step",
+        "loopback": rf"^  tf\s+1\s+2\s+loopback\s+{NUM}\s+{NUM}\s+{NUM}\s*$",
+        "two hosts": rf"^  tf\s+2\s+2\s+100 Mbit/s\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}%\s+{NUM}%\s+[+-][0-9.]+  "
+                     r"(?:compute|all-reduce \((?:latency|bandwidth)\)|fixed|stragglers)$",
+        "checked": r"^predicted within ±10 points of measured: [01] of 1",
         "done": r"^done \[load average"})],
     "fit_ratio.py": [(["--data", "{images}", "--output", "{tmp}/fit", "--json", "{tmp}/fit.json"], {
         f"round 1 {name}": rf"^round 1 {name}\s+{NUM} examples/s" for name in ("harness", "fit_spe1", "fit_speK")} | {
         "ratio": rf"^harness/fit ratio \(unet, mixed_float16, batch 4\): {NUM} against steps_per_execution 1, {NUM} "
                  rf"against steps_per_execution \d+"})],
+    "gcs_read.py": [([], {
+        "title": r"^TensorFlow \S+, \d+ CPU cores; 4 patches of 16x16x8 float, GZIP, in 2 shards",
+        **{f"row {pipe} {place}": rf"^  {pipe} {place}\s+{NUM}\s+\d+%\s+{NUM}$"
+           for pipe in ("reader", "harness") for place in ("local", "bucket")},
+        "reader ratio": rf"^  reader bucket / local\s+= {NUM} \[",
+        "harness ratio": rf"^  harness bucket / local\s+= {NUM} \[.*\(target >= 0\.8: (?:ok|MISSED)\)$",
+        "reads": rf"^  {NUM} media reads through the proxy; 0 refused$"})],
     "input_pipeline.py": [(["--points", "{points}"], {
         "header": r"^  pipeline\s+examples/s\s+spread\s+best\s+MB/s\s+CPU us/ex\s+cores\s+note$",
         **{f"row {pipe}": rf"^  {re.escape(pipe)}\s+{NUM}\s+\d+%\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s"
@@ -87,8 +97,9 @@ SHELL_ONLY = {"gpu_check.sh": "needs a GPU and a GPU build of TensorFlow (it sto
 
 
 def _cases():
-    """(script, run index) for every benchmarks/*.py; index None for a script that has no smoke run here."""
-    for path in sorted(BENCHMARKS.glob("*.py")):
+    """(script, run index) for every benchmarks/*.py (not `_*.py`: modules the scripts share); index None for a
+    script that has no smoke run here."""
+    for path in sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_")):
         runs = RUNS.get(path.name)
         if not runs:
             yield pytest.param(path.name, None, id=path.name)

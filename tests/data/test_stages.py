@@ -126,3 +126,20 @@ def test_describe_names_every_stage():
                   "parsed records", "shuffle: records, buffer 1000", "keep: the first 800 records per epoch as "
                   "batches", "batch: 8 per replica", "augment: flips/rotations", "prefetch: autotune"):
         assert words in text, (words, text)
+
+
+def test_the_tuned_levers_override_the_defaults():
+    """`harness tune`'s levers (PipelineOptions parse, parallel_reads, map_parallelism, prefetch) are the plan's."""
+    default, _ = _decide(mean=220.0, files=8)
+    assert default.parse == S.PARSE_READ_BATCHES and default.parallel_reads == 2  # 2 CPUs
+    assert default.map_parallelism is None and default.prefetch_depth is None
+    assert "prefetch: autotune" in default.describe()
+    plan, _ = _decide(mean=220.0, files=8, parse="records", parallel_reads=3, map_parallelism=5, prefetch=4)
+    assert plan.read_batch is None and plan.parse == S.PARSE_BEFORE_CACHE   # small records parsed one by one
+    assert (plan.parallel_reads, plan.map_parallelism, plan.prefetch_depth) == (3, 5, 4)
+    assert "5 calls in flight" in plan.describe() and "prefetch: 4 batches" in plan.describe()
+    assert _decide(files=2, parallel_reads=3)[0].parallel_reads == 2            # at most the files
+    large, _ = _decide(mean=1e6, decoded=10 ** 6, parse="batches", cache="none")
+    assert large.parse == S.PARSE_READ_BATCHES and large.read_batch == 1        # 256 kB / 1 MB: 1 record
+    with pytest.raises(ConfigError, match="parse must be one of auto, records, batches, got 'rows'"):
+        _decide(parse="rows")

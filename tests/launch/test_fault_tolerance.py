@@ -366,7 +366,10 @@ def test_sigterm_to_one_worker_under_launch_local_backs_up_every_worker_and_resu
     first.mkdir(), second.mkdir()
     cmd = [sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "240", "--",
            *_train_args(table_export, output, "5")]
-    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_TEST_RECORDS_DIR=str(first)),
+    # Worker 0 (told of the preemption by the all-reduce, not by a signal) lingers 3 s in its exit, so the
+    # launcher's SIGTERM to it (worker 1 exited first) arrives then: it must still finish its exit (its records).
+    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_TEST_RECORDS_DIR=str(first),
+                                              HARNESS_TEST_EXIT_DELAY_S="3"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         victim = _find_worker(launcher, lambda env: json.loads(env.get("TF_CONFIG", "{}")).get("task", {}).get(
@@ -390,7 +393,9 @@ def test_sigterm_to_one_rank_under_horovodrun_backs_up_and_resumes(table_export,
     first.mkdir(), second.mkdir()
     cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
            *_train_args(table_export, output, "5"), "--backend", "horovod"]
-    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_TEST_RECORDS_DIR=str(first)),
+    # Rank 0 lingers 3 s in its exit: horovodrun's stop of the ranks still running (rank 1 exited first) arrives then
+    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_TEST_RECORDS_DIR=str(first),
+                                              HARNESS_TEST_EXIT_DELAY_S="3"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         victim = _find_worker(launcher, lambda env: env.get("HOROVOD_RANK") == "1")

@@ -218,3 +218,28 @@ def test_a_sigint_that_tensorflow_swallows_still_ends_the_run():
             assert not interrupt.requested()
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("fault", ["PreemptedError", "PeerLostError", "StalledWorkerError"])
+def test_a_worker_leaving_on_a_cluster_fault_ignores_the_launchers_sigterm(fault):
+    """A worker that learned of a preemption through the all-reduce (no SIGTERM of its own), or of a lost or
+    stuck peer, leaves `interrupt.handling()` with SIGTERM ignored: the launcher's stop of the workers still
+    running must not kill it in its exit (before, the default handler was back and the SIGTERM ended it by signal,
+    its atexit work undone: tests/launch/test_fault_tolerance.py's launch-local case, one records file missing).
+    Bad input (a permanent error) leaves the previous handler."""
+    from harness import errors
+    from harness.train import interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(getattr(errors, fault)):
+            with interrupt.handling():
+                raise getattr(errors, fault)("worker 1 (host h) at step 7")
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.signal(signal.SIGTERM, before)
+        with pytest.raises(errors.ConfigError):
+            with interrupt.handling():
+                raise errors.ConfigError("bad input")
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, before)

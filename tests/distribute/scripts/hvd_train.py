@@ -1,7 +1,7 @@
 """`harness train ARGS...` in one rank, launched by tests/distribute/test_horovod_backend.py (horovodrun, mpirun).
 
 Runs `harness.train.job.run` as the CLI would, keeping a handle on the built model and counting every write the
-rank makes (backups, model saves, files opened for writing by the job), then prints one line
+rank makes (backups, model saves, the summary.json it writes), then prints one line
 `HVD_TRAIN {json}`: the rank, a sha256 and the values of its final weights, its writes and its summary.
 """
 import hashlib
@@ -40,10 +40,12 @@ def counting(fn, key):
     return wrapper
 
 
-def counting_open(path, mode="r", *args, **kwargs):
-    if any(c in mode for c in "wax+"):
-        writes["files"].append(os.path.basename(str(path)))
-    return open(path, mode, *args, **kwargs)
+def counting_summary(fn):
+    """`results.write_summary`, the job's one writer of summary.json (through tf.io.gfile: gs:// outputs), noted."""
+    def wrapper(summary, output, *args, **kwargs):
+        writes["files"].append("summary.json")
+        return fn(summary, output, *args, **kwargs)
+    return wrapper
 
 
 def capture_checked(fn):
@@ -59,7 +61,7 @@ models.pixel_classifier = capture(models.pixel_classifier)
 models.unet = capture(models.unet)
 tf.train.CheckpointManager.save = counting(tf.train.CheckpointManager.save, "backup")
 tf_keras.Model.save = counting(tf_keras.Model.save, "model")
-results.open = counting_open  # the job writes summary.json with open() (harness.train.results)
+results.write_summary = counting_summary(results.write_summary)  # the job's summary.json (harness.train.results)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # tests/: call_counts
 import call_counts  # noqa: E402

@@ -7,7 +7,9 @@ batches drawn from the input pipeline (the data position), counted where the tra
 HARNESS_TEST_STEP_DELAY_S set, every step waits that many seconds for its batch, so a test can kill a worker in
 the middle of an epoch. With HARNESS_TEST_RECORDS_DIR set, every batch drawn is also kept as its records (each
 row of the inputs, as text: a record's identity) and written at exit, preempted or not, to
-`records-<rank>-<pid>.json` there: `{"rank", "batches": [[row, ...], ...]}` in the order drawn.
+`records-<rank>-<pid>.json` there: `{"rank", "batches": [[row, ...], ...]}` in the order drawn. With
+HARNESS_TEST_EXIT_DELAY_S set, rank 0 waits that many seconds at exit before writing them, so the stop a launcher
+sends the workers still running (after another one exited) arrives while it exits.
 
 Errors end the process as `harness train` does (`harness.cli.main`): a `ClusterFault` (a preemption) prints one
 line and exits 138, a `HarnessError` (a resume refused) one line and 2.
@@ -31,6 +33,7 @@ from harness.train.trainer import Trainer
 
 delay = float(os.environ.get("HARNESS_TEST_STEP_DELAY_S", "0"))
 records_dir = os.environ.get("HARNESS_TEST_RECORDS_DIR")
+exit_delay = float(os.environ.get("HARNESS_TEST_EXIT_DELAY_S", "0"))
 drawn = []   # batches this process took from its input pipeline: the data position
 batches = []   # with records_dir: each batch drawn, as its rows
 _next_batch = Trainer._next_batch
@@ -47,6 +50,8 @@ def _drew(inputs):
 
 
 def _write_records():
+    if exit_delay and rank == 0:
+        time.sleep(exit_delay)
     if records_dir:
         with open(os.path.join(records_dir, f"records-{rank}-{os.getpid()}.json"), "w") as f:
             json.dump({"rank": rank, "batches": batches}, f)

@@ -1,0 +1,102 @@
+"""Reads from a Cloud Storage bucket against local disk: the same files, through TensorFlow's own gs:// file system.
+
+The bucket is the test bed's (tests/gcs_bed.py): gcp-storage-emulator in memory behind a TLS proxy on loopback, so
+each gs:// read pays what a real one pays on the client (TLS, HTTP, TensorFlow's GCS file system and its
+64 MiB read blocks) but no network: what it measures is the client side's cost, not a bucket's bandwidth. The
+export is written once (synthetic 256x256x8 float GZIP patches, `harness.data.synth`, as Earth Engine lays them
+out), uploaded, and read by two pipelines from both places, taking turns in each run (`time_round_robin`):
+  reader   the harness's reader alone (`pipeline.read_files`, records counted, not parsed): the read limit;
+  harness  `pipeline.build_dataset` in evaluation mode (no shuffle, no cache): what training reads at.
+Prints examples/s and MB/s per pipeline and place, then bucket / local per pipeline (median and range over the
+runs, each run's pair back to back); the target is >= 0.8 for the harness pipeline.
+
+  python benchmarks/gcs_read.py [--records 32] [--shards 4] [--patch 256] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from gcs_bed import GcsBed  # noqa: E402
+import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
+
+# --smoke: 4 patches of 16x16, one run; `make test` runs it (tests/bench/test_benchmarks_start.py)
+SMOKE = dict(records=4, shards=2, patch=16, batch=2, passes=1, repeats=1)
+TARGET = 0.8
+
+
+def _ratio(secs, a, b):
+    ratios = [sb / sa for sa, sb in zip(secs[a], secs[b])]       # rate(a) / rate(b), same examples
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--records", type=int, default=32, help="patches in the export")
+    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--patch", type=int, default=256, help="patch side (pixels)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--passes", type=int, default=2, help="times the file list is read per run")
+    p.add_argument("--repeats", type=int, default=5)
+    args = smoke.parse(p, argv, SMOKE)
+    with tempfile.TemporaryDirectory(prefix="harness-gcs-bench-") as tmp, GcsBed(os.path.join(tmp, "bed")) as bed:
+        routed = bed.env()                    # before TensorFlow loads: its GCS file system reads them then
+        os.environ.clear()
+        os.environ.update(routed)
+        import harness  # noqa: F401  (environment defaults before TensorFlow)
+        import tensorflow as tf
+
+        from harness.bench.input import harness_dataset, reader_limit, time_round_robin
+        from harness.data import index, shards as shards_lib, spec as spec_lib, synth
+
+        local = os.path.join(tmp, "export")
+        t = time.perf_counter()
+        synth.write_image_export(local, prefix="bench", shards=args.shards, records=args.records,
+                                 bands=[f"B{i}" for i in range(8)], classes=4, patch_size=args.patch, kernel_size=0,
+                                 compressed=True, seed=0)
+        objects = bed.upload_tree(local, bed.url("export"))
+        size = sum(os.path.getsize(os.path.join(local, f)) for f in os.listdir(local))
+        print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores; {args.records} patches of "
+              f"{args.patch}x{args.patch}x8 float, GZIP, in {args.shards} shards ({size / 1e6:.1f} MB in "
+              f"{len(objects)} objects), batch {args.batch}, files read {args.passes}x per run, {args.repeats} runs "
+              f"(written and uploaded in {time.perf_counter() - t:.0f} s)")
+        runs, expected, mean_bytes = {}, {}, {}
+        for place, source in (("local", local), ("bucket", bed.url("export"))):
+            found = shards_lib.discover_shards(source)
+            stats = index.record_stats(found)
+            records = sum(s.records for s in stats)
+            mean_bytes[place] = sum(s.bytes for s in stats) / records
+            spec = spec_lib.infer_spec(found, mixer=shards_lib.find_mixer(found))
+            found = list(found) * args.passes
+            runs[f"reader {place}"] = reader_limit([s.path for s in found], found[0].compression, args.batch,
+                                                   mean_bytes[place])
+            runs[f"harness {place}"] = harness_dataset(found, spec, args.batch)
+            expected[f"reader {place}"] = expected[f"harness {place}"] = records * args.passes
+        secs, _ = time_round_robin(runs, expected, args.repeats)
+        print(f"  {'pipeline':<16} {'examples/s':>11} {'spread':>7} {'MB/s':>8}")
+        for label in runs:
+            eps = [expected[label] / s for s in secs[label]]
+            mean = statistics.mean(eps)
+            spread = statistics.pstdev(eps) / mean if len(eps) > 1 else 0.0
+            print(f"  {label:<16} {mean:>11,.1f} {spread:>6.0%} {mean * mean_bytes['local'] / 1e6:>8.1f}")
+        print(f"  bucket / local, median [min-max] over the {args.repeats} runs:")
+        for name in ("reader", "harness"):
+            r = _ratio(secs, f"{name} bucket", f"{name} local")
+            verdict = f"  (target >= {TARGET}: {'ok' if r[0] >= TARGET else 'MISSED'})" if name == "harness" else ""
+            print(f"  {name + ' bucket / local':<24} = {r[0]:.2f} [{r[1]:.2f}-{r[2]:.2f}]{verdict}")
+        reads = [r for r in bed.requests() if r.startswith("GET storage.googleapis.com")]
+        print(f"  {len(reads)} media reads through the proxy; {len(bed.refused())} refused")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`harness tune`: short probes of each input stage on your shards and options, the step's rate on synthetic
+batches, then the levers decided (`harness.data.tune`) and written as a run config for `harness train --config`.
+
+The stage probes (read, inflate, parse, decode, augment, batch, each per core) are `harness.data.probe`'s (a layer
+down, shared with `harness train --tune`); here, besides them:
+
+  compute  `harness bench train --data synthetic --like DATA` with the run's batch, precision and strategy
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from typing import Optional
+
+from harness.data import tune as tune_lib
+from harness.data.probe import (COUNT_BATCH, NEGLIGIBLE, PROBE_RECORDS, REPEATS, difference,  # noqa: F401
+                                free_disk, one_core, probe, rate_per_core)
+
+
+def compute_rate(options, label: Optional[str], *, steps: int, warmup: int) -> float:
+    """The step's examples/s on synthetic batches shaped like the data (`harness.bench.train.run` with
+    `--data synthetic --like DATA`, the run's batch, precision and strategy; no trace, no sampling)."""
+    from harness.bench.train import BenchTrainOptions, run
+
+    with tempfile.TemporaryDirectory(prefix="harness-tune-") as out:
+        report = run(BenchTrainOptions(
+            data=("synthetic",), like=tuple(options.data), label=label, steps=steps, warmup=warmup, output=out,
+            per_replica_batch_size=options.per_replica_batch_size or options.global_batch_size,
+            precision=options.precision, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
+            no_trace=True, no_sampling=True, no_plot=True, seed=options.seed))
+    return float(report["summary"]["examples_per_s"])
+
+
+def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RECORDS, compute_steps: int = 20,
+        say=print) -> tuple:
+    """Probe, decide and print: returns `(Decision, spec)`.
+
+    Args:
+      options: the run's `TrainOptions` (data, batch, cache_dir, augment, epochs, ...).
+      data_config: the `data:` section (label, bands, ...), as `harness train` refines the inferred spec.
+      workers: training workers sharing the export on one host each (each gets 1/workers of the files and
+        records; the CPUs and memory are this host's, `resources.detect`).
+    Raises:
+      the data layer's errors (discovery, spec) and ConfigError (no label, no records).
+    """
+    import tensorflow as tf
+
+    from harness.distribute import resources
+    from harness.errors import ConfigError
+    from harness.data.source import open_shards
+    from harness.train.inputs import resolve_spec
+
+    train = open_shards(options.data, mixer=options.mixer)
+    spec = resolve_spec(data_config or {}, train)
+    if spec.label is None:
+        raise ConfigError(f"no label feature found in {train.shards[0].path}: give --label")
+    mine = resources.detect(1)
+    say(f"tune: {len(train.files_with_records)} files, {train.records} records; {mine.describe()}")
+    batch = options.per_replica_batch_size or options.global_batch_size
+    stages = probe(train, spec, batch_size=batch, augment=options.augment, brightness=options.brightness,
+                   contrast=options.contrast, records=records)
+    compute = compute_rate(options, (data_config or {}).get("label") or spec.label, steps=compute_steps,
+                           warmup=3)
+    measured = tune_lib.Measured(read=stages["read"], inflate=stages["inflate"], parse=stages["parse"],
+                                 decode=stages["decode"], augment=stages["augment"], batch=stages["batch"],
+                                 compute=compute, compute_on_cpu=not tf.config.list_physical_devices("GPU"))
+    say(f"measured on {stages['probed_records']} records of {stages['probed_files']} file(s), examples/s per core:")
+    R, B = tune_lib.RECORDS, tune_lib.BATCHES
+    rows = (("read", measured.read), ("inflate", measured.inflate), ("parse per record", measured.parse[R]),
+            ("parse per batch", measured.parse[B]), ("decode per record", measured.decode[R]),
+            ("decode per batch", measured.decode[B]), ("augment", measured.augment), ("batch", measured.batch))
+    for label, s in rows:
+        if s is not None:
+            say(f"  {label:<17} {s.per_core:>12,.0f}  {s.out_bytes:>10,.0f} B out per example")
+    say(f"  {'compute':<17} {compute:>12,.0f}  examples/s on synthetic batches "
+        f"({'CPU' if measured.compute_on_cpu else 'accelerator'})")
+    workload = tune_lib.Workload(
+        records=max(1, train.records // workers), files=max(1, math.ceil(len(train.files_with_records) / workers)),
+        batch_size=batch, epochs=options.epochs, cpus=mine.cpus, memory_bytes=mine.memory_bytes,
+        disk_bytes=free_disk(options.cache_dir), workers=workers)
+    decision = tune_lib.decide(measured, workload)
+    for line in decision.lines():
+        say(line)
+    return decision, spec
+
+
+def config_text(decision, train: dict, data: dict) -> str:
+    """The run config `harness train --config` takes: `train:` the options given (`train`) with the levers of
+    `decision` (`Decision.train_options`), `data:` the data section given; each choice and the prediction as
+    comments above."""
+    import yaml
+
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    section = {k: plain(v) for k, v in train.items()}
+    section.update(decision.train_options())
+    config = {"train": section, **({"data": {k: plain(v) for k, v in data.items()}} if data else {})}
+    head = ["# written by `harness tune`: the input pipeline's levers from its measured stages"]
+    head += [f"# {line}" for line in decision.lines()]
+    return "\n".join(head) + "\n" + yaml.safe_dump(config, sort_keys=False)

@@ -1,0 +1,29 @@
+"""`harness tune`: probe the input pipeline's stages on your data, decide its levers, write a run config."""
+from __future__ import annotations
+
+from harness.commands.train import _NOT_OPTIONS
+
+_TUNE_ONLY = ("write", "workers", "probe_records", "compute_steps")
+_DATA_KEYS = ("label", "bands", "task", "ignore_label", "class_names")  # `merge_options` moves them to `data:`
+
+
+def tune(args) -> int:
+    """`harness tune --data PATH [train options] [--write FILE]` (`harness.bench.tune`)."""
+    from harness.bench import tune as tune_lib
+    from harness.train.options import load_config, merge_options
+
+    config = load_config(args.config) if getattr(args, "config", None) else {}
+    given = {k: v for k, v in vars(args).items()
+             if not k.startswith("_") and k not in _NOT_OPTIONS and k not in _TUNE_ONLY}
+    options, data = merge_options(config, given)
+    decision, _ = tune_lib.run(options, data, workers=args.workers, records=args.probe_records,
+                               compute_steps=args.compute_steps)
+    train = dict(config.get("train") or {})
+    train.update({k: v for k, v in given.items() if k not in _DATA_KEYS})
+    for key, value in decision.train_options().items():
+        if key in train and train[key] != value:
+            print(f"tune: {key} {train[key]!r} was given; the config written sets the tuned {value!r}")
+    with open(args.write, "w") as f:
+        f.write(tune_lib.config_text(decision, train, data))
+    print(f"config: {args.write} (harness train --config {args.write})")
+    return 0

@@ -1,0 +1,190 @@
+"""The input pipeline's stages probed one at a time on one core (`harness tune` and `harness train --tune`): each
+stage's examples/s per core and its output bytes per example, as `harness.data.tune.Measured` takes them.
+
+Probes (each on the first `records` records of the shards given, a few hundred, read once into memory where the
+stage reads from memory; timed by `time_passes`: one warm-up pass, then `repeats` passes, the median's process CPU
+seconds): every probe runs on one core (a private thread pool of one thread, no intra-op parallelism, no
+autotuning), so its rate is examples/s per core, as Plumber measures each op's rate per core (Kuchnik et al.,
+MLSys 2022). A stage that only runs after another is timed with it and without it; its cost is the difference.
+
+  read     the files' bytes (`tf.io.gfile`), examples/s at the files' bytes per record
+  inflate  `TFRecordDataset(compression_type="GZIP")` less the read (GZIP exports only)
+  parse    `tf.io.parse_example` per record, and per read batch (`stages.read_batch_size`), less the in-memory source
+  decode   the pipeline's `decode` (bands stacked, cropped, resized; label checked) less the parse
+  augment  the pipeline's flips, rotations and color jitter on batches held in memory (when the run augments)
+  batch    decoded records held in memory, batched
+
+Moved here from `harness.bench` (with `count_examples` and `time_passes`) so that the train layer, which may not
+import bench, probes with the same code.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+import types
+from typing import Optional
+
+from harness.data import tune as tune_lib
+
+PROBE_RECORDS = 256
+REPEATS = 3
+COUNT_BATCH = 64       # examples per counted element of a per-record probe
+NEGLIGIBLE = 1e-3      # a derived stage costs at least this fraction of the probe it was derived from
+
+
+def _batch_examples(element):
+    """Examples in one dataset element: the leading dimension of its first component (int64 tensor)."""
+    import tensorflow as tf
+
+    first = tf.nest.flatten(element)[0]
+    return tf.shape(first, out_type=tf.int64)[0]
+
+
+def count_examples(ds) -> int:
+    """Examples in one full pass over `ds` (a dataset of batches), counted inside TensorFlow (`Dataset.reduce`,
+    no per-batch Python)."""
+    import tensorflow as tf
+
+    return int(ds.reduce(tf.constant(0, tf.int64), lambda acc, e: acc + _batch_examples(e)))
+
+
+def time_passes(ds, repeats: int) -> tuple[int, list[float], list[float]]:
+    """(examples per pass, wall seconds of each timed pass, process CPU seconds of each) after one warm-up
+    pass."""
+    n = count_examples(ds)
+    secs, cpu = [], []
+    for _ in range(repeats):
+        c, t = time.process_time(), time.perf_counter()
+        count_examples(ds)
+        secs.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return n, secs, cpu
+
+
+
+def one_core(ds):
+    """`ds` on one thread: a private thread pool of 1, no intra-op parallelism, no autotuning."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
+def rate_per_core(ds, repeats: int = REPEATS) -> float:
+    """Examples per process CPU second of one pass over `ds` on one core (median of `repeats` timed passes)."""
+    n, _, cpu = time_passes(one_core(ds), repeats)
+    return n / max(statistics.median(cpu), 1e-9)
+
+
+def difference(with_stage: float, without: float) -> float:
+    """The rate of a stage from a probe with it (`with_stage` examples/s per core) and one without: the costs
+    subtract (1/r = 1/with - 1/without), at least NEGLIGIBLE of the probe's."""
+    cost = max(1.0 / with_stage - 1.0 / without, NEGLIGIBLE / with_stage)
+    return 1.0 / cost
+
+
+def _read_rate(paths, records_per_byte: float, budget: int, repeats: int) -> float:
+    """Examples per CPU second of reading the files' bytes (at most `budget` bytes), 1 MB at a time."""
+    import tensorflow as tf
+
+    def once():
+        left = budget
+        for path in paths:
+            with tf.io.gfile.GFile(path, "rb") as f:
+                while left > 0:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+        return budget - left
+
+    once()
+    cpu = []
+    for _ in range(repeats):
+        c = time.process_time()
+        nbytes = once()
+        cpu.append(time.process_time() - c)
+    return nbytes * records_per_byte / max(statistics.median(cpu), 1e-9)
+
+
+def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, contrast: float,
+          records: int = PROBE_RECORDS, repeats: int = REPEATS) -> dict:
+    """Each stage's `StageRate` on the first `records` records of `train` (a `ShardSet`): `{"read", "inflate",
+    "parse", "decode", "augment", "batch"}` as `harness.data.tune.Measured` takes them (the module docstring).
+
+    Raises:
+      ConfigError: if the shards hold no records.
+    """
+    import tensorflow as tf
+
+    from harness.data import pipeline, stages
+    from harness.data.spec import IMAGE
+    from harness.errors import ConfigError
+
+    S = tune_lib.StageRate
+    held = [(s, st) for s, st in zip(train.shards, train.stats) if st.records > 0]
+    if not held:
+        raise ConfigError("tune: every shard holds zero records")
+    files, taken = [], 0
+    for shard, st in held:
+        files.append((shard, st))
+        taken += st.records
+        if taken >= records:
+            break
+    paths = [s.path for s, _ in files]
+    compression = files[0][0].compression
+    sizes = [tf.io.gfile.stat(p).length for p in paths]
+    file_bytes = sum(sizes) / taken                    # stored bytes per record
+    serialized_bytes = sum(st.bytes for _, st in files) / taken
+    n = min(records, taken)
+    raw = tf.data.TFRecordDataset(paths, compression_type=compression, buffer_size=pipeline.READ_BUFFER_BYTES)
+    serialized = list(raw.take(n).as_numpy_iterator())
+    read = _read_rate(paths, 1.0 / file_bytes, int(n * file_bytes), repeats)
+    reader = rate_per_core(raw.take(n).batch(COUNT_BATCH), repeats)
+    if compression:
+        read_stage = S(tune_lib.READ, read, file_bytes)
+        inflate = S(tune_lib.INFLATE, difference(reader, read), serialized_bytes)
+    else:
+        read_stage, inflate = S(tune_lib.READ, reader, file_bytes), None
+    desc = pipeline.feature_description(spec)
+    values = spec.values_per_feature() if spec.kind == IMAGE else 1
+    parsed_bytes = 4 * values * len(spec.features)
+    decoded_bytes = pipeline.decoded_record_bytes(spec)
+    source = tf.data.Dataset.from_tensor_slices(serialized)
+    read_batch = stages.read_batch_size(serialized_bytes)
+    src_records = rate_per_core(source.batch(COUNT_BATCH), repeats)
+    src_batches = rate_per_core(source.batch(read_batch), repeats)
+    p_rec = rate_per_core(source.map(lambda r: tf.io.parse_example(r[None], desc)).batch(COUNT_BATCH), repeats)
+    pd_rec = rate_per_core(source.map(lambda r: pipeline.decode_one(spec, r)).batch(COUNT_BATCH), repeats)
+    p_bat = rate_per_core(source.batch(read_batch).map(lambda r: tf.io.parse_example(r, desc)), repeats)
+    pd_bat = rate_per_core(source.batch(read_batch).map(lambda r: pipeline.decode(spec, r)), repeats)
+    parse = {tune_lib.RECORDS: S(tune_lib.PARSE, difference(p_rec, src_records), parsed_bytes),
+             tune_lib.BATCHES: S(tune_lib.PARSE, difference(p_bat, src_batches), parsed_bytes)}
+    decode = {tune_lib.RECORDS: S(tune_lib.DECODE, difference(pd_rec, p_rec), decoded_bytes),
+              tune_lib.BATCHES: S(tune_lib.DECODE, difference(pd_bat, p_bat), decoded_bytes)}
+    decoded_records = source.map(lambda r: pipeline.decode_one(spec, r)).cache()
+    batches = decoded_records.batch(batch_size).cache()
+    batch = S(tune_lib.BATCH, rate_per_core(batches, repeats), decoded_bytes, 1)
+    augment_stage = None
+    augments = augment and spec.kind == IMAGE
+    if augments or brightness or contrast:
+        plan = types.SimpleNamespace(augment=augments, brightness=brightness, contrast=contrast, seed=0,
+                                     map_parallelism=1, deterministic=True)
+        augmented = rate_per_core(pipeline._augment(batches, spec, plan), repeats)
+        augment_stage = S(tune_lib.AUGMENT, difference(augmented, batch.per_core), decoded_bytes)
+    return {"read": read_stage, "inflate": inflate, "parse": parse, "decode": decode, "augment": augment_stage,
+            "batch": batch, "probed_records": n, "probed_files": len(paths)}
+
+
+def free_disk(path: Optional[str]) -> Optional[int]:
+    """Free bytes of the file system of `path` (its nearest existing folder); None without a path."""
+    if not path:
+        return None
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free

@@ -1,0 +1,343 @@
+"""The input pipeline's levers decided from measured stage rates, without TensorFlow (`harness tune`'s decisions).
+
+Model (Plumber: Kuchnik, Klimovic, Šimša, Smith, Amvrosiadis, "Plumber: Diagnosing and Removing
+Performance Bottlenecks in Machine Learning Data Pipelines", MLSys 2022, arXiv 2111.04131): each stage i runs at
+`r_i` examples/s per core and may use at most `m_i` cores (1 for a sequential stage; the files for a reader, one
+thread per file). Given `c` cores, Plumber's linear program `maximize min_i r_i·θ_i  s.t.  Σθ_i ≤ c, θ_i ≤ m_i` has the
+closed-form optimum
+
+    X = min(c / Σ_i 1/r_i,  min_i m_i·r_i),   θ_i = X / r_i   (cores given to stage i)
+
+(every stage runs at the pipeline's rate X; the cores are shared in proportion to each stage's cost), and the
+pipeline delivers X examples/s: the slowest stage's rate given its cores. One cache point (Plumber's mixed-integer
+program allows at most one): the deepest that fits the memory budget and comes before any random stage (cached
+augmentations would repeat every epoch); Cachew (Graur et al., USENIX ATC 2022, eth-easl/cachew `cache_utils.cc`)
+picks between recomputing, a cache read and none by the modelled epoch time, as `decide_cache` does for the
+file cache. The number of tf.data service workers follows Cachew's autoscaling stop rule (`scaling_utils.cc`: add
+a worker while the client's batch time improves by more than 7%), computed from the model instead of tried.
+
+Where the step runs on the same cores (no accelerator: `Workload.compute_on_cpu`), the step and the pipeline
+take turns on them: a step of `c / C` core-seconds per example (C: the synthetic-batch rate on all c cores) and
+the pipeline's `Σ 1/r_i` add up, so the job runs at `c / (c / C + Σ 1/r_i)` (bounded by the stages' caps): the
+real/synthetic ratio, not the stall share, is what tuning raises.
+
+Stages measured (`harness.data.probe` probes them): read (file bytes), inflate (GZIP), parse (`parse_example`,
+per record or per read batch), decode (bands stacked, cropped, resized; label checked), augment (random flips,
+rotations, color jitter) and batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+from harness.errors import ConfigError
+
+READ, INFLATE, PARSE, DECODE, AUGMENT, BATCH = "read", "inflate", "parse", "decode", "augment", "batch"
+STAGES = (READ, INFLATE, PARSE, DECODE, AUGMENT, BATCH)
+RECORDS, BATCHES = "records", "batches"  # parse placements (choices.PARSE_PLACEMENTS without "auto")
+MEMORY, FILE, NONE = "memory", "file", "none"  # cache kinds (choices.CACHE_MODES)
+# A memory cache may take this fraction of the worker's memory (as stages.MEMORY_CACHE_FRACTION, and tf.data's
+# autotune ram_budget default: half of the available RAM).
+MEMORY_CACHE_FRACTION = 0.5
+# A file cache may take this fraction of the free disk under cache_dir.
+DISK_CACHE_FRACTION = 0.5
+# Prefetched batches may take at most this fraction of the worker's memory.
+PREFETCH_MEMORY_FRACTION = 0.05
+# Cachew's autoscaling rule: another worker is worth adding while it improves the batch time by more than 7%.
+SERVICE_GAIN = 0.07
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRate:
+    """One stage as measured: `per_core` examples/s on one core, `out_bytes` per example it outputs, `max_cores`
+    the most cores it can use (None: any, a parallel map; 1: sequential; a reader: one per file).
+
+    Raises:
+      ConfigError: if per_core is not > 0.
+    """
+
+    name: str
+    per_core: float
+    out_bytes: float
+    max_cores: Optional[float] = None
+
+    def __post_init__(self):
+        if not self.per_core > 0:
+            raise ConfigError(f"stage {self.name}: rate per core must be > 0 examples/s, got {self.per_core}")
+
+    @property
+    def cost(self) -> float:
+        """Core-seconds per example (1 / per_core)."""
+        return 1.0 / self.per_core
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """The probes' figures (`harness.data.probe.probe`).
+
+    Attributes:
+      read: file bytes read (`out_bytes`: bytes per example as stored, compressed or not).
+      inflate: GZIP decompression (`out_bytes`: serialized bytes per example); None for uncompressed files.
+      parse: by placement, RECORDS and BATCHES: `tf.io.parse_example` of one record, or of one read batch
+        (rate per example); `out_bytes` the parsed features' bytes.
+      decode: by placement: bands stacked, cropped and resized, the label checked; `out_bytes` as delivered.
+      augment: the random stages (flips, rotations, jitter) on batches; None when the run augments nothing.
+      batch: grouping decoded examples into batches.
+      compute: the training step's examples/s on synthetic batches (`harness bench train --data synthetic`).
+      compute_on_cpu: the step runs on the pipeline's cores (no accelerator).
+    """
+
+    read: StageRate
+    inflate: Optional[StageRate]
+    parse: dict
+    decode: dict
+    augment: Optional[StageRate]
+    batch: StageRate
+    compute: float
+    compute_on_cpu: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one worker's pipeline must deliver and with what: `records` per epoch and `files` (this worker's),
+    `batch_size` (per replica), `epochs`, `cpus` and `memory_bytes` (`harness.distribute.resources`),
+    `disk_bytes` free under `cache_dir` (None: no cache dir), `workers` (training workers sharing the export)."""
+
+    records: int
+    files: int
+    batch_size: int
+    epochs: int
+    cpus: int
+    memory_bytes: int
+    disk_bytes: Optional[int] = None
+    workers: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """Plumber's optimum for a chain of stages on `cores`: `rate` examples/s, `cores` given to each stage
+    (`{name: θ}`), and `bound`: the stage whose cap binds, or "cores" when the cores do."""
+
+    rate: float
+    cores: dict
+    bound: str
+
+
+def allocate(chain: Sequence[StageRate], cores: float) -> Allocation:
+    """X = min(cores / Σ 1/r_i, min_i m_i·r_i), θ_i = X / r_i (the module docstring; Kuchnik et al., MLSys 2022).
+
+    Raises:
+      ConfigError: if cores is not > 0 or the chain is empty.
+    """
+    if not cores > 0 or not chain:
+        raise ConfigError(f"allocate: needs cores > 0 and at least one stage, got {cores} cores, {len(chain)} stages")
+    rate, bound = cores / sum(s.cost for s in chain), "cores"
+    for s in chain:
+        if s.max_cores is not None and s.max_cores * s.per_core < rate:
+            rate, bound = s.max_cores * s.per_core, s.name
+    return Allocation(rate=rate, cores={s.name: rate * s.cost for s in chain}, bound=bound)
+
+
+def combined(name: str, stages: Sequence[StageRate], *, max_cores: Optional[float] = None) -> StageRate:
+    """Stages run one after the other on one thread as one stage (a file's reader reads and inflates it): the
+    costs add, the last stage's output."""
+    return StageRate(name, 1.0 / sum(s.cost for s in stages), stages[-1].out_bytes, max_cores)
+
+
+def end_to_end(pipeline: Allocation, chain: Sequence[StageRate], compute: float, *, compute_on_cpu: bool,
+               cores: float) -> float:
+    """The job's examples/s: min(C, X) with an accelerator (the pipeline overlaps the step); on the step's own
+    cores c / (c / C + Σ 1/r_i), at most the stages' caps (the module docstring)."""
+    if not compute_on_cpu:
+        return min(compute, pipeline.rate)
+    shared = cores / (cores / compute + sum(s.cost for s in chain))
+    return min([shared, *(s.max_cores * s.per_core for s in chain if s.max_cores is not None)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One lever's value and why, with the numbers it was decided on."""
+
+    name: str
+    value: object
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Every lever, decided (`decide`), and the predicted rates (examples/s): `first_epoch` (uncached chain),
+    `steady` (later epochs, after the cache), `end_to_end` (the job's rate in later epochs, the step included),
+    `compute` (synthetic batches)."""
+
+    levers: tuple
+    first_epoch: float
+    steady: float
+    end_to_end: float
+    compute: float
+
+    def value(self, name: str):
+        return next(c.value for c in self.levers if c.name == name)
+
+    def train_options(self) -> dict:
+        """The `train:` keys of a run config (`TrainOptions` fields) this decision sets."""
+        return {"parse": self.value("parse"), "parallel_reads": self.value("parallel_reads"),
+                "map_parallelism": self.value("map_parallelism"), "prefetch": self.value("prefetch"),
+                "cache": self.value("cache")}
+
+    def lines(self) -> list[str]:
+        """One line per choice, then the prediction."""
+        out = [f"{c.name}: {c.value} ({c.reason})" for c in self.levers]
+        out.append(f"predicted: {self.steady:,.0f} examples/s from the pipeline after the first epoch "
+                   f"({self.first_epoch:,.0f} in the first), {self.end_to_end:,.0f} examples/s for the job beside "
+                   f"{self.compute:,.0f} on synthetic batches (real/synthetic {self.end_to_end / self.compute:.2f}; "
+                   "Plumber's model, Kuchnik et al., MLSys 2022)")
+        return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def choose_parse(m: Measured) -> Choice:
+    """The placement whose parse + decode costs fewer core-seconds per example."""
+    cost = {p: m.parse[p].cost + m.decode[p].cost for p in (RECORDS, BATCHES)}
+    best = min(cost, key=cost.get)
+    other = BATCHES if best == RECORDS else RECORDS
+    each = {RECORDS: "record", BATCHES: "read batch"}
+    return Choice("parse", best, f"parse + decode {_fmt(1 / cost[best])} examples/s per core, one per "
+                                 f"{each[best]}, against {_fmt(1 / cost[other])} one per {each[other]}")
+
+
+def uncached_chain(m: Measured, w: Workload, parse: str) -> list[StageRate]:
+    """The first epoch's stages: the reader (read + inflate, one thread per file), parse, decode, augment,
+    batch."""
+    reader = combined(READ, [m.read] + ([m.inflate] if m.inflate else []), max_cores=w.files)
+    chain = [reader, m.parse[parse], m.decode[parse]]
+    return chain + ([m.augment] if m.augment else []) + [m.batch]
+
+
+def decide_cache(m: Measured, w: Workload, parse: str) -> tuple[Choice, list[StageRate]]:
+    """The cache kind and point, and the stages later epochs run.
+
+    The one point is after decode (the deepest deterministic stage: augmentation is random, so it runs after the
+    cache, every epoch). Memory when the decoded records fit MEMORY_CACHE_FRACTION of the worker's memory; else a
+    file cache when they fit DISK_CACHE_FRACTION of the free disk and reading it (at the read stage's bytes/s per
+    core, `decode.out_bytes` per example) beats recomputing (Cachew's rule: the shorter modelled epoch); else
+    none. One epoch: no cache (it would be filled and never read).
+    """
+    decoded = m.decode[parse].out_bytes
+    nbytes = w.records * decoded
+    after = ([m.augment] if m.augment else []) + [m.batch]
+    recompute = uncached_chain(m, w, parse)
+    where = "after decode, before augment (random)" if m.augment else "after decode"
+    if w.epochs < 2:
+        return Choice("cache", NONE, "one epoch: a cache would be filled and never read"), recompute
+    budget = MEMORY_CACHE_FRACTION * w.memory_bytes
+    if nbytes <= budget:
+        return Choice("cache", MEMORY, f"{where}: {_gb(nbytes)} of decoded records fit in "
+                                       f"{MEMORY_CACHE_FRACTION:.0%} of {_gb(w.memory_bytes)} memory"), after
+    no_memory = f"{_gb(nbytes)} of decoded records exceed {_gb(budget)} of memory"
+    if w.disk_bytes is None:
+        return Choice("cache", NONE, f"{no_memory}, and no cache_dir was given"), recompute
+    if nbytes > DISK_CACHE_FRACTION * w.disk_bytes:
+        return Choice("cache", NONE, f"{no_memory} and {DISK_CACHE_FRACTION:.0%} of the "
+                                     f"{_gb(w.disk_bytes)} free disk"), recompute
+    file_read = StageRate("cache read", m.read.per_core * m.read.out_bytes / decoded, decoded, w.files)
+    cached = allocate([file_read, *after], w.cpus).rate
+    fresh = allocate(recompute, w.cpus).rate
+    if cached > fresh:
+        return Choice("cache", FILE, f"{where}: {no_memory}; read from local disk at {_fmt(cached)} examples/s "
+                                     f"against {_fmt(fresh)} recomputed"), [file_read, *after]
+    return Choice("cache", NONE, f"{no_memory}; a file cache would read at {_fmt(cached)} examples/s, "
+                                 f"recomputing gives {_fmt(fresh)}"), recompute
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.2f} GB" if b >= 1e8 else f"{b / 1e6:.1f} MB"
+
+
+def decide_reads(first: Allocation, w: Workload) -> Choice:
+    """Files read at once: the reader's cores in the first epoch (θ_read, rounded up), at least 1, at most the
+    files."""
+    theta = first.cores[READ]
+    value = max(1, min(w.files, math.ceil(theta - 1e-9)))
+    return Choice("parallel_reads", value, f"the reader needs {theta:.2f} cores at {_fmt(first.rate)} examples/s; "
+                                           f"{w.files} files")
+
+
+def decide_maps(allocations: Sequence[Allocation], w: Workload) -> Choice:
+    """Calls in flight of each parallel map: the most cores any map stage (parse + decode, or augment) needs in
+    either epoch's allocation, rounded up, within 1 and the CPUs."""
+    need = max(max(a.cores.get(PARSE, 0) + a.cores.get(DECODE, 0), a.cores.get(AUGMENT, 0)) for a in allocations)
+    value = max(1, min(w.cpus, math.ceil(need - 1e-9)))
+    return Choice("map_parallelism", value, f"the busiest map needs {need:.2f} cores; {w.cpus} CPUs")
+
+
+def decide_prefetch(maps: int, batch_bytes: float, w: Workload) -> Choice:
+    """Batches prefetched: map_parallelism + 1 (a parallel map finishes up to that many batches together; the
+    buffer holds them and the one the step takes), at least 2 (double buffering), and at most what
+    PREFETCH_MEMORY_FRACTION of the worker's memory holds."""
+    want = max(2, maps + 1)
+    fits = max(1, int(PREFETCH_MEMORY_FRACTION * w.memory_bytes // max(batch_bytes, 1)))
+    value = min(want, fits)
+    why = f"{maps} maps in flight + 1" if value == want else \
+        f"{_gb(batch_bytes)} per batch: {PREFETCH_MEMORY_FRACTION:.0%} of memory holds {fits}"
+    return Choice("prefetch", value, why)
+
+
+def decide_reshard(m: Measured, w: Workload, steady: Allocation, after_cache: Sequence[StageRate]) -> Choice:
+    """Reshard (`harness reshard`) when later epochs are bound by the reader's files: into uncompressed files (no
+    inflate; read at the measured bytes/s per core over the serialized bytes), as many per worker as the reader
+    then needs cores for the uncapped rate (more than now when they were uncompressed already), times the workers.
+    None when the reader does not bind (or a cache removes it)."""
+    if steady.bound != READ:
+        return Choice("reshard", None, f"later epochs are bound by {steady.bound}, not by reading "
+                                       f"{w.files} file(s)")
+    serialized = m.inflate.out_bytes if m.inflate else m.read.out_bytes
+    plain = StageRate(READ, m.read.per_core * m.read.out_bytes / serialized, serialized)
+    target = allocate([plain, *after_cache[1:]], w.cpus)
+    need = max(1, math.ceil(target.cores[READ] - 1e-9))
+    per_worker = need if m.inflate else max(w.files + 1, need)
+    allowed = allocate([dataclasses.replace(plain, max_cores=per_worker), *after_cache[1:]], w.cpus).rate
+    inflate = " uncompressed (no inflate)" if m.inflate else ""
+    return Choice("reshard", per_worker * w.workers,
+                  f"reading {w.files} file(s) caps the pipeline at {_fmt(steady.rate)} examples/s; {per_worker} "
+                  f"file(s) per worker{inflate} allow {_fmt(allowed)}: harness reshard --workers {w.workers} "
+                  f"--shards-per-worker {per_worker}")
+
+
+def decide_service(job: float, pipeline_one_host: float, m: Measured) -> Choice:
+    """tf.data service workers (each with this worker's CPUs) when the job on one host falls short of the step's
+    synthetic rate by more than SERVICE_GAIN (Cachew's 7%): ceil(C / X_worker), X_worker the pipeline's rate on
+    a worker's cores; 0 otherwise."""
+    if job >= m.compute / (1 + SERVICE_GAIN):
+        return Choice("data_service_workers", 0, f"one host feeds {_fmt(job)} of the step's {_fmt(m.compute)} "
+                                                 f"examples/s (within {SERVICE_GAIN:.0%})")
+    n = math.ceil(m.compute / pipeline_one_host - 1e-9)
+    return Choice("data_service_workers", n, f"one host feeds {_fmt(job)} of the step's {_fmt(m.compute)} "
+                                             f"examples/s; a worker's pipeline gives {_fmt(pipeline_one_host)}: "
+                                             f"{n} worker{'s' if n != 1 else ''} (harness data-service worker)")
+
+
+def decide(m: Measured, w: Workload) -> Decision:
+    """Every lever from the measured rates (see the module docstring and each `decide_*`).
+
+    Raises:
+      ConfigError: for a workload of no records, files or CPUs.
+    """
+    if w.records < 1 or w.files < 1 or w.cpus < 1:
+        raise ConfigError(f"tune: a worker needs records, files and CPUs, got {w.records}, {w.files}, {w.cpus}")
+    parse = choose_parse(m)
+    first_chain = uncached_chain(m, w, parse.value)
+    first = allocate(first_chain, w.cpus)
+    cache, steady_chain = decide_cache(m, w, parse.value)
+    steady = allocate(steady_chain, w.cpus)
+    reads = decide_reads(first, w)
+    maps = decide_maps([first, steady], w)
+    prefetch = decide_prefetch(maps.value, w.batch_size * m.batch.out_bytes, w)
+    reshard = decide_reshard(m, w, steady, steady_chain)
+    job = end_to_end(steady, steady_chain, m.compute, compute_on_cpu=m.compute_on_cpu, cores=w.cpus)
+    service = decide_service(job, steady.rate, m)
+    return Decision(levers=(parse, reads, maps, prefetch, cache, reshard, service), first_epoch=first.rate,
+                    steady=steady.rate, end_to_end=job, compute=m.compute)

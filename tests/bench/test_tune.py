@@ -1,0 +1,87 @@
+"""`harness tune` end to end on a small GZIP export, then `harness train --config` with the config it wrote, both
+as real processes: the levers it printed are the ones the config holds and the ones the training pipeline applies."""
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+CLI = [sys.executable, "-m", "harness.cli"]
+ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+
+
+def _run(*args, timeout=400):
+    done = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=ENV)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+def test_tune_writes_a_config_that_train_takes(small_images, tmp_path):
+    config = tmp_path / "tune.yaml"
+    out = _run("tune", "--data", small_images, "--epochs", "2", "--per-replica-batch-size", "8", "--augment",
+               "--probe-records", "64", "--compute-steps", "5", "--output", tmp_path / "run", "--write", config,
+               "--prefetch", "1")   # a lever given: the tuned value (at least 2) replaces it, said so
+    printed = dict(re.findall(r"^(parse|parallel_reads|map_parallelism|prefetch|cache|reshard|"
+                              r"data_service_workers): (\S+) \(", out, re.M))
+    assert set(printed) == {"parse", "parallel_reads", "map_parallelism", "prefetch", "cache", "reshard",
+                            "data_service_workers"}, out[-3000:]
+    for stage in ("read", "inflate", "parse per record", "parse per batch", "decode per record", "decode per batch",
+                  "augment", "batch"):   # a GZIP export, augmented
+        assert re.search(rf"^  {stage} +[\d,]+ +[\d,]+ B out per example$", out, re.M), (stage, out[-3000:])
+    assert re.search(r"^predicted: [\d,]+ examples/s from the pipeline", out, re.M)
+    written = yaml.safe_load(config.read_text())
+    train = written["train"]
+    assert train["data"] == [str(small_images)] and train["epochs"] == 2 and train["augment"] is True
+    assert {k: str(train[k]) for k in ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")} == \
+        {k: printed[k] for k in ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")}
+    assert 1 <= train["parallel_reads"] <= 4 and train["prefetch"] >= 2   # 4 files
+    assert f"tune: prefetch 1 was given; the config written sets the tuned {train['prefetch']}" in out
+
+    log = _run("train", "--config", config)
+    assert (tmp_path / "run" / "summary.json").is_file()
+    # the training pipeline's plan: the last one logged (the statistics' sample is planned first, uncached)
+    line = [s for s in log.splitlines() if "input pipeline 0/1" in s and "repeat:" in s][-1]
+    assert f"read: {train['parallel_reads']} file(s) at once" in line
+    assert f"{train['map_parallelism']} calls in flight" in line and f"prefetch: {train['prefetch']} batches" in line
+    assert f"cache: {train['cache']}" in line
+    assert ("read batches of" in line) == (train["parse"] == "batches")
+
+
+def test_the_config_holds_the_options_given_and_the_levers_and_train_reads_it(tmp_path):
+    from harness.bench.tune import config_text
+    from harness.data import tune
+    from harness.train.options import load_config, merge_options
+
+    levers = (tune.Choice("parse", "records", "r"), tune.Choice("parallel_reads", 3, "r"),
+               tune.Choice("map_parallelism", 2, "r"), tune.Choice("prefetch", 4, "r"),
+               tune.Choice("cache", "file", "r"), tune.Choice("reshard", None, "bound by cores"))
+    decision = tune.Decision(levers=levers, first_epoch=100.0, steady=400.0, end_to_end=300.0, compute=600.0)
+    path = tmp_path / "tuned.yaml"
+    path.write_text(config_text(decision, {"data": ("a", "b"), "epochs": 3, "cache_dir": "/c"}, {"label": "lc"}))
+    text = path.read_text()
+    assert "# reshard: None (bound by cores)" in text and "real/synthetic 0.50" in text
+    options, data = merge_options(load_config(str(path)), {})
+    assert (options.data, options.epochs, options.cache, options.cache_dir) == (("a", "b"), 3, "file", "/c")
+    assert (options.parse, options.parallel_reads, options.map_parallelism, options.prefetch) == ("records", 3, 2, 4)
+    assert data == {"label": "lc"}
+
+
+def test_probes_of_an_uncompressed_table_export(tmp_path):
+    """No inflate stage for uncompressed files, no augment stage without augmentation; the read's bytes per example
+    are the files' bytes over their records, the decode's the delivered float32 bands and label."""
+    from harness.bench.tune import probe
+    from harness.data import synth
+    from harness.data.source import open_shards
+    from harness.train.inputs import resolve_spec
+
+    synth.write_table_export(str(tmp_path), prefix="pts", shards=2, records=200, seed=1, compressed=False)
+    train = open_shards([str(tmp_path)])
+    spec = resolve_spec({}, train)
+    got = probe(train, spec, batch_size=16, augment=True, brightness=0.0, contrast=0.0, records=150, repeats=1)
+    assert got["inflate"] is None and got["augment"] is None   # a table: flips and rotations do not apply
+    assert got["probed_files"] == 2 and got["probed_records"] == 150
+    sizes = sum(os.path.getsize(s.path) for s in train.shards)
+    assert got["read"].out_bytes == sizes / 200
+    assert got["decode"]["records"].out_bytes == 4 * (len(spec.bands) + 1)
+    assert all(s.per_core > 0 for s in (got["read"], got["batch"], *got["parse"].values(), *got["decode"].values()))

@@ -1,0 +1,175 @@
+"""gs:// end to end through a bucket on loopback (tests/gcs_bed.py): real `harness` processes read and write it with
+TensorFlow's own GCS file system (no tensorflow-io), through a local proxy that refuses every host but Google Cloud
+Storage's two, which it serves itself (the `gcs` fixture fails a test in which it refused anything)."""
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+import uuid
+
+import pytest
+
+from harness.data import synth
+
+CLI = [sys.executable, "-m", "harness.cli"]
+
+
+def _run(*args, cwd, timeout=300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
+    r = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    assert r.returncode == 0, f"exit {r.returncode}: {' '.join(map(str, args))}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert not os.path.exists(os.path.join(cwd, "gs:")), "a gs:// path was written as a local folder named gs:"
+    return r
+
+
+@pytest.fixture
+def folder(gcs):
+    """A fresh folder of the bucket for one test: gs://bucket/<random>."""
+    return gcs.url(uuid.uuid4().hex[:12])
+
+
+def _table(tmp_path, records=64, shards=2, seed=2):
+    out = tmp_path / f"table-{records}-{seed}"
+    synth.write_table_export(str(out), prefix="points", shards=shards, records=records, bands=["a", "b", "c", "d"],
+                             label="class", classes=3, seed=seed)
+    return out
+
+
+def _reads(gcs, url) -> list[str]:
+    """The proxy's media reads (GET storage.googleapis.com/BUCKET/OBJECT) of objects under `url`."""
+    bucket, _, name = url[len("gs://"):].partition("/")
+    path = f"/{bucket}/{urllib.parse.quote(name, safe='')}"          # TensorFlow escapes the object's name
+    return [r for r in gcs.requests() if r.startswith(f"GET storage.googleapis.com {path}")]
+
+
+def test_inspect_reads_a_bucket_folder_glob_and_list_as_the_local_export(gcs, folder, tmp_path):
+    local = _table(tmp_path)
+    gcs.upload_tree(str(local), f"{folder}/export")
+    want = json.loads(_run("inspect", "--json", local, cwd=tmp_path).stdout)
+    shards = [f"{folder}/export/points-0000{i}.tfrecord.gz" for i in range(2)]
+    for source in ([f"{folder}/export"], [f"{folder}/export/*.tfrecord.gz"], shards):
+        got = json.loads(_run("inspect", "--json", *source, cwd=tmp_path).stdout)
+        text = json.dumps(got).replace(folder + "/export", os.path.realpath(local))
+        assert json.loads(text) == want, source
+    assert len(_reads(gcs, f"{folder}/export/")) >= 2          # through TensorFlow's own reads, over the proxy
+
+
+def _files(gcs, url) -> dict:
+    """{name: bytes} of the objects in the folder `url` (TensorFlow's `DIR/` folder markers left out)."""
+    return {u.rsplit("/", 1)[1]: gcs.get(u) for u in gcs.objects(url) if not u.endswith("/")}
+
+
+def _index(tmp_path) -> dict:
+    """The record index the processes share (HARNESS_CACHE_DIR: tests/conftest.py's `_isolated_index`)."""
+    with open(os.path.join(os.environ["HARNESS_CACHE_DIR"], "record_index.json")) as f:
+        return json.load(f)
+
+
+def test_record_index_counts_a_reupload_under_the_same_name_again(gcs, folder, tmp_path):
+    gcs.upload_tree(str(_table(tmp_path)), f"{folder}/export")   # 32 + 32 rows
+    shard = f"{folder}/export/points-00000.tfrecord.gz"
+    first = json.loads(_run("inspect", "--json", f"{folder}/export", cwd=tmp_path).stdout)
+    keys = [k for k in _index(tmp_path) if k.startswith(shard + "|")]
+    replacement = _table(tmp_path, records=40, seed=5)           # 20 + 20 rows, the same names
+    gcs.put(shard, (replacement / "points-00000.tfrecord.gz").read_bytes())
+    second = json.loads(_run("inspect", "--json", f"{folder}/export", cwd=tmp_path).stdout)
+    size = int(gcs.objects(shard)[shard]["size"])
+    new = [k for k in _index(tmp_path) if k.startswith(shard + "|") and k not in keys]
+    assert len(keys) == 1 and len(new) == 1 and new[0].split("|")[1] == str(size)
+    assert _counts(first) == [32, 32] and _counts(second) == [20, 32]
+
+
+def _counts(report: dict) -> list[int]:
+    return [s["records"] for s in report["shards"]]
+
+
+def test_train_from_a_bucket_writes_the_model_and_backup_there_and_resumes_from_them(gcs, folder, tmp_path):
+    gcs.upload_tree(str(_table(tmp_path)), f"{folder}/export")
+    run = f"{folder}/run"
+    args = ["train", "--data", f"{folder}/export", "--label", "class", "--global-batch-size", "16", "--output", run,
+            "--monitor", "loss"]                                    # also keeps best/model.keras
+    _run(*args, "--epochs", "1", cwd=tmp_path)
+    written = gcs.objects(run)
+    for name in ("model.keras", "best/model.keras", "summary.json", "backup/checkpoint", "backup/run.json"):
+        assert f"{run}/{name}" in written, "\n".join(sorted(written))
+    first = json.loads(gcs.get(f"{run}/summary.json"))
+    assert (first["initial_step"], first["final_step"]) == (0, 4)          # 64 rows, global batch 16
+    out = _run(*args, "--epochs", "2", cwd=tmp_path)
+    second = json.loads(gcs.get(f"{run}/summary.json"))
+    assert (second["initial_step"], second["final_step"], second["optimizer_iterations"]) == (4, 8, 8), out.stdout
+    assert second["model"] == f"{run}/model.keras"
+    for name in ("model.keras", "best/model.keras"):     # each a whole .keras archive, as tf_keras loads it
+        assert gcs.get(f"{run}/{name}")[:4] == b"PK\x03\x04", name
+
+
+def test_predict_from_and_to_a_bucket_writes_what_a_local_run_writes_with_the_mixer_copy(gcs, folder, tmp_path):
+    from predict_support import BANDS, K, P, band_picker
+
+    local = tmp_path / "scene"
+    synth.write_image_export(str(local), prefix="scene", shards=2, records=5, bands=BANDS, label=None,
+                             patch_size=P, kernel_size=K, seed=3)
+    model = band_picker(tmp_path / "b3.keras", [[0, 1, 0, 0]])
+    gcs.upload_tree(str(local), f"{folder}/scene")
+    gcs.put(f"{folder}/b3.keras", model.read_bytes())
+    out = _run("predict", "--model", f"{folder}/b3.keras", "--data", f"{folder}/scene", "--output",
+               f"{folder}/preds", cwd=tmp_path)
+    _run("predict", "--model", model, "--data", local, "--output", tmp_path / "preds", cwd=tmp_path)
+    mine = {p.name: p.read_bytes() for p in (tmp_path / "preds").iterdir()}
+    theirs = _files(gcs, f"{folder}/preds/")
+    assert sorted(theirs) == sorted(mine) and "scene-mixer.json" in theirs
+    assert theirs["scene-mixer.json"] == (local / "scene-mixer.json").read_bytes()
+    for name in mine:
+        if name.endswith(".tfrecord"):
+            assert theirs[name] == mine[name], name
+    assert f"{folder}/preds/scene-mixer.json" in out.stdout      # the upload line names the objects
+
+
+def test_reshard_from_and_to_a_bucket_writes_what_a_local_reshard_writes(gcs, folder, tmp_path):
+    local = _table(tmp_path)
+    gcs.upload_tree(str(local), f"{folder}/export")
+    _run("reshard", f"{folder}/export", "--output", f"{folder}/resharded", "--workers", "3", cwd=tmp_path)
+    _run("reshard", local, "--output", tmp_path / "resharded", "--workers", "3", cwd=tmp_path)
+    theirs = _files(gcs, f"{folder}/resharded/")
+    mine = {p.name: p.read_bytes() for p in (tmp_path / "resharded").iterdir()}
+    assert sorted(theirs) == sorted(mine) == ["points-00000.tfrecord", "points-00001.tfrecord",
+                                              "points-00002.tfrecord", "points-index.json"]
+    for name in mine:
+        if name.endswith(".tfrecord"):
+            assert theirs[name] == mine[name], name
+    index = json.loads(theirs["points-index.json"])
+    assert [s["records"] for s in index["shards"]] == [22, 21, 21]
+    assert [s["path"] for s in index["shards"]] == [f"{folder}/resharded/points-0000{i}.tfrecord" for i in range(3)]
+
+
+def test_the_proxy_refuses_every_other_host_and_plain_http(gcs_bed):
+    """The bed's proxy dials nothing: other hosts, other ports and plain-HTTP requests get 403 and are recorded."""
+    import http.client
+
+    before = len(gcs_bed.refused())
+    requests = [("CONNECT", "example.com:443"), ("CONNECT", "storage.googleapis.com:80"),
+                ("GET", "http://storage.googleapis.com/bucket/x")]
+    for method, target in requests:
+        conn = http.client.HTTPConnection("127.0.0.1", gcs_bed.info["proxy"], timeout=30)
+        conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+        conn.endheaders()
+        assert conn.getresponse().status == 403, target
+        conn.close()
+    assert gcs_bed.refused()[before:] == [f"{m} {t} HTTP/1.1" for m, t in requests]
+
+
+def test_two_local_workers_read_one_bucket_each_shard_by_one_worker(gcs, folder, tmp_path):
+    gcs.upload_tree(str(_table(tmp_path, records=64, shards=4)), f"{folder}/export")   # 4 shards of 16 rows
+    run = f"{folder}/run2"
+    # --network host: a private namespace (the default) has its own loopback, where the bed is not
+    _run("launch", "local", "--workers", "2", "--network", "host", "--timeout", "400", "--", *CLI, "train",
+         "--data", f"{folder}/export", "--label", "class", "--epochs", "1", "--global-batch-size", "16",
+         "--output", run, cwd=tmp_path, timeout=500)
+    summary = json.loads(gcs.get(f"{run}/summary.json"))
+    workers = summary["plan"]["per_worker"]
+    files = [f for w in workers for f in w["files"]]
+    assert sorted(files) == [f"{folder}/export/points-0000{i}.tfrecord.gz" for i in range(4)]   # disjoint, all
+    assert [w["records"] for w in workers] == [32, 32] and summary["final_step"] == 4
+    assert len(set(summary["workers_weights_sha256"])) == 1
+    for f in files:                                               # every shard read through the bucket
+        assert _reads(gcs, f), f

@@ -1,0 +1,181 @@
+"""`harness.data.tune`: every decision on given stage rates, checked against figures computed by hand (no
+TensorFlow)."""
+import dataclasses
+import math
+
+import pytest
+
+from harness.data import tune
+from harness.data.tune import BATCHES, RECORDS, StageRate
+from harness.errors import ConfigError
+
+PATCH = 65536  # bytes of one decoded 64x64x4 float32 patch
+
+
+def measured(*, read=20000.0, read_bytes=30000.0, inflate=2000.0, parse_records=1000.0, decode_records=4000.0,
+             parse_batches=2000.0, decode_batches=2000.0, augment=2000.0, batch=1e6, compute=500.0,
+             on_cpu=True, decoded=PATCH):
+    return tune.Measured(
+        read=StageRate("read", read, read_bytes),
+        inflate=StageRate("inflate", inflate, 66000.0) if inflate else None,
+        parse={RECORDS: StageRate("parse", parse_records, decoded), BATCHES: StageRate("parse", parse_batches, decoded)},
+        decode={RECORDS: StageRate("decode", decode_records, decoded),
+                BATCHES: StageRate("decode", decode_batches, decoded)},
+        augment=StageRate("augment", augment, decoded) if augment else None,
+        batch=StageRate("batch", batch, decoded, 1), compute=compute, compute_on_cpu=on_cpu)
+
+
+def workload(**kw):
+    base = dict(records=1000, files=4, batch_size=16, epochs=5, cpus=2, memory_bytes=8 * 10 ** 9)
+    base.update(kw)
+    return tune.Workload(**base)
+
+
+# --- Plumber's allocation ------------------------------------------------------------------------------------
+def test_allocation_shares_the_cores_by_cost_until_a_cap_binds():
+    chain = [StageRate("a", 1000, 1, 1), StageRate("b", 500, 1), StageRate("c", 250, 1)]
+    a = tune.allocate(chain, 4)       # 4 / (1/1000 + 1/500 + 1/250) = 571.4; a's cap 1000 does not bind
+    assert a.rate == pytest.approx(4 / 0.007) and a.bound == "cores"
+    assert a.cores == pytest.approx({"a": 4 / 7, "b": 8 / 7, "c": 16 / 7})
+    a = tune.allocate(chain, 8)       # 8 / 0.007 = 1142.9 > 1 core x 1000: a binds
+    assert a.rate == pytest.approx(1000) and a.bound == "a" and a.cores == pytest.approx({"a": 1, "b": 2, "c": 4})
+    with pytest.raises(ConfigError, match="cores > 0"):
+        tune.allocate(chain, 0)
+
+
+def test_a_file_reader_reads_and_inflates_on_one_thread():
+    r = tune.combined("read", [StageRate("read", 20000, 30000), StageRate("inflate", 5000, 66000)], max_cores=3)
+    assert r.per_core == pytest.approx(4000) and r.out_bytes == 66000 and r.max_cores == 3
+
+
+def test_end_to_end_on_shared_cores_adds_the_step_and_the_pipeline():
+    chain = [StageRate("p", 2000, 1), StageRate("q", 2000, 1)]
+    a = tune.allocate(chain, 2)      # 2000 examples/s
+    # 2 / (2/500 + 1/1000) = 400 on the step's cores; min(500, 2000) with an accelerator
+    assert tune.end_to_end(a, chain, 500, compute_on_cpu=True, cores=2) == pytest.approx(400)
+    assert tune.end_to_end(a, chain, 500, compute_on_cpu=False, cores=2) == pytest.approx(500)
+    assert tune.end_to_end(a, chain, 5000, compute_on_cpu=False, cores=2) == pytest.approx(2000)
+
+
+# --- each lever ----------------------------------------------------------------------------------------------
+def test_parse_placement_is_the_cheaper_parse_plus_decode():
+    # records: 1/1000 + 1/4000 = 1.25 ms per example (800/s); batches: 1/2000 + 1/2000 = 1 ms (1000/s)
+    c = tune.choose_parse(measured())
+    assert c.value == BATCHES and "1,000 examples/s per core, one per read batch, against 800" in c.reason
+    assert tune.choose_parse(measured(parse_records=4000)).value == RECORDS  # 1/4000 + 1/4000: 2000/s
+
+
+def test_cache_in_memory_after_decode_before_the_random_augmentation():
+    c, after = tune.decide_cache(measured(), workload(memory_bytes=200 * 10 ** 6), BATCHES)
+    # 1000 x 65536 B = 65.5 MB <= 50% of 200 MB
+    assert c.value == "memory" and "after decode, before augment (random): 65.5 MB" in c.reason
+    assert [s.name for s in after] == ["augment", "batch"]
+    c, after = tune.decide_cache(measured(augment=0), workload(memory_bytes=200 * 10 ** 6), BATCHES)
+    assert c.value == "memory" and [s.name for s in after] == ["batch"]
+
+
+def test_no_cache_for_one_epoch_or_without_room():
+    c, after = tune.decide_cache(measured(), workload(epochs=1), BATCHES)
+    assert c.value == "none" and [s.name for s in after] == ["read", "parse", "decode", "augment", "batch"]
+    c, _ = tune.decide_cache(measured(), workload(memory_bytes=100 * 10 ** 6), BATCHES)  # 65.5 > 50 MB
+    assert c.value == "none" and "no cache_dir" in c.reason
+    c, _ = tune.decide_cache(measured(), workload(memory_bytes=100 * 10 ** 6, disk_bytes=10 ** 8), BATCHES)
+    assert c.value == "none" and "free disk" in c.reason   # 65.5 MB > 50% of 100 MB
+
+
+def test_file_cache_only_when_reading_it_beats_recomputing():
+    w = workload(memory_bytes=100 * 10 ** 6, disk_bytes=10 ** 10)
+    # cache read: 20000 x 30000 B/s per core / 65536 B = 9155 examples/s per core, beside augment and batch
+    c, after = tune.decide_cache(measured(), w, BATCHES)
+    assert c.value == "file" and after[0].name == "cache read"
+    assert after[0].per_core == pytest.approx(20000 * 30000 / PATCH)
+    # a slow disk read (100 x 30000 B/s per core / 65536 B: 45.8 examples/s per core, 2 cores: 92/s) against a
+    # cheap recompute (the reader at 100/s per core, 2 cores: 200/s; the rest 10^6/s)
+    slow = measured(read=100, inflate=10 ** 6, parse_batches=10 ** 6, decode_batches=10 ** 6, augment=10 ** 6)
+    c, after = tune.decide_cache(slow, w, BATCHES)
+    assert c.value == "none" and after[0].name == "read"
+    assert "a file cache would read at 92 examples/s, recomputing gives 200" in c.reason
+
+
+def test_parallel_reads_are_the_readers_cores_rounded_up_within_the_files():
+    first = tune.Allocation(rate=1000, cores={"read": 2.3, "parse": 1}, bound="cores")
+    assert tune.decide_reads(first, workload(files=8)).value == 3
+    assert tune.decide_reads(first, workload(files=2)).value == 2
+    assert tune.decide_reads(tune.Allocation(rate=1, cores={"read": 0.2}, bound="cores"), workload()).value == 1
+
+
+def test_map_parallelism_is_the_busiest_maps_cores():
+    a = tune.Allocation(rate=1, cores={"read": 0.5, "parse": 1.2, "decode": 0.9, "augment": 1.5}, bound="cores")
+    b = tune.Allocation(rate=1, cores={"augment": 2.6, "batch": 0.1}, bound="cores")
+    assert tune.decide_maps([a], workload(cpus=8)).value == 3      # parse + decode 2.1 > augment 1.5
+    assert tune.decide_maps([a, b], workload(cpus=8)).value == 3   # augment 2.6 in the later epochs
+    assert tune.decide_maps([a, b], workload(cpus=2)).value == 2   # at most the CPUs
+
+
+def test_prefetch_holds_a_burst_of_the_maps_within_memory():
+    assert tune.decide_prefetch(3, 10 ** 6, workload()).value == 4
+    assert tune.decide_prefetch(1, 10 ** 6, workload()).value == 2
+    # 5% of 100 MB = 5 MB holds 2 batches of 2 MB
+    c = tune.decide_prefetch(6, 2 * 10 ** 6, workload(memory_bytes=10 ** 8))
+    assert c.value == 2 and "holds 2" in c.reason
+
+
+def _reader_bound():
+    # one GZIP file: the reader 1 / (1/20000 + 1/2000) = 1818/s on its one thread; the rest 4 / 0.000751 = 5326
+    m = measured(parse_batches=10 ** 4, decode_batches=10 ** 4, augment=0)
+    w = workload(files=1, cpus=4, epochs=1)
+    steady_chain = tune.uncached_chain(m, w, BATCHES)
+    return m, w, tune.allocate(steady_chain, 4), steady_chain
+
+
+def test_reshard_a_gzip_export_when_its_files_bind():
+    m, w, steady, chain = _reader_bound()
+    assert steady.bound == "read" and steady.rate == pytest.approx(1 / (1 / 20000 + 1 / 2000))
+    # uncompressed: 20000 x 30000 / 66000 = 9091/s per core; X = 4 / (0.00011 + 0.0002 + 1e-6) = 12862;
+    # the reader's cores 12862 x 0.00011 = 1.41: 2 files per worker
+    c = tune.decide_reshard(m, w, steady, chain)
+    assert c.value == 2 and "--workers 1 --shards-per-worker 2" in c.reason
+    assert tune.decide_reshard(m, dataclasses.replace(w, workers=3), steady, chain).value == 6
+
+
+def test_uncompressed_reshard_counts_the_readers_cores():
+    plain = measured(inflate=0, read=2000, read_bytes=66000, parse_batches=10 ** 4, decode_batches=10 ** 4,
+                     augment=0)
+    w = workload(files=1, cpus=4, epochs=1)
+    chain = tune.uncached_chain(plain, w, BATCHES)
+    steady = tune.allocate(chain, 4)   # 1 file x 2000/s binds
+    assert steady.bound == "read"
+    # uncapped: 4 / (1/2000 + 2/10^4 + 10^-6) = 5706/s; the reader's cores 5706 / 2000 = 2.85: 3 files
+    assert tune.decide_reshard(plain, w, steady, chain).value == 3
+
+
+def test_no_reshard_when_the_reader_does_not_bind():
+    c = tune.decide_reshard(measured(), workload(), tune.Allocation(1, {}, "cores"), [])
+    assert c.value is None and "bound by cores" in c.reason
+
+
+def test_service_workers_when_one_host_falls_short_of_the_step():
+    m = measured(compute=10000, on_cpu=False)
+    c = tune.decide_service(3000, 3000, m)
+    assert c.value == 4 and "4 workers" in c.reason          # ceil(10000 / 3000)
+    assert tune.decide_service(9400, 9400, m).value == 0     # 9400 >= 10000 / 1.07 = 9346
+    assert tune.decide_service(9300, 9300, m).value == 2
+
+
+# --- the whole decision --------------------------------------------------------------------------------------
+def test_decide_predicts_the_slowest_stage_given_its_cores():
+    m, w = measured(), workload(memory_bytes=200 * 10 ** 6)
+    d = tune.decide(m, w)
+    # first epoch: 2 / (1/20000 + 1/2000 + 1/2000 + 1/2000 + 1/2000 + 1e-6) = 970.4; later: the memory cache,
+    # then augment and batch: 2 / (1/2000 + 1e-6) = 3992; the job on the same 2 cores: 2 / (2/500 + 1/2000 + 1e-6)
+    assert d.first_epoch == pytest.approx(2 / (1 / 20000 + 1 / 2000 * 4 + 1e-6))
+    assert d.steady == pytest.approx(2 / (1 / 2000 + 1e-6))
+    assert d.end_to_end == pytest.approx(2 / (2 / 500 + 1 / 2000 + 1e-6))
+    assert d.train_options() == {"parse": "batches", "parallel_reads": 1, "map_parallelism": 2, "prefetch": 3,
+                                 "cache": "memory"}
+    assert d.value("reshard") is None and d.value("data_service_workers") == 1   # 444 < 500 / 1.07
+    text = "\n".join(d.lines())
+    assert "real/synthetic 0.89" in text and "Kuchnik et al., MLSys 2022" in text
+    with pytest.raises(ConfigError, match="records, files and CPUs"):
+        tune.decide(m, workload(files=0))
+    assert math.isfinite(d.steady)

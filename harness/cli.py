@@ -534,13 +534,13 @@ def main(argv=None) -> int:
 
 
 def _check_cloud_storage(args: argparse.Namespace) -> None:
-    """Credentials for every gs:// path among the flags, checked before any work (`harness.data.gcs`)."""
+    """Credentials and buckets for every gs:// path among the flags, checked before any work (`harness.data.gcs`)."""
     from harness.data import gcs
 
     values = []
     for value in vars(args).values():
         values += value if isinstance(value, (list, tuple)) else [value]
-    gcs.check_access(values)
+    gcs.check(values)
 
 
 def _for_flags(error: Exception, args: argparse.Namespace) -> str:

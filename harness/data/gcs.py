@@ -8,17 +8,30 @@ application-default file (`$CLOUDSDK_CONFIG/application_default_credentials.json
 server's retries and then fails with a traceback deep in the first read. `check_access` tries the same sources
 in the same order, the metadata server with one request bounded by `HARNESS_GCS_PROBE_S` seconds (default 3), and
 fails in one line naming the path, each source tried and what to set.
+
+Then `check_buckets` asks the JSON API for each bucket named (`GET https://www.googleapis.com/storage/v1/b/BUCKET`,
+TensorFlow's own endpoint, through the proxy `https_proxy` names and with the CA file `CURL_CA_BUNDLE` names, as
+TensorFlow's libcurl takes them), once per bucket per process, bounded by the same `HARNESS_GCS_PROBE_S`: where
+TensorFlow would retry a silent or refusing endpoint ten times with backoff (tsl/platform/cloud/retrying_utils.cc)
+before a traceback, a path whose bucket cannot be reached, does not exist or refuses the credentials is one line.
+With a token at hand (`GOOGLE_AUTH_TOKEN_FOR_TESTING`, or the metadata server's) the request carries it, so a
+missing bucket (404) and a refused account (401, 403) are named; with a key file (whose token TensorFlow signs
+itself) it goes anonymous and checks reachability only (any HTTP answer: 401 is what a private bucket gives).
+`check` runs both.
 """
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Iterable, Optional
 
 from harness.errors import HarnessError
 
+STORAGE_API = "https://www.googleapis.com/storage/v1/b/"   # gcs_file_system.cc's kGcsUriBase + "b/"
 PROBE_S = 3.0                       # seconds the metadata server gets to answer (HARNESS_GCS_PROBE_S)
 METADATA_HOST = "metadata.google.internal"
 _checked: dict = {}                  # one probe per process: {"source": ...} once it passed
@@ -26,6 +39,11 @@ _checked: dict = {}                  # one probe per process: {"source": ...} on
 
 class CredentialsError(HarnessError):
     """A `gs://` path is to be read or written and no credential source TensorFlow uses is available."""
+
+
+class BucketError(HarnessError):
+    """A `gs://` path's bucket did not answer within HARNESS_GCS_PROBE_S seconds, does not exist, or refuses the
+    credentials found."""
 
 
 def is_gcs(path) -> bool:
@@ -124,6 +142,103 @@ def check_access(paths: Iterable, environ=None) -> Optional[str]:
             "Cloud with a service account")
     _checked["source"] = source
     return source
+
+
+def _bucket(path: str) -> str:
+    return path[len("gs://"):].split("/", 1)[0]
+
+
+def _token(source: str, environ, timeout: float) -> Optional[str]:
+    """The access token the probe sends: GOOGLE_AUTH_TOKEN_FOR_TESTING's, or one from the metadata server (its
+    default service account's, as TensorFlow asks for it); None for key files (TensorFlow signs its own JWT)."""
+    if source == "GOOGLE_AUTH_TOKEN_FOR_TESTING":
+        return environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"]
+    if not source.startswith("the metadata server"):
+        return None
+    host = environ.get("GCE_METADATA_HOST") or METADATA_HOST
+    request = urllib.request.Request(
+        f"http://{host}/computeMetadata/v1/instance/service-accounts/default/token",
+        headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=timeout) as answer:
+            return json.loads(answer.read()).get("access_token")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None     # no token: the probe goes anonymous (reachability only)
+
+
+def _proxies(environ) -> dict:
+    """libcurl's proxy variables, as urllib takes them ({"https": URL, "no": "..."})."""
+    proxies = {}
+    for name in ("https", "http", "all", "no"):
+        value = environ.get(f"{name}_proxy") or environ.get(f"{name.upper()}_PROXY")
+        if value:
+            proxies[name] = value
+    if "https" not in proxies and "all" in proxies:
+        proxies["https"] = proxies["all"]
+    if urllib.request.proxy_bypass_environment("www.googleapis.com", proxies):
+        return {}
+    return {k: v for k, v in proxies.items() if k == "https"}
+
+
+def probe_bucket(bucket: str, token: Optional[str], environ, timeout: float) -> Optional[str]:
+    """None when the JSON API answers for `bucket` within `timeout` seconds (with `token`: 200; without: any
+    answer), else what happened."""
+    proxies = _proxies(environ)
+    context = ssl.create_default_context(cafile=environ.get("CURL_CA_BUNDLE") or None)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies),
+                                         urllib.request.HTTPSHandler(context=context))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"{STORAGE_API}{urllib.parse.quote(bucket, safe='')}?fields=name",
+                                     headers=headers)
+    via = f" through the proxy {proxies['https']}" if proxies else ""
+    try:
+        with opener.open(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as e:
+        if token is None:
+            return None   # reachable; access is checked by the first read
+        if e.code == 404:
+            return f"no bucket {bucket!r} (HTTP 404)"
+        if e.code in (401, 403):
+            return f"the credentials were refused for bucket {bucket!r} (HTTP {e.code})"
+        return f"HTTP {e.code} from {STORAGE_API}{bucket}"
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if "timed out" in str(reason):
+            return f"www.googleapis.com gave no answer in {timeout:g} s{via}"
+        return f"www.googleapis.com could not be reached{via}: {reason}"
+
+
+def check_buckets(paths: Iterable, environ=None) -> None:
+    """Ask the JSON API, once per bucket per process, for each bucket of `paths` on Cloud Storage (after
+    `check_access`: its credential source decides the token), each within HARNESS_GCS_PROBE_S seconds.
+
+    Raises:
+      BucketError: one line: the first path of the bucket, what happened (no answer in N s, refused connection,
+        no such bucket, credentials refused) and the credential source used."""
+    environ = os.environ if environ is None else environ
+    remote = [p for p in paths if is_gcs(p)]
+    if not remote:
+        return
+    source = check_access(remote, environ)
+    seen = _checked.setdefault("buckets", set())
+    timeout = _probe_seconds(environ)
+    for path in remote:
+        bucket = _bucket(path)
+        if bucket in seen:
+            continue
+        why = probe_bucket(bucket, _token(source, environ, timeout), environ, timeout)
+        if why is not None:
+            raise BucketError(f"{path}: {why} (credentials: {source}; HARNESS_GCS_PROBE_S={timeout:g})")
+        seen.add(bucket)
+
+
+def check(paths: Iterable, environ=None) -> None:
+    """`check_access` then `check_buckets`: what every command runs before any work on `gs://` paths.
+
+    Raises:
+      CredentialsError, BucketError: as those."""
+    check_buckets(list(paths), environ)
 
 
 def reset() -> None:

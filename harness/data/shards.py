@@ -278,11 +278,12 @@ def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional
         from 0 when the source is a folder, any index below a declared `-of-N` count when the source is a folder
         or glob, or an index at or beyond `-of-N`.
       CompressionMismatchError: if `compression` is given and a file's first bytes say otherwise.
-      CredentialsError: a source is on gs:// and no Google Cloud credentials are found (`harness.data.gcs`).
+      CredentialsError, BucketError: a source is on gs:// and no Google Cloud credentials are found, or its
+        bucket does not answer, does not exist or refuses them (`harness.data.gcs.check`).
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    gcs.check_access([str(s) for s in sources])   # credentials before the first gs:// read, once per process
+    gcs.check([str(s) for s in sources])   # credentials and buckets before the first gs:// read, once a process
     groups: dict[str, dict] = {}
     seen: set[str] = set()
     dropped = 0

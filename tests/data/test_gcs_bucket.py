@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.parse
 import uuid
 
@@ -173,3 +174,61 @@ def test_two_local_workers_read_one_bucket_each_shard_by_one_worker(gcs, folder,
     assert len(set(summary["workers_weights_sha256"])) == 1
     for f in files:                                               # every shard read through the bucket
         assert _reads(gcs, f), f
+
+
+def test_plan_of_a_bucket_export_is_the_plan_of_the_local_export(gcs, folder, tmp_path):
+    local = _table(tmp_path, records=70, shards=3)
+    gcs.upload_tree(str(local), f"{folder}/export")
+    args = ["--workers", "2", "--replicas-per-worker", "2", "--per-replica-batch-size", "4", "--json"]
+    want = json.loads(_run("plan", local, *args, cwd=tmp_path).stdout)
+    got = json.loads(_run("plan", f"{folder}/export", *args, cwd=tmp_path).stdout)
+    assert json.loads(json.dumps(got).replace(f"{folder}/export", os.path.realpath(local))) == want
+    assert want["steps_per_epoch"] >= 1 and sum(w["records"] for w in want["per_worker"]) <= 70
+
+
+def _fails(*args, env, cwd) -> tuple[subprocess.CompletedProcess, float]:
+    t = time.monotonic()
+    r = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, cwd=cwd,
+                       env=dict(env, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))
+    return r, time.monotonic() - t
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_before_any_work(gcs, tmp_path):
+    for command in (["inspect", "gs://no-such-bucket/export"],
+                    ["train", "--data", "gs://no-such-bucket/export", "--output", tmp_path / "never"]):
+        r, _ = _fails(*command, env=os.environ, cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+        assert lines[0].startswith("harness ") and ": BucketError: gs://no-such-bucket/export: no bucket " \
+            "'no-such-bucket' (HTTP 404) (credentials: the metadata server 127.0.0.1:" in lines[0], lines[0]
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.fixture
+def silent_port():
+    """A loopback port that accepts connections and never answers (a proxy or firewall that drops)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    yield s.getsockname()[1]
+    s.close()
+
+
+def test_an_endpoint_that_never_answers_or_refuses_costs_the_probe_s_and_no_more(gcs, folder, tmp_path,
+                                                                                 silent_port):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    gcs.upload_tree(str(_table(tmp_path)), f"{folder}/export")   # the bucket exists: only the route is broken
+    for port, why in ((silent_port, "gave no answer in 1 s through the proxy"),
+                      (closed, "could not be reached through the proxy")):
+        env = dict(os.environ, https_proxy=f"http://127.0.0.1:{port}", HARNESS_GCS_PROBE_S="1")
+        r, seconds = _fails("inspect", f"{folder}/export", env=env, cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+        assert f"BucketError: {folder}/export: www.googleapis.com {why} http://127.0.0.1:{port}" in lines[0], lines[0]
+        assert seconds < 30, seconds    # imports and the 1 s probe; TensorFlow alone retries for minutes

@@ -1,0 +1,247 @@
+"""`harness tune`'s pipeline against a grid over the same levers, AUTOTUNE alone and a naive pipeline (issue 22).
+
+For each case, in one run:
+  points   the real Earth Engine point export (ACES, 8,316 records of 9 floats, GZIP, one file);
+  patches  ACES-shaped image patches: 256x256x8 float bands, GZIP, 4 shards (`harness.data.synth`; the real ACES
+           image export holds one unlabelled patch, too few to time), no augmentation: a costly parse and decode;
+  unet     a U-Net export: 128x128 patches with a 32-pixel kernel margin, 6 bands, GZIP, 4 shards, trained with
+           flips, rotations and color jitter (`--augment --brightness 0.2 --contrast 0.2`): a costly augmentation.
+it runs `harness tune`'s probes and decision (`harness.bench.tune.run`, the run's epochs, batch and options), then
+times the training input pipeline (`harness.data.pipeline.build_dataset`, training mode: shuffle, cache,
+augment, batch, prefetch; one worker) over `--epochs` epochs for each of:
+  naive     one file read at a time, parse per record, one call in flight per map, prefetch 1, no cache;
+  autotune  tf.data's AUTOTUNE alone: map parallelism and prefetch AUTOTUNE, files read at once one per CPU, parse
+            by record size, no cache (what tf.data tunes: parallelism and buffers, never a cache);
+  tuned     the levers `harness tune` chose;
+  grid      every combination of parse {records, batches} x parallel_reads {1, min(files, CPUs)} x
+            map_parallelism {1, CPUs} x prefetch {1, CPUs + 1} x cache {none, memory} (the hand-tuned pipelines);
+each drained inside TensorFlow (a tf.function loop over the iterator, no per-batch Python), the pipelines taking
+turns for --repeats runs. Printed per case: the first epoch's and the later epochs' examples/s (median over the
+runs), then the checks: tuned / best of the grid (target >= 0.9, each run's best against that run's tuned), tuned
+/ autotune over the whole run (target >= 1.3 where caching matters: the records fit in memory and decode costs
+more than reading them back), and the prediction (`Decision.first_epoch`, `Decision.steady`) against the measured
+rates (target within 15%). Last, the job: `harness train` as a user runs it, with the naive levers and with the
+tuned config (`--config`, the file `harness tune --write` writes), its later epochs' examples/s over the step's
+rate on synthetic batches (`harness bench train --data synthetic --like DATA`): real/synthetic before and after.
+
+  python benchmarks/tune.py [--cases points,patches,unet] [--repeats 3] [--epochs 3]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
+import tensorflow as tf  # noqa: E402
+
+from harness.bench import tune as bench_tune  # noqa: E402
+from harness.data import pipeline, synth, tune as tune_lib  # noqa: E402
+from harness.data.source import open_shards  # noqa: E402
+from harness.train.inputs import resolve_spec  # noqa: E402
+from harness.train.options import TrainOptions  # noqa: E402
+import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
+
+POINTS = os.path.join(os.path.dirname(ROOT), "shared", "data", "gee-aces-points", "training.tfrecord.gz")
+LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
+# --smoke: tiny exports, one run, two grid points, 2 epochs; `make test` runs it (tests/bench/test_benchmarks_start.py)
+SMOKE = dict(patch_records=8, patch_size=16, unet_records=8, unet_size=16, epochs=2, repeats=1, probe_records=16,
+             compute_steps=2, grid="smoke", job_epochs=2)
+
+
+def _case_data(name: str, args, tmp: str) -> tuple[str, dict, dict]:
+    """(data path, data config, train options) of a case."""
+    if name == "points":
+        return args.points, {"label": "class"}, dict(per_replica_batch_size=256)
+    folder = os.path.join(tmp, name)
+    if name == "patches":
+        synth.write_image_export(folder, prefix="patches", shards=4, records=args.patch_records,
+                                 bands=[f"{c}_{t}" for t in ("before", "during") for c in ("red", "green", "blue",
+                                                                                            "nir")],
+                                 label="class", classes=5, patch_size=args.patch_size, compressed=True, seed=1)
+        return folder, {"label": "class"}, dict(per_replica_batch_size=8)
+    synth.write_image_export(folder, prefix="unet", shards=4, records=args.unet_records,
+                             bands=("B2", "B3", "B4", "B8", "B11", "B12"), label="landcover", classes=4,
+                             patch_size=args.unet_size, kernel_size=min(32, args.unet_size // 2 * 2),
+                             compressed=True, seed=2)
+    return folder, {"label": "landcover"}, dict(per_replica_batch_size=8, augment=True, brightness=0.2,
+                                                contrast=0.2)
+
+
+def _grid(files: int, cpus: int, kind: str) -> dict:
+    """{name: levers} of the hand-tuned grid (`kind` "smoke": two points)."""
+    reads = sorted({1, min(files, cpus)})
+    points = itertools.product(("records", "batches"), reads, sorted({1, cpus}), sorted({1, cpus + 1}),
+                               ("none", "memory"))
+    grid = {f"grid {p[:1]}/r{r}/m{m}/p{f}/{c}": dict(parse=p, parallel_reads=r, map_parallelism=m, prefetch=f,
+                                                       cache=c)
+            for p, r, m, f, c in points}
+    return dict(list(grid.items())[::len(grid) - 1]) if kind == "smoke" else grid
+
+
+def _drain():
+    @tf.function
+    def drain(iterator, steps):
+        n = tf.constant(0, tf.int64)
+        for _ in tf.range(steps):
+            x, _y = next(iterator)
+            n += tf.shape(tf.nest.flatten(x)[0], out_type=tf.int64)[0]
+        return n
+    return drain
+
+
+def _time_pipeline(train, spec, levers: dict, extra: dict, *, steps_per_epoch: int, batch: int, epochs: int,
+                   cache_dir: str, drain) -> tuple[float, float]:
+    """(first epoch's examples/s, later epochs' examples/s) of the training pipeline with `levers`."""
+    records = steps_per_epoch * batch
+    options = pipeline.PipelineOptions(per_replica_batch_size=batch, training=True, records_per_epoch=records,
+                                       seed=0, validate=False, cache_dir=cache_dir, **extra, **levers)
+    ds = pipeline.build_dataset(train, spec, options)
+    it = iter(ds)
+    t = time.perf_counter()
+    n = int(drain(it, tf.constant(steps_per_epoch, tf.int64)))
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    m = int(drain(it, tf.constant(steps_per_epoch * (epochs - 1), tf.int64)))
+    later = time.perf_counter() - t
+    assert n == records and m == records * (epochs - 1), (n, m, records)
+    return records / first, records * (epochs - 1) / later
+
+
+def _job(data: str, data_config: dict, train: dict, levers: dict, *, epochs: int, out: str) -> float:
+    """`harness train --config` (a config as `harness tune --write` writes it) as a child process: its later
+    epochs' examples/s (mean of `summary.json`'s epochs after the first)."""
+    import yaml
+
+    config = os.path.join(out, "config.yaml")
+    section = {"data": [data], "epochs": epochs, "output": os.path.join(out, "run"), "seed": 0, **train, **levers}
+    with open(config, "w") as f:
+        yaml.safe_dump({"train": section, "data": data_config}, f)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "train", "--config", config], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        raise RuntimeError(f"harness train exit {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    with open(os.path.join(out, "run", "summary.json")) as f:
+        history = json.load(f)["history"]
+    return statistics.mean(h["examples_per_s"] for h in history[1:])
+
+
+def _ratio_line(name: str, ratios: list, target: str, ok: bool) -> str:
+    r = statistics.median(ratios)
+    return (f"  {name:<34} = {r:.2f} [{min(ratios):.2f}-{max(ratios):.2f}]  (target {target}: "
+            f"{'ok' if ok else 'MISSED'})")
+
+
+def bench(name: str, args, tmp: str) -> dict:
+    data, data_config, train = _case_data(name, args, tmp)
+    options = TrainOptions(data=(data,), epochs=args.epochs, cache_dir=os.path.join(tmp, f"{name}-cache"),
+                           output=os.path.join(tmp, f"{name}-run"), **train)
+    shards = open_shards(options.data)
+    spec = resolve_spec(data_config, shards)
+    batch = options.per_replica_batch_size
+    steps = shards.records // batch
+    print(f"\n== {name}: {len(shards.files_with_records)} file(s), {shards.records} records, batch {batch}, "
+          f"{steps} steps per epoch, {args.epochs} epochs, {args.repeats} runs", flush=True)
+    t = time.perf_counter()
+    decision, _ = bench_tune.run(options, data_config, records=args.probe_records, compute_steps=args.compute_steps,
+                                 say=lambda s: print(f"  | {s}"))
+    print(f"  (tune: {time.perf_counter() - t:.0f} s)")
+    cpus = harness.distribute.resources.detect(1).cpus
+    extra = {k: train[k] for k in ("augment", "brightness", "contrast") if k in train}
+    tuned = decision.train_options()
+    pipes = {"naive": dict(parse="records", parallel_reads=1, map_parallelism=1, prefetch=1, cache="none"),
+             "autotune": dict(cache="none"), "tuned": tuned,
+             **_grid(len(shards.files_with_records), cpus, args.grid)}
+    drain = _drain()
+    first = {k: [] for k in pipes}
+    later = {k: [] for k in pipes}
+    for r in range(args.repeats):
+        for label, levers in pipes.items():
+            with tempfile.TemporaryDirectory(dir=tmp) as cache_dir:
+                a, b = _time_pipeline(shards, spec, levers, extra, steps_per_epoch=steps, batch=batch,
+                                      epochs=args.epochs, cache_dir=cache_dir, drain=drain)
+            first[label].append(a)
+            later[label].append(b)
+    whole = {k: [args.epochs / (1 / a + (args.epochs - 1) / b) for a, b in zip(first[k], later[k])] for k in pipes}
+    print(f"  {'pipeline':<28} {'first epoch':>12} {'later':>12} {'whole run':>12}  examples/s, median of "
+          f"{args.repeats}")
+    best = max((k for k in pipes if k.startswith("grid")), key=lambda k: statistics.median(whole[k]))
+    for label in ("naive", "autotune", "tuned", best):
+        lev = pipes[label] if label != "autotune" else {"parse": "auto", "cache": "none"}
+        print(f"  {label:<28} {statistics.median(first[label]):>12,.0f} {statistics.median(later[label]):>12,.0f} "
+              f"{statistics.median(whole[label]):>12,.0f}  "
+              + " ".join(f"{k}={v}" for k, v in lev.items()))
+    grid_best = [max(whole[k][r] for k in pipes if k.startswith("grid")) for r in range(args.repeats)]
+    vs_grid = [whole["tuned"][r] / grid_best[r] for r in range(args.repeats)]
+    vs_auto = [whole["tuned"][r] / whole["autotune"][r] for r in range(args.repeats)]
+    vs_naive = [whole["tuned"][r] / whole["naive"][r] for r in range(args.repeats)]
+    decoded = shards.records * pipeline.decoded_record_bytes(spec)
+    cache_matters = tuned["cache"] != "none" and statistics.median(later["tuned"]) > statistics.median(
+        first["tuned"]) * 1.1
+    err_first = statistics.median(first["tuned"]) / decision.first_epoch - 1
+    err_later = statistics.median(later["tuned"]) / decision.steady - 1
+    print("  checks (whole run's examples/s; per run, then median [min-max]):")
+    print(_ratio_line("tuned / best of the grid", vs_grid, ">= 0.9", statistics.median(vs_grid) >= 0.9))
+    line = _ratio_line("tuned / autotune", vs_auto, ">= 1.3", statistics.median(vs_auto) >= 1.3)
+    print(line if cache_matters else line.split("  (target")[0] +
+          f"  (no target: {'no cache chosen' if tuned['cache'] == 'none' else 'the cache gains little here'})")
+    print(f"  {'tuned / naive':<34} = {statistics.median(vs_naive):.2f} [{min(vs_naive):.2f}-{max(vs_naive):.2f}]")
+    print(f"  predicted / measured, first epoch   {decision.first_epoch:,.0f} / "
+          f"{statistics.median(first['tuned']):,.0f}: {err_first:+.0%}  (target within 15%: "
+          f"{'ok' if abs(err_first) <= 0.15 else 'MISSED'})")
+    print(f"  predicted / measured, later epochs  {decision.steady:,.0f} / "
+          f"{statistics.median(later['tuned']):,.0f}: {err_later:+.0%}  (target within 15%: "
+          f"{'ok' if abs(err_later) <= 0.15 else 'MISSED'})")
+    print(f"  ({decoded / 1e6:.1f} MB of decoded records; cache chosen: {tuned['cache']})", flush=True)
+    synthetic = bench_tune.compute_rate(options, data_config["label"], steps=max(args.compute_steps, 10), warmup=3)
+    job = {}
+    for label, levers in (("before", pipes["naive"]), ("after", tuned)):
+        with tempfile.TemporaryDirectory(dir=tmp) as out:
+            job[label] = _job(data, data_config, train, levers, epochs=args.job_epochs, out=out)
+    print(f"  job (harness train, {args.job_epochs} epochs, later epochs): naive {job['before']:,.0f}, tuned "
+          f"{job['after']:,.0f} examples/s; synthetic batches {synthetic:,.0f}")
+    print(f"  real/synthetic: before {job['before'] / synthetic:.2f}, after {job['after'] / synthetic:.2f} "
+          f"(predicted after {decision.end_to_end / decision.compute:.2f})", flush=True)
+    return {"vs_grid": statistics.median(vs_grid), "vs_auto": statistics.median(vs_auto)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--cases", default="points,patches,unet")
+    p.add_argument("--points", default=POINTS, help="the point export (label `class`)")
+    p.add_argument("--patch-records", type=int, default=64)
+    p.add_argument("--patch-size", type=int, default=256)
+    p.add_argument("--unet-records", type=int, default=96)
+    p.add_argument("--unet-size", type=int, default=128)
+    p.add_argument("--epochs", type=int, default=3, help="epochs of each timed pipeline (the first fills a cache)")
+    p.add_argument("--job-epochs", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--probe-records", type=int, default=bench_tune.PROBE_RECORDS)
+    p.add_argument("--compute-steps", type=int, default=20)
+    p.add_argument("--grid", choices=["full", "smoke"], default="full")
+    args = smoke.parse(p, argv, SMOKE)
+    if args.epochs < 2 or args.job_epochs < 2:
+        p.error("--epochs and --job-epochs must be >= 2 (later epochs are timed apart from the first)")
+    import harness.distribute.resources  # noqa: F401
+    print(f"TensorFlow {tf.__version__}, {harness.distribute.resources.detect(1).describe()}")
+    with tempfile.TemporaryDirectory(prefix="harness-bench-tune-") as tmp:
+        for name in args.cases.split(","):
+            bench(name, args, tmp)
+    print(f"done [load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

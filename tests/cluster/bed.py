@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ import time
 import weakref
 
 PREFIX = "hx"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout
 RUN_DIR = "/run/hxbed"           # one folder per bed: namespace files, /etc/hosts, the ssh stand-in
 SUBNET = "198.18.0"              # 198.18.0.0/15 is reserved for benchmark tests (RFC 2544): never a real network
 PREFIXLEN = 24
@@ -317,13 +319,24 @@ os.execv(nsenter, [nsenter, "--mount=" + BED["root_mnt"], "--", *host, BED["env"
 '''
 
 
+def kept_under_tmp() -> list[str]:
+    """The folders a private /tmp keeps visible: the checkout and the Python environment, those under /tmp, none
+    inside another."""
+    keep = []
+    for path in sorted({os.path.realpath(p) for p in (REPO, sys.prefix, sys.base_prefix)}):
+        if (path + "/").startswith("/tmp/") and not any((path + "/").startswith(k + "/") for k in keep):
+            keep.append(path)
+    return keep
+
+
 class Bed:
     """N hosts on one switch; a context manager (closed on exit).
 
     Args:
       n: the number of hosts (1 to 200).
       cap_mbit: a cap on every host's link in Mbit/s each way (Host.cap), or None.
-      private_tmp: give each host its own empty /tmp (tmpfs), as separate machines have.
+      private_tmp: give each host its own empty /tmp (tmpfs), as separate machines have; the checkout and the
+        Python environment stay visible where they live under /tmp (`_private_tmp_script`).
 
     Attributes:
       hosts: the hosts, host0 first.
@@ -357,6 +370,18 @@ class Bed:
             self.close()
             raise
 
+    def _private_tmp_script(self, host) -> str:
+        """Shell commands, run in `host`'s mount namespace, that mount an empty tmpfs on /tmp and bind back the
+        checkout and the interpreter's environment when they live under /tmp (a clone in /tmp, as CI may make):
+        each is first bound to a folder of the bed outside /tmp, then, after the tmpfs, onto its own path."""
+        keep = kept_under_tmp()
+        stage = os.path.join(self.dir, f"keep{host.index}")
+        q = shlex.quote
+        steps = [f"mkdir -p {stage}/{i} && mount --bind {q(p)} {stage}/{i}" for i, p in enumerate(keep)]
+        steps.append(f"mount -t tmpfs -o size=512m,mode=1777 {self.name} /tmp")
+        steps += [f"mkdir -p {q(p)} && mount --bind {stage}/{i} {q(p)}" for i, p in enumerate(keep)]
+        return " && ".join(steps)
+
     def _build(self, cap_mbit):
         os.makedirs(self.shared_dir)
         with open(os.path.join(self.dir, "owner"), "w") as f:
@@ -384,7 +409,7 @@ class Bed:
             open(h.mnt_file, "w").close()
             _sh("unshare", f"--uts={h.uts_file}", _tool("hostname"), h.name)
             mounts = (f"umount -l /sys && mount -t sysfs {self.name} /sys && mount --bind {hosts_file} /etc/hosts"
-                      + (f" && mount -t tmpfs -o size=512m,mode=1777 {self.name} /tmp" if self.private_tmp else ""))
+                      + (f" && {self._private_tmp_script(h)}" if self.private_tmp else ""))
             _sh("nsenter", f"--net=/run/netns/{h.netns}", "--", _tool("unshare"), f"--mount={h.mnt_file}",
                 "--propagation", "slave", "/bin/sh", "-c", mounts)
             if cap_mbit is not None:

@@ -22,6 +22,7 @@ bench: install
 	$(PY) benchmarks/input_pipeline.py
 	$(PY) benchmarks/gcs_read.py
 	$(PY) benchmarks/reshard.py
+	$(PY) benchmarks/tune.py
 	$(PY) benchmarks/profile_overhead.py
 	$(PY) benchmarks/predict.py
 	$(PY) benchmarks/step_loop.py

@@ -107,6 +107,7 @@ def _time_pipeline(train, spec, levers: dict, extra: dict, *, steps_per_epoch: i
                                        seed=0, validate=False, cache_dir=cache_dir, **extra, **levers)
     ds = pipeline.build_dataset(train, spec, options)
     it = iter(ds)
+    drain(it, tf.constant(0, tf.int64))   # traced for this pipeline's element spec outside the timing
     t = time.perf_counter()
     n = int(drain(it, tf.constant(steps_per_epoch, tf.int64)))
     first = time.perf_counter() - t
@@ -204,7 +205,7 @@ def bench(name: str, args, tmp: str) -> dict:
           f"{statistics.median(later['tuned']):,.0f}: {err_later:+.0%}  (target within 15%: "
           f"{'ok' if abs(err_later) <= 0.15 else 'MISSED'})")
     print(f"  ({decoded / 1e6:.1f} MB of decoded records; cache chosen: {tuned['cache']})", flush=True)
-    synthetic = bench_tune.compute_rate(options, data_config["label"], steps=max(args.compute_steps, 10), warmup=3)
+    synthetic = decision.compute   # harness tune's own run on synthetic batches (--compute-steps)
     job = {}
     for label, levers in (("before", pipes["naive"]), ("after", tuned)):
         with tempfile.TemporaryDirectory(dir=tmp) as out:

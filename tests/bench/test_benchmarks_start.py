@@ -72,6 +72,15 @@ RUNS = {
         **{f"row {data} {pipe}": rf"^  {data}\s+{pipe}\s+{NUM}\s+[0-9.]+%\s+{NUM}$"
            for data in ("GZIP export", "resharded") for pipe in ("read limit", "harness")},
         "gain": rf"^  gain, harness: {NUM}x"})],
+    "tune.py": [(["--points", "{points}"], {
+        **{f"{case}": rf"^== {case}: \d+ file\(s\), {NUM} records, batch {NUM}, {NUM} steps per epoch, 2 epochs, 1 runs"
+           for case in ("points", "patches", "unet")},
+        **{f"row {pipe}": rf"^  {pipe}\s+{NUM}\s+{NUM}\s+{NUM}  parse=" for pipe in ("naive", "autotune", "tuned")},
+        "grid": rf"^  tuned / best of the grid\s+= {NUM} \[.*\(target >= 0\.9: (?:ok|MISSED)\)$",
+        "autotune": rf"^  tuned / autotune\s+= {NUM} \[",
+        "predicted": rf"^  predicted / measured, later epochs  {NUM} / {NUM}: [+-]\d+%  \(target within 15%",
+        "job": rf"^  real/synthetic: before {NUM}, after {NUM} \(predicted after [0-9.]+\)$",
+        "done": r"^done \[load average"})],
     # in-process cases, then the two that start child processes (the mirrored child, horovodrun -np 2)
     "step_loop.py": [
         (["--data", "{points}", "--cases", "points,unet,overhead"], {

@@ -17,8 +17,9 @@ bed, one child process started by `GcsBed`, serves on 127.0.0.1 only, each on a 
   metadata  a Compute Engine metadata server stand-in (`Metadata-Flavor: Google`, a fixed access token), which
             both `harness.data.gcs.check_access` and TensorFlow's token fetch accept.
   earthengine  the proxy also accepts `earthengine.googleapis.com:443` and `oauth2.googleapis.com:443`, whose
-            tunnels (and one public object of storage.googleapis.com) get stand-ins of the few Earth Engine API and OAuth calls that `earthengine upload image` makes
-            (tests/earthengine_bed.py), so the real Earth Engine CLI uploads from this bucket.
+            tunnels (and one public object of storage.googleapis.com) get stand-ins of the few Earth Engine API
+            and OAuth calls that `earthengine upload image` makes (tests/earthengine_bed.py), so the real Earth
+            Engine CLI uploads from this bucket.
 `GcsBed.env()` gives a process the variables that point it there. Every request the proxy served is a line of
 `requests.log` (method, host, path, status), so a test can see which ones TensorFlow made.
 
@@ -332,9 +333,9 @@ class GcsBed:
     def env(self, base=None) -> dict:
         """`base` (default os.environ) with TensorFlow's GCS file system routed to the bed: the proxy for https
         and http (loopback excepted, so the metadata server is reached directly), the bed's CA (for curl, and for
-        Python's requests, httplib2 and ssl: the Earth Engine CLI), the metadata server as the token source; no key file, an empty gcloud config folder (so no user's credentials are
-        used), and TensorFlow's GCS retries cut to 2 after 0.1 s (a failing test fails in seconds, not minutes;
-        read when TensorFlow loads)."""
+        Python's requests, httplib2 and ssl: the Earth Engine CLI), the metadata server as the token source; no
+        key file, an empty gcloud config folder (so no user's credentials are used), and TensorFlow's GCS retries
+        cut to 2 after 0.1 s (a failing test fails in seconds, not minutes; read when TensorFlow loads)."""
         env = {k: v for k, v in (os.environ if base is None else base).items()
                if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
                and "proxy" not in k.lower()}

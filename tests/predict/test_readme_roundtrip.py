@@ -122,3 +122,24 @@ def test_the_readme_round_trip_runs_as_printed_and_uploads_what_harness_wrote(gc
     # the TFRecord upload: one tileset, one source of every file, in shard order, the mixer last
     assert manifest["tilesets"] == [{"id": "ts", "sources": [{"uris": written}]}]
     assert shlex.split(uploads[0])[3:] == [f"--asset_id={ASSET}", *written]
+
+
+def test_the_earth_engine_stand_ins_want_the_refresh_token_then_the_access_token(gcs):
+    """The stand-ins' own checks, through the proxy and its TLS as the CLI reaches them (requests reads the
+    proxy and the CA from the environment the `gcs` fixture set): a wrong refresh token is refused, the API
+    wants the access token the refresh gave."""
+    import requests
+
+    import earthengine_bed
+
+    def token(refresh):
+        return requests.post("https://oauth2.googleapis.com/token", timeout=60,
+                             data={"grant_type": "refresh_token", "refresh_token": refresh})
+
+    discovery = "https://earthengine.googleapis.com/$discovery/rest?version=v1"
+    assert token("not-the-one").status_code == 400
+    assert requests.get(discovery, timeout=60).status_code == 401
+    good = token(earthengine_bed.REFRESH_TOKEN)
+    assert good.status_code == 200
+    answer = requests.get(discovery, timeout=60, headers={"Authorization": f"Bearer {good.json()['access_token']}"})
+    assert answer.status_code == 200 and answer.json()["name"] == "earthengine"

@@ -7,15 +7,19 @@ OBJECT` for reads) and no variable to change them. What it does read: libcurl's 
 `GCE_METADATA_HOST` (where it asks for an access token when no key file is set, google_auth_provider.cc). So the
 bed, one child process started by `GcsBed`, serves on 127.0.0.1 only, each on a port the kernel picks:
   proxy     an HTTP proxy that accepts `CONNECT storage.googleapis.com:443` and `CONNECT www.googleapis.com:443`
-            and nothing else (any other host, port or plain-HTTP request gets 403 and is recorded in
-            `refused.log`): nothing is ever forwarded off this host. A tunnel it accepts it answers itself: TLS
-            with a certificate for those two names, signed by a CA the bed made (`ca.pem`, `CURL_CA_BUNDLE`), then
-            each request, with the bearer token checked, is passed on to
+            (and Earth Engine's two, below) and nothing else (any other host, port or plain-HTTP request gets 403
+            and is recorded in `refused.log`): nothing is ever forwarded off this host. A tunnel it accepts it
+            answers itself: TLS with a certificate for those names, signed by a CA the bed made (`ca.pem`,
+            `CURL_CA_BUNDLE`), then each request, with the bearer token checked, is passed on to
   emulator  gcp-storage-emulator (PyPI; the JSON API, media downloads at /BUCKET/OBJECT, resumable uploads,
             rewrite), in memory, one bucket. Its resumable-upload `Location` answers name `http://HOST/...`; the
             proxy turns them into `https://` so the upload goes back through the tunnel.
   metadata  a Compute Engine metadata server stand-in (`Metadata-Flavor: Google`, a fixed access token), which
             both `harness.data.gcs.check_access` and TensorFlow's token fetch accept.
+  earthengine  the proxy also accepts `earthengine.googleapis.com:443` and `oauth2.googleapis.com:443`, whose
+            tunnels (and one public object of storage.googleapis.com) get stand-ins of the few Earth Engine API
+            and OAuth calls that `earthengine upload image` makes (tests/earthengine_bed.py), so the real Earth
+            Engine CLI uploads from this bucket.
 `GcsBed.env()` gives a process the variables that point it there. Every request the proxy served is a line of
 `requests.log` (method, host, path, status), so a test can see which ones TensorFlow made.
 
@@ -37,14 +41,17 @@ import threading
 import time
 import urllib.parse
 
+import earthengine_bed
+
 HOSTS = ("storage.googleapis.com", "www.googleapis.com")   # TensorFlow's endpoints (gcs_file_system.cc)
+TUNNELS = HOSTS + earthengine_bed.HOSTS                    # the hosts the proxy answers for
 TOKEN = "harness-test-token"
 START_S = 60.0            # the child's start (imports, key generation) on a loaded 2-core machine
 
 
 # --- the child: CA, emulator, proxy, metadata server ---------------------------------------------------------------
 def _certificates(workdir: str) -> tuple[str, str, str]:
-    """A CA and a server certificate for HOSTS signed by it (P-256, valid one day either side of now); returns the
+    """A CA and a server certificate for TUNNELS signed by it (P-256, valid one day either side of now); returns the
     paths of ca.pem, server.pem and server.key."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -67,7 +74,7 @@ def _certificates(workdir: str) -> tuple[str, str, str]:
                                                  (x509.KeyUsage(False, False, False, False, False, True, True, False,
                                                                 False), True)])
     server = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOSTS[0])]), key, ca_name, ca_key,
-                  [(x509.SubjectAlternativeName([x509.DNSName(h) for h in HOSTS]), False),
+                  [(x509.SubjectAlternativeName([x509.DNSName(h) for h in TUNNELS]), False),
                    (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
                    (x509.BasicConstraints(ca=False, path_length=None), True)])
     paths = [os.path.join(workdir, n) for n in ("ca.pem", "server.pem", "server.key")]
@@ -105,7 +112,7 @@ class _Log:
 
 class _Front(http.server.BaseHTTPRequestHandler):
     """The Google side of an accepted tunnel: checks the token, passes the request to the emulator, sends back its
-    answer (resumable-upload Locations turned to https)."""
+    answer (resumable-upload Locations turned to https); Earth Engine's requests go to its stand-ins."""
     protocol_version = "HTTP/1.1"
     host = ""             # the tunnel's host, set per tunnel
 
@@ -116,7 +123,9 @@ class _Front(http.server.BaseHTTPRequestHandler):
         bed = self.server.bed
         body = self._body()
         status, headers, data = 401, [("Content-Type", "application/json")], b'{"error": {"code": 401}}'
-        if self.headers.get("Authorization") == f"Bearer {TOKEN}":
+        if earthengine_bed.serves(self.host, self.path):
+            status, headers, data = bed.earthengine.answer(self.command, self.host, self.path, self.headers, body)
+        elif self.headers.get("Authorization") == f"Bearer {TOKEN}":
             if self.host == "www.googleapis.com" and not self.path.startswith(("/storage/v1/", "/upload/storage/v1/")):
                 status, data = 404, b'{"error": {"code": 404}}'
             else:
@@ -149,7 +158,7 @@ class _Front(http.server.BaseHTTPRequestHandler):
 
 
 class _Connect(socketserver.StreamRequestHandler):
-    """One client connection to the proxy: a CONNECT to HOSTS:443 becomes a TLS tunnel served by `_Front`; anything
+    """One client connection to the proxy: a CONNECT to TUNNELS:443 becomes a TLS tunnel served by `_Front`; anything
     else is answered 403 and recorded."""
 
     def handle(self):
@@ -159,7 +168,7 @@ class _Connect(socketserver.StreamRequestHandler):
         method, target = (line.split(" ") + ["", ""])[:2]
         host, _, port = target.rpartition(":")
         bed = self.server.bed
-        if method != "CONNECT" or host not in HOSTS or port != "443":
+        if method != "CONNECT" or host not in TUNNELS or port != "443":
             bed.refused.write(line)
             self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             return
@@ -207,6 +216,7 @@ class _Child:
         self.tls.load_cert_chain(cert, key)
         self.requests, self.refused = _Log(os.path.join(workdir, "requests.log")), _Log(
             os.path.join(workdir, "refused.log"))
+        self.earthengine = earthengine_bed.EarthEngine(workdir, TOKEN)
         self.emulator = create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
         self.emulator.start()
         self.emulator_port = self.emulator._api._httpd.server_address[1]
@@ -322,10 +332,10 @@ class GcsBed:
 
     def env(self, base=None) -> dict:
         """`base` (default os.environ) with TensorFlow's GCS file system routed to the bed: the proxy for https
-        and http (loopback excepted, so the metadata server is reached directly), the bed's CA, the metadata
-        server as the token source; no key file, an empty gcloud config folder (so no user's credentials are
-        used), and TensorFlow's GCS retries cut to 2 after 0.1 s (a failing test fails in seconds, not minutes;
-        read when TensorFlow loads)."""
+        and http (loopback excepted, so the metadata server is reached directly), the bed's CA (for curl, and for
+        Python's requests, httplib2 and ssl: the Earth Engine CLI), the metadata server as the token source; no
+        key file, an empty gcloud config folder (so no user's credentials are used), and TensorFlow's GCS retries
+        cut to 2 after 0.1 s (a failing test fails in seconds, not minutes; read when TensorFlow loads)."""
         env = {k: v for k, v in (os.environ if base is None else base).items()
                if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
                and "proxy" not in k.lower()}
@@ -334,6 +344,7 @@ class GcsBed:
         os.makedirs(gcloud, exist_ok=True)
         env.update(https_proxy=proxy, HTTPS_PROXY=proxy, http_proxy=proxy, HTTP_PROXY=proxy,
                    no_proxy="127.0.0.1,localhost", NO_PROXY="127.0.0.1,localhost", CURL_CA_BUNDLE=self.info["ca"],
+                   REQUESTS_CA_BUNDLE=self.info["ca"], HTTPLIB2_CA_CERTS=self.info["ca"], SSL_CERT_FILE=self.info["ca"],
                    GCE_METADATA_HOST=f"127.0.0.1:{self.info['metadata']}", CLOUDSDK_CONFIG=gcloud,
                    GCS_RETRY_CONFIG_MAX_RETRIES="2", GCS_RETRY_CONFIG_INIT_DELAY_TIME_US="100000")
         return env
@@ -392,8 +403,12 @@ class GcsBed:
         return _lines(os.path.join(self.workdir, "requests.log"))
 
     def refused(self) -> list[str]:
-        """The proxy requests it refused so far (their request lines): any host but HOSTS, any plain HTTP."""
+        """The proxy requests it refused so far (their request lines): any host but TUNNELS, any plain HTTP."""
         return _lines(os.path.join(self.workdir, "refused.log"))
+
+    def earthengine(self) -> list[dict]:
+        """The requests Earth Engine's stand-ins answered so far (tests/earthengine_bed.py `calls`)."""
+        return earthengine_bed.calls(self.workdir)
 
 
 def _lines(path: str) -> list[str]:

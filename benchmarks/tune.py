@@ -190,8 +190,8 @@ def bench(name: str, args, tmp: str) -> dict:
     decoded = shards.records * pipeline.decoded_record_bytes(spec)
     cache_matters = tuned["cache"] != "none" and statistics.median(later["tuned"]) > statistics.median(
         first["tuned"]) * 1.1
-    err_first = statistics.median(first["tuned"]) / decision.first_epoch - 1
-    err_later = statistics.median(later["tuned"]) / decision.steady - 1
+    err_first = decision.first_epoch / statistics.median(first["tuned"]) - 1
+    err_later = decision.steady / statistics.median(later["tuned"]) - 1
     print("  checks (whole run's examples/s; per run, then median [min-max]):")
     print(_ratio_line("tuned / best of the grid", vs_grid, ">= 0.9", statistics.median(vs_grid) >= 0.9))
     line = _ratio_line("tuned / autotune", vs_auto, ">= 1.3", statistics.median(vs_auto) >= 1.3)

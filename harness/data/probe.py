@@ -38,6 +38,8 @@ NEGLIGIBLE = 1e-3      # a derived stage costs at least this fraction of the pro
 # serialized bytes, whichever comes first: a pass of 256 small records (the ACES points: 220 B each) lasts about
 # as long as starting an iterator, which made every per-example rate of small records a per-pass figure (the
 # batch stage at 15k examples/s per core, where the pipeline after the cache ran at 620k).
+MIN_PASS_S = 0.2        # CPU seconds one timed pass of a dataset probe lasts at least (rate_per_core)
+MAX_PASSES = 256
 MIN_EXAMPLES = 16384
 MIN_BYTES = 32_000_000
 
@@ -89,9 +91,18 @@ def one_core(ds):
 
 
 def rate_per_core(ds, repeats: int = REPEATS) -> float:
-    """Examples per process CPU second of one pass over `ds` on one core (median of `repeats` timed passes)."""
-    n, _, cpu = time_passes(one_core(ds), repeats)
-    return n / max(statistics.median(cpu), 1e-9)
+    """Examples per process CPU second of `ds` on one core: after a warm-up pass and one pass timed to size the
+    probe, the median of `repeats` timed passes over `ds.repeat(k)`, k the passes that last MIN_PASS_S of CPU
+    (at most MAX_PASSES): a pass that lasts about as long as starting an iterator measures the start, not the
+    stage (a cache read of 64 patches: 2k examples/s in one pass, where the pipeline ran at 8k)."""
+    ds = one_core(ds)
+    n = count_examples(ds)
+    c = time.process_time()
+    count_examples(ds)
+    once = time.process_time() - c
+    k = max(1, min(MAX_PASSES, math.ceil(MIN_PASS_S / max(once, 1e-6))))
+    m, _, cpu = time_passes(ds.repeat(k), repeats)   # m == n * k
+    return m / max(statistics.median(cpu), 1e-9)
 
 
 def difference(with_stage: float, without: float) -> float:

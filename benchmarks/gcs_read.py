@@ -8,7 +8,9 @@ out), uploaded, and read by two pipelines from both places, taking turns in each
   reader   the harness's reader alone (`pipeline.read_files`, records counted, not parsed): the read limit;
   harness  `pipeline.build_dataset` in evaluation mode (no shuffle, no cache): what training reads at.
 Prints examples/s and MB/s per pipeline and place, then bucket / local per pipeline (median and range over the
-runs, each run's pair back to back); the target is >= 0.8 for the harness pipeline.
+runs, each run's pair back to back); the target is >= 0.8 for the harness pipeline. The bed runs on the client's
+own cores, so it also prints the client's CPU per example (local / bucket: what a client bound by its own cores
+would reach against a bucket served from elsewhere) and the CPU seconds the bed itself used.
 
   python benchmarks/gcs_read.py [--records 32] [--shards 4] [--patch 256] [--repeats 5]
 """
@@ -81,7 +83,12 @@ def main(argv=None) -> int:
                                                    mean_bytes[place])
             runs[f"harness {place}"] = harness_dataset(found, spec, args.batch)
             expected[f"reader {place}"] = expected[f"harness {place}"] = records * args.passes
-        secs, _ = time_round_robin(runs, expected, args.repeats)
+        import psutil
+
+        bed_process = psutil.Process(bed.proc.pid)
+        bed_cpu = sum(bed_process.cpu_times()[:2])
+        secs, cpu = time_round_robin(runs, expected, args.repeats)
+        bed_cpu = sum(bed_process.cpu_times()[:2]) - bed_cpu
         print(f"  {'pipeline':<16} {'examples/s':>11} {'spread':>7} {'MB/s':>8}")
         for label in runs:
             eps = [expected[label] / s for s in secs[label]]
@@ -93,6 +100,13 @@ def main(argv=None) -> int:
             r = _ratio(secs, f"{name} bucket", f"{name} local")
             verdict = f"  (target >= {TARGET}: {'ok' if r[0] >= TARGET else 'MISSED'})" if name == "harness" else ""
             print(f"  {name + ' bucket / local':<24} = {r[0]:.2f} [{r[1]:.2f}-{r[2]:.2f}]{verdict}")
+        per_example = {k: statistics.median(c / expected[k] for c in cpu[k]) for k in runs}
+        client = per_example["harness local"] / per_example["harness bucket"]
+        bucket_s = sum(sum(secs[k]) for k in runs if k.endswith("bucket"))
+        print(f"  client CPU per example, local / bucket, harness = {client:.2f}: the rate ratio a client whose own "
+              "cores bound it would reach (a bucket served from elsewhere)")
+        print(f"  the bed (TLS proxy and emulator, one Python process) used {bed_cpu:.1f} CPU s beside "
+              f"{bucket_s:.1f} s of bucket reads, on the client's {os.cpu_count()} cores")
         reads = [r for r in bed.requests() if r.startswith("GET storage.googleapis.com")]
         print(f"  {len(reads)} media reads through the proxy; {len(bed.refused())} refused")
     return 0

@@ -9,7 +9,7 @@ server's retries and then fails with a traceback deep in the first read. `check_
 in the same order, the metadata server with one request bounded by `HARNESS_GCS_PROBE_S` seconds (default 3), and
 fails in one line naming the path, each source tried and what to set.
 
-Then `check_buckets` asks the JSON API for each bucket named (`GET https://www.googleapis.com/storage/v1/b/BUCKET`,
+Then `check` asks the JSON API for each bucket named (`GET https://www.googleapis.com/storage/v1/b/BUCKET`,
 TensorFlow's own endpoint, through the proxy `https_proxy` names and with the CA file `CURL_CA_BUNDLE` names, as
 TensorFlow's libcurl takes them), once per bucket per process, bounded by the same `HARNESS_GCS_PROBE_S`: where
 TensorFlow would retry a silent or refusing endpoint ten times with backoff (tsl/platform/cloud/retrying_utils.cc)
@@ -17,7 +17,6 @@ before a traceback, a path whose bucket cannot be reached, does not exist or ref
 With a token at hand (`GOOGLE_AUTH_TOKEN_FOR_TESTING`, or the metadata server's) the request carries it, so a
 missing bucket (404) and a refused account (401, 403) are named; with a key file (whose token TensorFlow signs
 itself) it goes anonymous and checks reachability only (any HTTP answer: 401 is what a private bucket gives).
-`check` runs both.
 """
 from __future__ import annotations
 
@@ -209,11 +208,13 @@ def probe_bucket(bucket: str, token: Optional[str], environ, timeout: float) -> 
         return f"www.googleapis.com could not be reached{via}: {reason}"
 
 
-def check_buckets(paths: Iterable, environ=None) -> None:
-    """Ask the JSON API, once per bucket per process, for each bucket of `paths` on Cloud Storage (after
-    `check_access`: its credential source decides the token), each within HARNESS_GCS_PROBE_S seconds.
+def check(paths: Iterable, environ=None) -> None:
+    """What every command runs before any work on `gs://` paths: `check_access` (credentials), then the JSON API
+    asked, once per bucket per process, for each bucket of `paths` on Cloud Storage (the credential source
+    decides the token), each within HARNESS_GCS_PROBE_S seconds.
 
     Raises:
+      CredentialsError: as `check_access`.
       BucketError: one line: the first path of the bucket, what happened (no answer in N s, refused connection,
         no such bucket, credentials refused) and the credential source used."""
     environ = os.environ if environ is None else environ
@@ -231,14 +232,6 @@ def check_buckets(paths: Iterable, environ=None) -> None:
         if why is not None:
             raise BucketError(f"{path}: {why} (credentials: {source}; HARNESS_GCS_PROBE_S={timeout:g})")
         seen.add(bucket)
-
-
-def check(paths: Iterable, environ=None) -> None:
-    """`check_access` then `check_buckets`: what every command runs before any work on `gs://` paths.
-
-    Raises:
-      CredentialsError, BucketError: as those."""
-    check_buckets(list(paths), environ)
 
 
 def reset() -> None:

@@ -2,7 +2,7 @@
 stage's examples/s per core and its output bytes per example, as `harness.data.tune.Measured` takes them.
 
 Probes (each on the first `records` records of the shards given, a few hundred, read once into memory where the
-stage reads from memory, each pass repeated to last MIN_PASS_S; timed by `time_passes`: one warm-up pass, then
+stage reads from memory, and run over them `passes_for` times; timed by `time_passes`: one warm-up pass, then
 `repeats` passes, the median's process CPU seconds): every probe runs on one core (a private thread pool of one
 thread, no intra-op parallelism, no autotuning), so its rate is examples/s per core, as Plumber measures each op's
 rate per core (Kuchnik et al., MLSys 2022). A stage that only runs after another is timed with it and without it;
@@ -34,17 +34,19 @@ PROBE_RECORDS = 256
 REPEATS = 3
 COUNT_BATCH = 64       # examples per counted element of a per-record probe
 NEGLIGIBLE = 1e-3      # a derived stage costs at least this fraction of the probe it was derived from
-# Every probe is sized to last at least MIN_PASS_S of CPU per timed pass (its passes repeated, at most MAX_PASSES
-# times): one pass over 256 small records (the ACES points: 220 B each) lasts about as long as starting an
-# iterator, which made every per-example rate of small records a per-pass figure (the batch stage at 15k
-# examples/s per core, where the pipeline after the cache ran at 620k).
-MIN_PASS_S = 0.2
+# Each probe runs over the held records as many times as it takes to pass MIN_EXAMPLES examples or MIN_BYTES
+# serialized bytes, whichever comes first: a pass of 256 small records (the ACES points: 220 B each) lasts about
+# as long as starting an iterator, which made every per-example rate of small records a per-pass figure (the
+# batch stage at 15k examples/s per core, where the pipeline after the cache ran at 620k).
+MIN_PASS_S = 0.2        # CPU seconds one timed pass of a dataset probe lasts at least (rate_per_core)
 MAX_PASSES = 256
+MIN_EXAMPLES = 16384
+MIN_BYTES = 32_000_000
 
 
-def _passes(once_cpu_s: float) -> int:
-    """Passes of `once_cpu_s` CPU seconds each that make one timed pass of at least MIN_PASS_S."""
-    return max(1, min(MAX_PASSES, math.ceil(MIN_PASS_S / max(once_cpu_s, 1e-6))))
+def passes_for(records: int, serialized_bytes: float) -> int:
+    """Passes over `records` held records of `serialized_bytes` each that one probe runs (at least 1)."""
+    return max(1, min(math.ceil(MIN_EXAMPLES / records), math.ceil(MIN_BYTES / (records * serialized_bytes))))
 
 
 def _batch_examples(element):
@@ -98,7 +100,8 @@ def rate_per_core(ds, repeats: int = REPEATS) -> float:
     c = time.process_time()
     count_examples(ds)
     once = time.process_time() - c
-    m, _, cpu = time_passes(ds.repeat(_passes(once)), repeats)
+    k = max(1, min(MAX_PASSES, math.ceil(MIN_PASS_S / max(once, 1e-6))))
+    m, _, cpu = time_passes(ds.repeat(k), repeats)   # m == n * k
     return m / max(statistics.median(cpu), 1e-9)
 
 
@@ -115,23 +118,24 @@ def _read_rate(paths, records_per_byte: float, budget: int, repeats: int) -> flo
 
     def once():
         left = budget
-        for path in paths:
-            with tf.io.gfile.GFile(path, "rb") as f:
-                while left > 0:
-                    chunk = f.read(min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    left -= len(chunk)
+        while left > 0:   # the files over again until the budget is read
+            before = left
+            for path in paths:
+                with tf.io.gfile.GFile(path, "rb") as f:
+                    while left > 0:
+                        chunk = f.read(min(left, 1 << 20))
+                        if not chunk:
+                            break
+                        left -= len(chunk)
+            if left == before:
+                break
         return budget - left
 
     once()
-    c = time.process_time()
-    once()
-    k = _passes(time.process_time() - c)
     cpu = []
     for _ in range(repeats):
         c = time.process_time()
-        nbytes = sum(once() for _ in range(k))
+        nbytes = once()
         cpu.append(time.process_time() - c)
     return nbytes * records_per_byte / max(statistics.median(cpu), 1e-9)
 
@@ -168,8 +172,9 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     n = min(records, taken)
     raw = tf.data.TFRecordDataset(paths, compression_type=compression, buffer_size=pipeline.READ_BUFFER_BYTES)
     serialized = list(raw.take(n).as_numpy_iterator())
-    read = _read_rate(paths, 1.0 / file_bytes, int(n * file_bytes), repeats)
-    reader = rate_per_core(raw.take(n).batch(COUNT_BATCH), repeats)
+    k = passes_for(n, serialized_bytes)
+    read = _read_rate(paths, 1.0 / file_bytes, int(k * n * file_bytes), repeats)
+    reader = rate_per_core(raw.take(n).repeat(k).batch(COUNT_BATCH), repeats)
     if compression:
         read_stage = S(tune_lib.READ, read, file_bytes)
         inflate = S(tune_lib.INFLATE, difference(reader, read), serialized_bytes)
@@ -179,7 +184,7 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     values = spec.values_per_feature() if spec.kind == IMAGE else 1
     parsed_bytes = 4 * values * len(spec.features)
     decoded_bytes = pipeline.decoded_record_bytes(spec)
-    source = tf.data.Dataset.from_tensor_slices(serialized)
+    source = tf.data.Dataset.from_tensor_slices(serialized).repeat(k)
     read_batch = stages.read_batch_size(serialized_bytes)
     src_records = rate_per_core(source.batch(COUNT_BATCH), repeats)
     src_batches = rate_per_core(source.batch(read_batch), repeats)
@@ -193,15 +198,16 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
               tune_lib.BATCHES: S(tune_lib.DECODE, difference(pd_bat, p_bat), decoded_bytes)}
     # After a cache, later epochs shuffle and batch the decoded records: the batch stage is timed on them held
     # in memory (`cache` filled by the untimed first pass), and augment on batches held in memory.
-    decoded_records = source.map(lambda r: pipeline.decode_one(spec, r)).cache()
-    shuffled = decoded_records.shuffle(min(n, 4096), seed=0)
+    decoded_records = tf.data.Dataset.from_tensor_slices(serialized).map(
+        lambda r: pipeline.decode_one(spec, r)).cache()
+    shuffled = decoded_records.repeat(k).shuffle(min(n * k, 4096), seed=0)
     batch = S(tune_lib.BATCH, rate_per_core(shuffled.batch(batch_size), repeats), decoded_bytes, 1)
     augment_stage = None
     augments = augment and spec.kind == IMAGE
     if augments or brightness or contrast:
         plan = types.SimpleNamespace(augment=augments, brightness=brightness, contrast=contrast, seed=0,
                                      map_parallelism=1, deterministic=True)
-        held = decoded_records.batch(batch_size).cache()
+        held = decoded_records.batch(batch_size).cache().repeat(k)
         augmented = rate_per_core(pipeline._augment(held, spec, plan), repeats)
         augment_stage = S(tune_lib.AUGMENT, difference(augmented, rate_per_core(held, repeats)), decoded_bytes)
     return {"read": read_stage, "inflate": inflate, "parse": parse, "decode": decode, "augment": augment_stage,

@@ -64,16 +64,18 @@ def read_limit(paths: Sequence[str], compression: str, batch: int, *, parallel: 
                                    buffer_size=pipeline.READ_BUFFER_BYTES).batch(batch)
 
 
-def reader_limit(paths: Sequence[str], compression: str, batch: int, mean_record_bytes: float):
+def reader_limit(paths: Sequence[str], compression: str, batch: int, mean_record_bytes: float, *,
+                 parallel_reads: int | None = None):
     """Raw records read exactly as the harness reads them, not parsed: `pipeline.read_files` (one TFRecordDataset
     per file, interleaved in parallel, deterministic; small records in read batches of
-    `pipeline.read_batch_size`), regrouped into batches of `batch`. harness / this = the cost of parsing alone."""
+    `pipeline.read_batch_size`), regrouped into batches of `batch`. harness / this = the cost of parsing alone.
+    `parallel_reads`: the interleave cycle (default: the pipeline's, `stages.decide_parallel_reads`)."""
     from harness.data import pipeline
 
     read_batch = None if pipeline.parse_per_record(mean_record_bytes) else \
         pipeline.read_batch_size(mean_record_bytes)
     ds = pipeline.read_files(list(paths), [compression] * len(paths), deterministic=True, shuffle_files=False,
-                              seed=0, read_batch=read_batch)
+                              seed=0, read_batch=read_batch, parallel_reads=parallel_reads)
     return ds.rebatch(batch) if read_batch else ds.batch(batch)
 
 
@@ -103,8 +105,9 @@ def per_record(paths: Sequence[str], compression: str, spec, batch: int, *, para
     return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).batch(batch, drop_remainder=True)
 
 
-def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = None):
-    """`pipeline.build_dataset` in evaluation mode (no shuffle, no cache).
+def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = None,
+                    parallel_reads: int | None = None):
+    """`pipeline.build_dataset` in evaluation mode (no shuffle, no cache); `parallel_reads` as the pipeline option.
 
     `record_first=None` keeps the parse order the pipeline chooses for the record size; True forces a parse per
     record, then batch; False forces batch-then-parse: read batches of `batch` records, one vectorized parse each.
@@ -112,7 +115,8 @@ def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = Non
     from harness.data import pipeline
 
     def build():
-        options = pipeline.PipelineOptions(per_replica_batch_size=batch, training=False, cache="none")
+        options = pipeline.PipelineOptions(per_replica_batch_size=batch, training=False, cache="none",
+                                           parallel_reads=parallel_reads)
         return pipeline.build_dataset(list(shards), spec, options)
 
     if record_first is None:

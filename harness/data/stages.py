@@ -22,6 +22,7 @@ import random
 from typing import Callable, Optional, Sequence
 
 from harness.choices import CACHE_MODES, PARSE_PLACEMENTS
+from harness.data import gcs as gcs_lib
 from harness.distribute import resources as resources_lib
 from harness.errors import BatchSizeError, ConfigError
 
@@ -36,6 +37,11 @@ MAX_DEFAULT_SHUFFLE = 16384
 MEMORY_CACHE_FRACTION = 0.5
 # Files read at once (interleave cycle), per core.
 READERS_PER_CORE = 1
+# Cloud Storage files are read READERS_PER_CORE_REMOTE per core: a reader waits for each block of a gs:// file to
+# arrive (TensorFlow's GCS file system fetches GCS_READ_CACHE_BLOCK_SIZE_MB at a time, blocking), so one reader a core
+# leaves the core idle meanwhile. Measured (benchmarks/gcs_read.py, the client on one core, the bucket on another):
+# 1 reader 59, 2 readers 100, 4 readers 100 examples/s of 256x256x8 float GZIP patches.
+READERS_PER_CORE_REMOTE = 2
 # Small records travel from the file readers in read batches of about this many serialized bytes, at most
 # READ_BATCH_MAX records, and are parsed one read batch at a time (see read_batch_size).
 READ_BATCH_BYTES = 256 * 1024
@@ -174,15 +180,18 @@ def read_batch_size(mean_record_bytes: float) -> int:
     return int(max(1, min(READ_BATCH_MAX, READ_BATCH_BYTES // max(mean_record_bytes, 1))))
 
 
-def decide_parallel_reads(files: int, cpu_count: Optional[int] = None) -> int:
-    """Files read at once (the interleave cycle): READERS_PER_CORE per core, at most the files, at least 1.
+def decide_parallel_reads(files: int, cpu_count: Optional[int] = None, *, remote: bool = False) -> int:
+    """Files read at once (the interleave cycle): READERS_PER_CORE per core (READERS_PER_CORE_REMOTE for Cloud
+    Storage files), at most the files, at least 1.
 
     Args:
       cpu_count: this worker's CPUs (default: `resources.for_this_process().cpus`: affinity mask and cgroup
         quota, divided among the workers on the host).
+      remote: the files are `gs://` objects (each reader waits on the network between blocks).
     """
     cpus = resources_lib.for_this_process().cpus if cpu_count is None else cpu_count
-    return max(1, min(files, int(READERS_PER_CORE * cpus)))
+    per_core = READERS_PER_CORE_REMOTE if remote else READERS_PER_CORE
+    return max(1, min(files, int(per_core * cpus)))
 
 
 def check_keep(keep: int, available: int, batch: int) -> None:
@@ -395,7 +404,8 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         files=tuple(files), compressions=tuple(compressions),
         shuffle_files=training and not record_sharding and len(files) > 1,
         parallel_reads=(max(1, min(len(files), o.parallel_reads)) if o.parallel_reads
-                        else decide_parallel_reads(len(files), cpus)), cpu_budget=cpus,
+                        else decide_parallel_reads(len(files), cpus, remote=any(map(gcs_lib.is_gcs, files)))),
+        cpu_budget=cpus,
         map_parallelism=o.map_parallelism, prefetch_depth=o.prefetch,
         deterministic=True, record_sharding=record_sharding,
         read_batch=read_batch, parse=parse, cache=cache, cache_dir=o.cache_dir,

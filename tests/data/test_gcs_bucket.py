@@ -232,3 +232,28 @@ def test_an_endpoint_that_never_answers_or_refuses_costs_the_probe_s_and_no_more
         assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
         assert f"BucketError: {folder}/export: www.googleapis.com {why} http://127.0.0.1:{port}" in lines[0], lines[0]
         assert seconds < 30, seconds    # imports and the 1 s probe; TensorFlow alone retries for minutes
+
+
+def test_a_bucket_file_is_read_in_the_harness_block_size_unless_the_user_set_one(gcs, folder, tmp_path):
+    """TensorFlow's GCS file system fetches GCS_READ_CACHE_BLOCK_SIZE_MB per media request (64 MiB by default, a
+    buffer per open file); importing harness makes it 16 MiB (harness/__init__.py), a value the user exported wins:
+    a 40 MiB TFRecord file costs ceil(40 / 16) = 3 reads, or 1 read with 64."""
+    import tensorflow as tf
+
+    local = str(tmp_path / "big.tfrecord")
+    with tf.io.TFRecordWriter(local) as w:
+        for i in range(10):
+            w.write(os.urandom(4 * 2 ** 20))                 # 10 records of 4 MiB: 40 MiB and 160 bytes of framing
+    url = f"{folder}/big.tfrecord"
+    gcs.put(url, open(local, "rb").read())
+    count = ("import harness, tensorflow as tf; "
+             f"print(sum(1 for _ in tf.data.TFRecordDataset({url!r}, buffer_size=2 ** 18)))")
+    for user, want in ((None, 3), ("64", 1)):
+        env = {k: v for k, v in os.environ.items() if k != "GCS_READ_CACHE_BLOCK_SIZE_MB"}
+        if user:
+            env["GCS_READ_CACHE_BLOCK_SIZE_MB"] = user
+        before = len(_reads(gcs, url))
+        r = subprocess.run([sys.executable, "-c", count], capture_output=True, text=True, timeout=120,
+                           env=dict(env, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))
+        assert r.returncode == 0 and r.stdout.split() == ["10"], r.stderr[-2000:]
+        assert len(_reads(gcs, url)) - before == want, (user, _reads(gcs, url)[before:])

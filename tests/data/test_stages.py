@@ -143,3 +143,17 @@ def test_the_tuned_levers_override_the_defaults():
     assert large.parse == S.PARSE_READ_BATCHES and large.read_batch == 1        # 256 kB / 1 MB: 1 record
     with pytest.raises(ConfigError, match="parse must be one of auto, records, batches, got 'rows'"):
         _decide(parse="rows")
+
+
+def test_cloud_storage_files_are_read_more_at_once_than_local_files():
+    """A gs:// reader waits for each block of its file, so the plan reads READERS_PER_CORE_REMOTE files a core."""
+    assert S.READERS_PER_CORE_REMOTE > S.READERS_PER_CORE
+    assert S.decide_parallel_reads(64, 2) == 2 * S.READERS_PER_CORE
+    assert S.decide_parallel_reads(64, 2, remote=True) == 2 * S.READERS_PER_CORE_REMOTE
+    assert S.decide_parallel_reads(3, 2, remote=True) == min(3, 2 * S.READERS_PER_CORE_REMOTE)  # at most the files
+    plan = S.decide(S.PipelineOptions(per_replica_batch_size=8, training=True, seed=1),
+                    files=[f"gs://bucket/export/f{i}.tfrecord.gz" for i in range(16)], compressions=["GZIP"] * 16,
+                    records=1000, mean_record_bytes=220.0, decoded_record_bytes=36, image=False, cpu_count=2,
+                    available_memory=100 * GB, cache_name=lambda rb: "name")
+    assert plan.parallel_reads == 2 * S.READERS_PER_CORE_REMOTE
+    assert _decide(files=16)[0].parallel_reads == 2 * S.READERS_PER_CORE               # local paths: as before

@@ -77,7 +77,8 @@ def main(argv=None) -> int:
                                  compressed=True, seed=0)
         objects = bed.upload_tree(local, bed.url("export"))
         size = sum(os.path.getsize(os.path.join(local, f)) for f in os.listdir(local))
-        reads = stages.decide_parallel_reads(len(objects) * args.passes, remote=True)
+        reads = stages.decide_parallel_reads([s.path for s in shards_lib.discover_shards(bed.url("export"))]
+                                             * args.passes)      # as the harness reads the bucket, for both
         print(f"TensorFlow {tf.__version__}, {placed}; {args.records} patches of "
               f"{args.patch}x{args.patch}x8 float, GZIP, in {args.shards} shards ({size / 1e6:.1f} MB in "
               f"{len(objects)} objects), batch {args.batch}, files read {args.passes}x per run, {reads} at once, "

@@ -35,7 +35,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
-from harness.data import filecache, gcs, index
+from harness.data import filecache, index
 from harness.data import stages as stages_lib
 from harness.data.stages import (CacheChoice, PipelineOptions, PipelinePlan, choose_cache,  # noqa: F401 (API)
                                  parse_per_record, read_batch_size)
@@ -255,7 +255,7 @@ def read_files(paths: Sequence[str], compressions: Sequence[str], *, determinist
         ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
         return ds.batch(read_batch) if read_batch else ds
 
-    cycle = parallel_reads or stages_lib.decide_parallel_reads(len(paths), remote=any(map(gcs.is_gcs, paths)))
+    cycle = parallel_reads or stages_lib.decide_parallel_reads(paths)
     if cycle == 1:
         return files.flat_map(read)
     return files.interleave(read, cycle_length=cycle, block_length=1, num_parallel_calls=cycle,

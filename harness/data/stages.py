@@ -91,7 +91,7 @@ class PipelineOptions:
         epoch: the epoch goes on with the batches not yet trained on).
       parse: "auto" (by the record size: VECTORIZE_MAX_RECORD_BYTES), "records" (one by one) or "batches" (read
         batches, one vectorized parse each); parallel_reads: files read at once (default READERS_PER_CORE per
-        CPU, at most the files); map_parallelism: calls in flight of every parallel map (default AUTOTUNE);
+        CPU, READERS_PER_CORE_REMOTE for gs:// files, at most the files); map_parallelism: calls in flight of every parallel map (default AUTOTUNE);
         prefetch: batches prefetched (default AUTOTUNE). `harness tune` decides them (`harness.data.tune`).
     """
 
@@ -180,18 +180,18 @@ def read_batch_size(mean_record_bytes: float) -> int:
     return int(max(1, min(READ_BATCH_MAX, READ_BATCH_BYTES // max(mean_record_bytes, 1))))
 
 
-def decide_parallel_reads(files: int, cpu_count: Optional[int] = None, *, remote: bool = False) -> int:
-    """Files read at once (the interleave cycle): READERS_PER_CORE per core (READERS_PER_CORE_REMOTE for Cloud
-    Storage files), at most the files, at least 1.
+def decide_parallel_reads(files: Sequence[str], cpu_count: Optional[int] = None) -> int:
+    """Of the paths `files`, how many are read at once (the interleave cycle): READERS_PER_CORE per core,
+    READERS_PER_CORE_REMOTE where any is a `gs://` object (each reader waits on the network between blocks), at
+    most the files, at least 1.
 
     Args:
       cpu_count: this worker's CPUs (default: `resources.for_this_process().cpus`: affinity mask and cgroup
         quota, divided among the workers on the host).
-      remote: the files are `gs://` objects (each reader waits on the network between blocks).
     """
     cpus = resources_lib.for_this_process().cpus if cpu_count is None else cpu_count
-    per_core = READERS_PER_CORE_REMOTE if remote else READERS_PER_CORE
-    return max(1, min(files, int(per_core * cpus)))
+    per_core = READERS_PER_CORE_REMOTE if any(map(gcs_lib.is_gcs, files)) else READERS_PER_CORE
+    return max(1, min(len(files), int(per_core * cpus)))
 
 
 def check_keep(keep: int, available: int, batch: int) -> None:
@@ -404,8 +404,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         files=tuple(files), compressions=tuple(compressions),
         shuffle_files=training and not record_sharding and len(files) > 1,
         parallel_reads=(max(1, min(len(files), o.parallel_reads)) if o.parallel_reads
-                        else decide_parallel_reads(len(files), cpus, remote=any(map(gcs_lib.is_gcs, files)))),
-        cpu_budget=cpus,
+                        else decide_parallel_reads(files, cpus)), cpu_budget=cpus,
         map_parallelism=o.map_parallelism, prefetch_depth=o.prefetch,
         deterministic=True, record_sharding=record_sharding,
         read_batch=read_batch, parse=parse, cache=cache, cache_dir=o.cache_dir,

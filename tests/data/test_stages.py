@@ -148,9 +148,10 @@ def test_the_tuned_levers_override_the_defaults():
 def test_cloud_storage_files_are_read_more_at_once_than_local_files():
     """A gs:// reader waits for each block of its file, so the plan reads READERS_PER_CORE_REMOTE files a core."""
     assert S.READERS_PER_CORE_REMOTE > S.READERS_PER_CORE
-    assert S.decide_parallel_reads(64, 2) == 2 * S.READERS_PER_CORE
-    assert S.decide_parallel_reads(64, 2, remote=True) == 2 * S.READERS_PER_CORE_REMOTE
-    assert S.decide_parallel_reads(3, 2, remote=True) == min(3, 2 * S.READERS_PER_CORE_REMOTE)  # at most the files
+    local, remote = [f"/data/f{i}" for i in range(64)], [f"gs://bucket/f{i}" for i in range(64)]
+    assert S.decide_parallel_reads(local, 2) == 2 * S.READERS_PER_CORE
+    assert S.decide_parallel_reads(remote, 2) == 2 * S.READERS_PER_CORE_REMOTE
+    assert S.decide_parallel_reads(remote[:3], 2) == min(3, 2 * S.READERS_PER_CORE_REMOTE)  # at most the files
     plan = S.decide(S.PipelineOptions(per_replica_batch_size=8, training=True, seed=1),
                     files=[f"gs://bucket/export/f{i}.tfrecord.gz" for i in range(16)], compressions=["GZIP"] * 16,
                     records=1000, mean_record_bytes=220.0, decoded_record_bytes=36, image=False, cpu_count=2,

@@ -2,8 +2,9 @@
 done through it and what protects it (issue 24, item 1).
 
 One `Listener` row per socket kind. `tests/test_ports_inventory.py` runs each mode briefly, lists the sockets its
-processes listen on (psutil) and fails on any that no row of the mode describes, and on a row nobody saw; the
-README's Security table is `markdown_table()` (tests/test_docs.py checks they match).
+processes listen on (polled with psutil, `observe`, and every listen(2) of the run's processes traced with strace,
+`traced`: a poll misses a listener that is open for less than a poll, as Gloo's are) and fails on any that no row
+of the mode describes, and on a row nobody saw; the README's Security table is `markdown_table()` (tests/test_docs.py checks they match).
 
 Why it matters: TensorFlow's distributed server has no authorization, sends messages unencrypted, "accepts
 connections from anywhere, and executes the graphs it is sent" (TensorFlow SECURITY.md, "Running a TensorFlow
@@ -19,13 +20,14 @@ pick a random free port from 1024 (horovod/runner/util/network.py `find_port`, H
 it); NCCL and Gloo bind port 0 (NVIDIA/nccl issue 388: no port range).
 
 The rows were found by running each mode (TensorFlow 2.18, Horovod 0.28.1, Open MPI 4.1.4, TensorBoard 2.18) and
-reading its sockets with psutil, as the test does.
+reading its sockets with psutil and strace, as the test does.
 """
 from __future__ import annotations
 
 import ipaddress
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -139,8 +141,11 @@ INVENTORY: tuple[Listener, ...] = (
              "Gloo rendezvous: an HTTP key-value store the ranks meet through (GET/PUT/DELETE); a stranger can "
              "read the ranks' addresses and overwrite them, which stalls or misroutes the job's start",
              "nothing (plain HTTP, no key); it serves until horovodrun exits", ""),
-    Listener(HOROVOD_GLOO, WORKER, INTERFACE, EPHEMERAL, 2,
-             "Gloo's TCP transport: the ranks' collectives (tensors in, tensors out)",
+    # Horovod 0.28.1's Gloo listens once per peer for each of its contexts (4 ports per rank at 2 ranks on one
+    # host, traced) and closes each listener as soon as that peer has connected, within hvd.init (open < 0.2 s).
+    Listener(HOROVOD_GLOO, WORKER, INTERFACE, EPHEMERAL, 4,
+             "Gloo's TCP transport: the ranks' collectives (tensors in, tensors out); each listener is open only "
+             "during hvd.init, until its peer has connected (the connection stays)",
              "nothing (no authentication); bound to HOROVOD_GLOO_IFACE's address (lo when every rank is local)",
              "net.ipv4.ip_local_port_range (host-wide)"),
     *_open_mpi(HOROVOD_MPI),
@@ -356,6 +361,105 @@ def observe(pid: int) -> list[Socket]:
             found.append(Socket(proc.pid, role(cmdline), ip, port, told_ports(cmdline, environ), udp,
                                 " ".join(cmdline)[:200], private))
     return found
+
+
+# --- listen(2), traced ----------------------------------------------------------------------------------------------
+TRACED_CALLS = "listen,execve,clone,clone3,fork,vfork"
+
+
+def trace_command(prefix: str) -> list[str]:
+    """The strace(1) words to put before a command so that `traced(prefix)` can list every socket its processes
+    listen on, however briefly: follow every thread and child (`-f`), one file per thread (`-ff -o PREFIX.TID`),
+    only the calls in `TRACED_CALLS` stopped (`--seccomp-bpf`, so the run is not slowed by the rest), each
+    listening socket's address decoded at the call (`-yy`, from the kernel's sock_diag), the environment of each
+    execve (`-v`, for TF_CONFIG), microsecond timestamps (`-ttt`). strace 5.3 or later (--seccomp-bpf)."""
+    return ["strace", "-f", "-ff", "-o", prefix, "--seccomp-bpf", "-qq", "-yy", "-v", "-ttt", "-s", "4096",
+            "-e", f"trace={TRACED_CALLS}"]
+
+
+_LINE = re.compile(r"^(\d+\.\d+) (\w+)\((.*)\) += (-?\d+|\?)")
+_LISTENING = re.compile(r"^\d+<(?:TCP|TCPv6):\[(.*):(\d+)\]>")   # undecoded: only the inode, <TCP:[1234]>
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"(\.\.\.)?')
+
+
+def _arrays(args: str) -> list[list[str]]:
+    """The string arrays among one call's arguments as strace prints them (`"/bin/x", ["x", "-c"], ["A=1"]`),
+    each string unescaped (C escapes; a string strace cut at -s keeps what it printed)."""
+    arrays, i, current = [], 0, None
+    while i < len(args):
+        if args[i] == '"':
+            m = _STRING.match(args, i)
+            if not m:
+                break
+            if current is not None:
+                current.append(bytes(m.group(1), "latin-1", "replace").decode("unicode_escape", "replace"))
+            i = m.end()
+        elif args[i] == "[" and current is None:
+            current, i = [], i + 1
+        elif args[i] == "]" and current is not None:
+            arrays.append(current)
+            current, i = None, i + 1
+        else:
+            i += 1
+    return arrays
+
+
+def traced(prefix: str) -> tuple[list[Socket], list[tuple[int, str]]]:
+    """(the listening TCP sockets the traced run opened, in order; the listen calls that could not be decoded, as
+    (process id, the call's arguments)) from the files `PREFIX.TID` that `trace_command(prefix)` wrote, one per
+    thread.
+
+    Each socket is named by its process's id (the thread group's: a thread's `clone` with CLONE_THREAD keeps its
+    parent's, a fork starts its own), the role and told ports from that process's last `execve` before the call
+    (its argv and environment; a forked child without one has its parent's), and the address at the call. A
+    socket in another network namespace than strace's is not decoded (sock_diag answers in the caller's namespace:
+    strace prints the inode only) and is returned apart; `observe` reads those. Failed calls are left out.
+    """
+    folder, stem = os.path.split(prefix)
+    calls, parent = [], {}      # (time, tid, name, args, result); child tid -> (parent tid, is a thread)
+    for name in os.listdir(folder or "."):
+        if not name.startswith(os.path.basename(stem) + ".") or not name.rsplit(".", 1)[1].isdigit():
+            continue
+        tid = int(name.rsplit(".", 1)[1])
+        with open(os.path.join(folder, name), errors="replace") as f:
+            for line in f:
+                m = _LINE.match(line)
+                if not m or m.group(4) == "?" or int(m.group(4)) < 0:
+                    continue
+                when, call, args, result = float(m.group(1)), m.group(2), m.group(3), int(m.group(4))
+                if call in ("clone", "clone3", "fork", "vfork"):
+                    parent[result] = (tid, "CLONE_THREAD" in args)
+                else:
+                    calls.append((when, tid, call, args))
+
+    def group(tid: int) -> int:
+        while tid in parent and parent[tid][1]:
+            tid = parent[tid][0]
+        return tid
+
+    def lineage(pid: int) -> list[int]:     # the process, its parent process, ...
+        chain = [pid]
+        while chain[-1] in parent:
+            chain.append(group(parent[chain[-1]][0]))
+        return chain
+
+    execs: dict[int, tuple[list[str], dict]] = {}
+    found, undecoded = [], []
+    for when, tid, call, args in sorted(calls):
+        pid = group(tid)
+        if call == "execve":
+            arrays = _arrays(args) + [[], []]
+            execs[pid] = (arrays[0], dict(e.partition("=")[::2] for e in arrays[1]))
+            continue
+        m = _LISTENING.match(args)
+        if not m:
+            undecoded.append((pid, args))
+            continue
+        ip, port = m.group(1), m.group(2)
+        argv, env = next((execs[p] for p in lineage(pid) if p in execs), ([], {}))
+        found.append(Socket(pid, role(argv), ip.strip("[]"), int(port), told_ports(argv, env), False,
+                            " ".join(argv)[:200]))
+    return found, undecoded
 
 
 def open_mpi_pin(first: int, count: int) -> list[str]:

@@ -18,6 +18,8 @@ command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 # The multi-host tests' bed (tests/cluster/bed.py): ip and tc (iproute2), nsenter and unshare (util-linux).
 { command -v ip && command -v tc; } >/dev/null 2>&1 || need_apt+=(iproute2)
 { command -v nsenter && command -v unshare; } >/dev/null 2>&1 || need_apt+=(util-linux)
+# tests/test_ports_inventory.py traces every listen(2) of a run (Gloo's listeners outlive no poll).
+command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq

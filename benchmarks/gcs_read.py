@@ -1,8 +1,8 @@
 """Reads from a Cloud Storage bucket against local disk: the same files, through TensorFlow's own gs:// file system.
 
 The bucket is the test bed's (tests/gcs_bed.py): gcp-storage-emulator in memory behind a TLS proxy on loopback, so
-each gs:// read pays what a real one pays on the client (TLS, HTTP, TensorFlow's GCS file system and its read
-blocks, GCS_READ_CACHE_BLOCK_SIZE_MB) but no network: what it measures is the client side's cost and how well the
+each gs:// read pays what a real one pays on the client (TLS, HTTP, TensorFlow's GCS file system, a media request
+per fill of the reader's buffer, `shards.read_buffer_bytes`) but no network: what it measures is the client side's cost and how well the
 pipeline hides the wait for each block, not a bucket's bandwidth. As a real bucket is served by other machines, the
 bed (one Python process) runs on a core of its own and the client on the others (`os.sched_setaffinity`, both
 places alike; on a 1-core machine they share it, and the line says so). The export is written once (synthetic
@@ -82,7 +82,9 @@ def main(argv=None) -> int:
         print(f"TensorFlow {tf.__version__}, {placed}; {args.records} patches of "
               f"{args.patch}x{args.patch}x8 float, GZIP, in {args.shards} shards ({size / 1e6:.1f} MB in "
               f"{len(objects)} objects), batch {args.batch}, files read {args.passes}x per run, {reads} at once, "
-              f"GCS_READ_CACHE_BLOCK_SIZE_MB={os.environ['GCS_READ_CACHE_BLOCK_SIZE_MB']}, {args.repeats} runs "
+              f"GCS_READ_CACHE_BLOCK_SIZE_MB={os.environ['GCS_READ_CACHE_BLOCK_SIZE_MB']}, read buffers of "
+              f"{shards_lib.read_buffer_bytes(bed.url('export')) >> 20} MiB (bucket) and "
+              f"{shards_lib.read_buffer_bytes(local) >> 20} MiB (local), {args.repeats} runs "
               f"(written and uploaded in {time.perf_counter() - t:.0f} s)")
         runs, expected, mean_bytes = {}, {}, {}
         for place, source in (("local", local), ("bucket", bed.url("export"))):

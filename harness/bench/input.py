@@ -53,15 +53,15 @@ def _reads(paths: Sequence[str], parallel: bool):
 
 def read_limit(paths: Sequence[str], compression: str, batch: int, *, parallel: bool):
     """Raw records, batched, no parsing: a read limit. TFRecordDataset with the files' compression and the
-    pipeline's read buffer (`pipeline.READ_BUFFER_BYTES`), sequential reads or TensorFlow's parallel reads over
+    pipeline's read buffer (`shards.read_buffer_bytes`), sequential reads or TensorFlow's parallel reads over
     the files (`num_parallel_reads`: one per file, up to the cores)."""
     import tensorflow as tf
 
-    from harness.data import pipeline
+    from harness.data.shards import read_buffer_bytes
 
     return tf.data.TFRecordDataset(list(paths), compression_type=compression,
                                    num_parallel_reads=_reads(paths, parallel),
-                                   buffer_size=pipeline.READ_BUFFER_BYTES).batch(batch)
+                                   buffer_size=read_buffer_bytes(paths)).batch(batch)
 
 
 def reader_limit(paths: Sequence[str], compression: str, batch: int, mean_record_bytes: float, *,

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.data import records
-from harness.data.shards import GZIP, Shard
+from harness.data.shards import GZIP, Shard, read_buffer_bytes
 from harness.errors import NotTFRecordError, TruncatedShardError
 
 log = logging.getLogger(__name__)
@@ -97,11 +97,12 @@ def _read_sizes(shards: Sequence[Shard]) -> np.ndarray:
     if not shards:
         return sizes
     parallel = min(8, len(shards))
+    buffer = read_buffer_bytes([s.path for s in shards])
 
     def read(i, path, compression):
         def size(batch):
             return i, tf.size(batch, out_type=tf.int64), tf.reduce_sum(tf.cast(tf.strings.length(batch), tf.int64))
-        return (tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=1 << 20)
+        return (tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
                 .batch(_COUNT_BATCH).map(size))
 
     ds = (tf.data.Dataset.from_tensor_slices((np.arange(len(shards), dtype=np.int64), [s.path for s in shards],

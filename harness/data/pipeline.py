@@ -41,7 +41,7 @@ from harness.data.stages import (CacheChoice, PipelineOptions, PipelinePlan, cho
                                  parse_per_record, read_batch_size)
 from harness.data.labels import LABEL_CHECK_MESSAGE, deliver, is_label_value
 from harness.data.records import BYTES, INT64
-from harness.data.shards import Shard
+from harness.data.shards import Shard, read_buffer_bytes
 from harness.data.source import ShardSet
 from harness.data.spec import IMAGE, TIME, DataSpec, validate_spec
 from harness.distribute.sharding import RECORD, ShardAssignment, assign_nonempty
@@ -50,7 +50,6 @@ from harness.errors import BatchSizeError, SpecError
 log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
-READ_BUFFER_BYTES = 4 * 1024 * 1024
 # Bump whenever a change to this module changes what a file cache holds (the elements' structure, dtypes or
 # values): the version is part of every file cache's name, so an older pipeline's caches are not read.
 PIPELINE_VERSION = 2
@@ -251,8 +250,10 @@ def read_files(paths: Sequence[str], compressions: Sequence[str], *, determinist
     if shuffle_files and len(paths) > 1:
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)  # seed: int or int64 tensor
 
+    buffer = read_buffer_bytes(paths)
+
     def read(path, compression):
-        ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
+        ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
         return ds.batch(read_batch) if read_batch else ds
 
     cycle = parallel_reads or stages_lib.decide_parallel_reads(paths)

@@ -151,6 +151,7 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     import tensorflow as tf
 
     from harness.data import pipeline, stages
+    from harness.data.shards import read_buffer_bytes
     from harness.data.spec import IMAGE
     from harness.errors import ConfigError
 
@@ -170,7 +171,7 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     file_bytes = sum(sizes) / taken                    # stored bytes per record
     serialized_bytes = sum(st.bytes for _, st in files) / taken
     n = min(records, taken)
-    raw = tf.data.TFRecordDataset(paths, compression_type=compression, buffer_size=pipeline.READ_BUFFER_BYTES)
+    raw = tf.data.TFRecordDataset(paths, compression_type=compression, buffer_size=read_buffer_bytes(paths))
     serialized = list(raw.take(n).as_numpy_iterator())
     k = passes_for(n, serialized_bytes)
     read = _read_rate(paths, 1.0 / file_bytes, int(k * n * file_bytes), repeats)

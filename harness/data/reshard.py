@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from harness.data import index
-from harness.data.shards import discover_shards, find_mixer
+from harness.data.shards import discover_shards, find_mixer, read_buffer_bytes
 from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -81,11 +81,13 @@ def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int]) -> None:
     """Stream the records of `shards` in order into `paths`, `sizes[i]` records into `paths[i]`."""
     if len({s.compression for s in shards}) == 1:
         comp = shards[0].compression
-        records = tf.data.TFRecordDataset([s.path for s in shards], compression_type=comp, buffer_size=1 << 22)
+        records = tf.data.TFRecordDataset([s.path for s in shards], compression_type=comp,
+                                          buffer_size=read_buffer_bytes([s.path for s in shards]))
     else:  # mixed compression: one dataset per file, concatenated in order
         records = None
         for s in shards:
-            one = tf.data.TFRecordDataset(s.path, compression_type=s.compression, buffer_size=1 << 22)
+            one = tf.data.TFRecordDataset(s.path, compression_type=s.compression,
+                                          buffer_size=read_buffer_bytes(s.path))
             records = one if records is None else records.concatenate(one)
     batches = records.batch(READ_BATCH).prefetch(2).as_numpy_iterator()
     pending: list[bytes] = []

@@ -38,7 +38,7 @@ MEMORY_CACHE_FRACTION = 0.5
 # Files read at once (interleave cycle), per core.
 READERS_PER_CORE = 1
 # Cloud Storage files are read READERS_PER_CORE_REMOTE per core: a reader waits for each block of a gs:// file to
-# arrive (TensorFlow's GCS file system fetches GCS_READ_CACHE_BLOCK_SIZE_MB at a time, blocking), so one reader a core
+# arrive (TensorFlow's GCS file system fetches one read buffer at a time, blocking), so one reader a core
 # leaves the core idle meanwhile. Measured (benchmarks/gcs_read.py, the client on one core, the bucket on another):
 # 1 reader 59, 2 readers 100, 4 readers 100 examples/s of 256x256x8 float GZIP patches.
 READERS_PER_CORE_REMOTE = 2

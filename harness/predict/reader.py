@@ -12,10 +12,8 @@ import tensorflow as tf
 
 from harness.data import pipeline
 from harness.data.records import BYTES, INT64
-from harness.data.shards import Shard
+from harness.data.shards import Shard, read_buffer_bytes
 from harness.data.spec import DataSpec
-
-READ_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 def keep_description(kept: dict[str, str]) -> dict:
@@ -46,8 +44,10 @@ def ordered_batches(shards: Sequence[Shard], spec: DataSpec, batch_size: int,
     files = tf.data.Dataset.from_tensor_slices((tf.range(len(shards), dtype=tf.int32), [s.path for s in shards],
                                                [s.compression for s in shards]))
 
+    buffer = read_buffer_bytes([s.path for s in shards])
+
     def read(position, path, compression):
-        ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=READ_BUFFER_BYTES)
+        ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
         return ds.batch(batch_size, drop_remainder=False).map(lambda records: (position, records))
 
     def parse(position, serialized):

@@ -41,7 +41,7 @@ RUNS = {
     "gcs_read.py": [([], {
         "title": r"^TensorFlow \S+, the client (?:on \d+ core\(s\), the bed on 1 of its own|and the bed sharing "
                  r"the one core); 4 patches of 16x16x8 float, GZIP, in 2 shards.*, \d+ at once, "
-                 r"GCS_READ_CACHE_BLOCK_SIZE_MB=16,",
+                 r"GCS_READ_CACHE_BLOCK_SIZE_MB=0, read buffers of 16 MiB \(bucket\) and 4 MiB \(local\),",
         **{f"row {pipe} {place}": rf"^  {pipe} {place}\s+{NUM}\s+\d+%\s+{NUM}$"
            for pipe in ("reader", "harness") for place in ("local", "bucket")},
         "reader ratio": rf"^  reader bucket / local\s+= {NUM} \[",

@@ -234,11 +234,14 @@ def test_an_endpoint_that_never_answers_or_refuses_costs_the_probe_s_and_no_more
         assert seconds < 30, seconds    # imports and the 1 s probe; TensorFlow alone retries for minutes
 
 
-def test_a_bucket_file_is_read_in_the_harness_block_size_unless_the_user_set_one(gcs, folder, tmp_path):
-    """TensorFlow's GCS file system fetches GCS_READ_CACHE_BLOCK_SIZE_MB per media request (64 MiB by default, a
-    buffer per open file); importing harness makes it 16 MiB (harness/__init__.py), a value the user exported wins:
-    a 40 MiB TFRecord file costs ceil(40 / 16) = 3 reads, or 1 read with 64."""
+def test_a_bucket_file_is_read_in_one_request_per_read_buffer_unless_the_user_set_a_block(gcs, folder, tmp_path):
+    """Importing harness turns TensorFlow's per-file GCS block off (GCS_READ_CACHE_BLOCK_SIZE_MB=0,
+    harness/__init__.py), so each fill of the reader's buffer (`shards.read_buffer_bytes`: 16 MiB for gs://) is one
+    media request: a 40 MiB TFRecord file costs ceil(40 / 16) = 3 reads. A block the user exported wins: with 64,
+    TensorFlow fetches the whole file in its first 64 MiB block, 1 read."""
     import tensorflow as tf
+
+    from harness.data.shards import read_buffer_bytes
 
     local = str(tmp_path / "big.tfrecord")
     with tf.io.TFRecordWriter(local) as w:
@@ -246,8 +249,9 @@ def test_a_bucket_file_is_read_in_the_harness_block_size_unless_the_user_set_one
             w.write(os.urandom(4 * 2 ** 20))                 # 10 records of 4 MiB: 40 MiB and 160 bytes of framing
     url = f"{folder}/big.tfrecord"
     gcs.put(url, open(local, "rb").read())
-    count = ("import harness, tensorflow as tf; "
-             f"print(sum(1 for _ in tf.data.TFRecordDataset({url!r}, buffer_size=2 ** 18)))")
+    assert read_buffer_bytes(url) == 16 * 2 ** 20 and read_buffer_bytes(local) == 4 * 2 ** 20
+    count = ("import harness, tensorflow as tf; from harness.data.shards import read_buffer_bytes as b; "
+             f"print(sum(1 for _ in tf.data.TFRecordDataset({url!r}, buffer_size=b({url!r}))))")
     for user, want in ((None, 3), ("64", 1)):
         env = {k: v for k, v in os.environ.items() if k != "GCS_READ_CACHE_BLOCK_SIZE_MB"}
         if user:

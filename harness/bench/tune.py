@@ -48,6 +48,7 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
     from harness.distribute import resources
     from harness.errors import ConfigError
     from harness.data.source import open_shards
+    from harness.data.stages import default_shuffle_buffer
     from harness.train.inputs import resolve_spec
 
     train = open_shards(options.data, mixer=options.mixer)
@@ -77,7 +78,9 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
     workload = tune_lib.Workload(
         records=max(1, train.records // workers), files=max(1, math.ceil(len(train.files_with_records) / workers)),
         batch_size=batch, epochs=options.epochs, cpus=mine.cpus, memory_bytes=mine.memory_bytes,
-        disk_bytes=free_disk(options.cache_dir), workers=workers)
+        disk_bytes=free_disk(options.cache_dir), workers=workers,
+        shuffle_buffer=default_shuffle_buffer(max(1, train.records // workers), train.nbytes() / train.records,
+                                              options.shuffle_buffer))
     decision = tune_lib.decide(measured, workload)
     for line in decision.lines():
         say(line)

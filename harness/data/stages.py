@@ -171,6 +171,12 @@ def parse_per_record(mean_record_bytes: float) -> bool:
     return mean_record_bytes > VECTORIZE_MAX_RECORD_BYTES
 
 
+def default_shuffle_buffer(records: int, mean_record_bytes: float, given: Optional[int] = None) -> int:
+    """Records in a training shuffle buffer: `given` (the user's shuffle_buffer) when set, else
+    min(records, SHUFFLE_BUFFER_BYTES of records at `mean_record_bytes` each, MAX_DEFAULT_SHUFFLE), at least 1."""
+    return given or max(1, min(records, int(SHUFFLE_BUFFER_BYTES // max(mean_record_bytes, 1)), MAX_DEFAULT_SHUFFLE))
+
+
 def read_batch_size(mean_record_bytes: float) -> int:
     """Records per read batch for small records: about READ_BATCH_BYTES of serialized records, 1 to
     READ_BATCH_MAX. Every element of a tf.data stage and every `parse_example` call has a fixed cost of tens of
@@ -376,8 +382,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
     records_cached = by_record and cache.kind == "memory" and records <= MEMORY_CACHE_MAX_RECORDS
     keep, keep_filter, dropped = KEEP_ALL, False, 0
     if training:
-        buffer = o.shuffle_buffer or max(1, min(records, int(SHUFFLE_BUFFER_BYTES // max(mean_record_bytes, 1)),
-                                                MAX_DEFAULT_SHUFFLE))
+        buffer = default_shuffle_buffer(records, mean_record_bytes, o.shuffle_buffer)
         if keep_n is not None:
             check_keep(keep_n, records, batch_size)
             keep = KEEP_BATCHES if parsed and keep_n % batch_size == 0 else KEEP_RECORDS

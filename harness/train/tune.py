@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 from harness.data import tune as tune_lib
 from harness.data.probe import PROBE_RECORDS, free_disk, probe
 from harness.data.source import ShardSet
+from harness.data.stages import default_shuffle_buffer
 from harness.errors import ConfigError
 
 LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
@@ -171,7 +172,10 @@ def tune(inputs, backend, probe_trainer: Callable, say: Callable[..., None], *, 
     resources = inputs.resources
     workload = tune_lib.Workload(records=plan.records[context.rank], files=len(files), batch_size=batch,
                                  epochs=options.epochs, cpus=resources.cpus, memory_bytes=resources.memory_bytes,
-                                 disk_bytes=free_disk(options.cache_dir), workers=context.num_workers)
+                                 disk_bytes=free_disk(options.cache_dir), workers=context.num_workers,
+                                 shuffle_buffer=default_shuffle_buffer(plan.records[context.rank],
+                                                                       share.nbytes() / max(1, share.records),
+                                                                       options.shuffle_buffer))
     decision = tune_lib.decide(measured, workload)
     levers, rows = agree(backend, decision)
     say(f"tune: the chief's probes ({stages['probed_records']} records of its {stages['probed_files']} file(s), "

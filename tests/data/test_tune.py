@@ -99,9 +99,29 @@ def test_file_cache_only_when_reading_it_beats_recomputing():
 
 def test_parallel_reads_are_the_readers_cores_rounded_up_within_the_files():
     first = tune.Allocation(rate=1000, cores={"read": 2.3, "parse": 1}, bound="cores")
-    assert tune.decide_reads(first, workload(files=8)).value == 3
-    assert tune.decide_reads(first, workload(files=2)).value == 2
-    assert tune.decide_reads(tune.Allocation(rate=1, cores={"read": 0.2}, bound="cores"), workload()).value == 1
+    fill = tune.Allocation(rate=1500, cores={"read": 3.4, "parse": 1.5}, bound="cores")
+    assert tune.decide_reads([first], workload(files=8)).value == 3
+    assert tune.decide_reads([first], workload(files=2)).value == 2
+    assert tune.decide_reads([first, fill], workload(files=8)).value == 4   # the buffer's fill: 3.4 cores
+    assert "3.40 cores at 1,500 examples/s" in tune.decide_reads([first, fill], workload(files=8)).reason
+    assert tune.decide_reads([tune.Allocation(rate=1, cores={"read": 0.2}, bound="cores")], workload()).value == 1
+
+
+def test_an_epoch_through_a_full_shuffle_buffer_fills_then_drains():
+    up = [StageRate("read", 1000, 1, 1), StageRate("decode", 1000, 1)]
+    down = [StageRate("batch", 4000, 1, 1)]
+    # whole chain on 2 cores: min(2 / (1/1000 + 1/1000 + 1/4000), caps 1000, 4000) = 888.9; the fill alone:
+    # min(2 / (2/1000), 1000) = 1000; the drain alone: min(2 / (1/4000), 4000) = 4000
+    whole = 2 / (2 / 1000 + 1 / 4000)
+    assert tune.epoch_rate(up, down, 2, 100, 0) == pytest.approx(whole)
+    # B = N = 100: 100/1000 + 100/4000 = 0.125 s -> 800/s
+    assert tune.epoch_rate(up, down, 2, 100, 100) == pytest.approx(800)
+    # B = 40 of 100: 40/1000 + 60/888.9 + 40/4000 = 0.1175 s
+    assert tune.epoch_rate(up, down, 2, 100, 40) == pytest.approx(100 / (0.04 + 60 / whole + 0.01))
+    assert tune.epoch_rate(up, down, 2, 100, 500) == pytest.approx(800)       # a buffer beyond the epoch: B = N
+    assert tune.epoch_rate([], down, 2, 100, 100) == pytest.approx(4000)      # a cached epoch: the drain alone
+    with pytest.raises(ConfigError, match="records >= 1"):
+        tune.epoch_rate(up, down, 2, 0, 0)
 
 
 def test_map_parallelism_is_the_busiest_maps_cores():
@@ -179,3 +199,21 @@ def test_decide_predicts_the_slowest_stage_given_its_cores():
     with pytest.raises(ConfigError, match="records, files and CPUs"):
         tune.decide(m, workload(files=0))
     assert math.isfinite(d.steady)
+
+
+def test_decide_with_a_full_shuffle_buffer():
+    m, w = measured(), workload(memory_bytes=200 * 10 ** 6, shuffle_buffer=1000)
+    d = tune.decide(m, w)
+    # first epoch: the fill (reader 1/20000 + 1/2000 on its 4 files' threads, parse 1/2000, decode 1/2000) alone
+    # on 2 cores: 2 / (0.00155) = 1290.3 for 1000 records; then the drain (augment 1/2000, batch 1e-6 on one
+    # thread): 2 / (0.000501) = 3992: 1000 / (1000/1290.3 + 1000/3992) = 974.7
+    fill, drain = 2 / (1 / 20000 + 3 / 2000), 2 / (1 / 2000 + 1e-6)
+    assert d.first_epoch == pytest.approx(1 / (1 / fill + 1 / drain))
+    assert d.steady == pytest.approx(drain)        # cached: the drain alone
+    # the fill gives the reader 1290.3 x (1/20000 + 1/2000) = 0.71 cores: 1 file at once; the drain's augment
+    # 3992 / 2000 = 2.0 cores
+    assert d.value("parallel_reads") == 1 and d.value("map_parallelism") == 2
+    # the reader 1/20000 + 1/800 = 1.3 ms: the fill gives it 2 x 1.3 / (1.3 + 1) = 1.13 cores, 2 files at once;
+    # pipelined (no buffer) the whole chain gives it 2 x 1.3 / (1.3 + 1.5 + 0.001) = 0.93 cores, 1 file
+    assert tune.decide(measured(inflate=800), w).value("parallel_reads") == 2
+    assert tune.decide(measured(inflate=800), dataclasses.replace(w, shuffle_buffer=0)).value("parallel_reads") == 1

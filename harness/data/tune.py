@@ -22,8 +22,8 @@ the pipeline's `Σ 1/r_i` add up, so the job runs at `c / (c / C + Σ 1/r_i)` (b
 real/synthetic ratio, not the stall share, is what tuning raises.
 
 The shuffle buffer splits an epoch in three phases (`epoch_rate`). A training epoch shuffles records in a buffer of
-B of its N records; nothing leaves the buffer before it is full, so the stages above it (read ... decode, the
-record stream into the cache and the buffer) first run alone for B records, then the whole chain runs for N − B,
+B of its N records; nothing leaves the buffer before it is full, so the stages above it (read, inflate, parse,
+decode; a file cache's read in later epochs) first run alone for B records, then the whole chain runs for N − B,
 and the stages below it (batch, augment) drain the last B alone:
 
     T_epoch = B / X_up + (N − B) / X + B / X_down,   epoch rate = N / T_epoch

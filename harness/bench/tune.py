@@ -32,7 +32,7 @@ def compute_rate(options, label: Optional[str], *, steps: int, warmup: int) -> f
 
 
 def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RECORDS, compute_steps: int = 20,
-        say=print) -> tuple:
+        compute: Optional[float] = None, say=print) -> tuple:
     """Probe, decide and print: returns `(Decision, spec)`.
 
     Args:
@@ -40,6 +40,8 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
       data_config: the `data:` section (label, bands, ...), as `harness train` refines the inferred spec.
       workers: training workers sharing the export on one host each (each gets 1/workers of the files and
         records; the CPUs and memory are this host's, `resources.detect`).
+      compute: the step's examples/s on synthetic batches, measured before (the stages probed again, not the
+        step); None: measured now (`compute_rate`, `compute_steps` steps).
     Raises:
       the data layer's errors (discovery, spec) and ConfigError (no label, no records).
     """
@@ -59,20 +61,18 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
     say(f"tune: {len(train.files_with_records)} files, {train.records} records; {mine.describe()}")
     batch = options.per_replica_batch_size or options.global_batch_size
     stages = probe(train, spec, batch_size=batch, augment=options.augment, brightness=options.brightness,
-                   contrast=options.contrast, records=records)
-    compute = compute_rate(options, (data_config or {}).get("label") or spec.label, steps=compute_steps,
-                           warmup=3)
-    measured = tune_lib.Measured(read=stages["read"], inflate=stages["inflate"], parse=stages["parse"],
-                                 decode=stages["decode"], augment=stages["augment"], batch=stages["batch"],
-                                 compute=compute, compute_on_cpu=not tf.config.list_physical_devices("GPU"))
+                   contrast=options.contrast, cpus=mine.cpus, records=records)
+    if compute is None:
+        compute = compute_rate(options, (data_config or {}).get("label") or spec.label, steps=compute_steps,
+                               warmup=3)
+    measured = tune_lib.Measured.from_probe(stages, compute=compute,
+                                            compute_on_cpu=not tf.config.list_physical_devices("GPU"))
     say(f"measured on {stages['probed_records']} records of {stages['probed_files']} file(s), examples/s per core:")
-    R, B = tune_lib.RECORDS, tune_lib.BATCHES
-    rows = (("read", measured.read), ("inflate", measured.inflate), ("parse per record", measured.parse[R]),
-            ("parse per batch", measured.parse[B]), ("decode per record", measured.decode[R]),
-            ("decode per batch", measured.decode[B]), ("augment", measured.augment), ("batch", measured.batch))
-    for label, s in rows:
+    for label, s in measured.rows():
         if s is not None:
-            say(f"  {label:<17} {s.per_core:>12,.0f}  {s.out_bytes:>10,.0f} B out per example")
+            cap = (f", copied on {s.max_cores} threads (batches >= 1 MiB)"
+                   if s.name == tune_lib.BATCH and s.max_cores != 1 else "")
+            say(f"  {label:<17} {s.per_core:>12,.0f}  {s.out_bytes:>10,.0f} B out per example{cap}")
     say(f"  {'compute':<17} {compute:>12,.0f}  examples/s on synthetic batches "
         f"({'CPU' if measured.compute_on_cpu else 'accelerator'})")
     workload = tune_lib.Workload(

@@ -12,8 +12,14 @@ its cost is the difference.
   inflate  `TFRecordDataset(compression_type="GZIP")` less the read (GZIP exports only)
   parse    `tf.io.parse_example` per record, and per read batch (`stages.read_batch_size`), less the in-memory source
   decode   the pipeline's `decode` (bands stacked, cropped, resized; label checked) less the parse
+  unbatch  decoded read batches held in memory split into records, less the same records held one by one
   augment  the pipeline's flips, rotations and color jitter on batches held in memory (when the run augments)
-  batch    decoded records held in memory, shuffled and batched (what later epochs run after a cache)
+  batch    decoded records held in memory, shuffled and batched, one shuffle per epoch as the training pipeline
+           runs its epochs (what later epochs run after a cache); one thread (`max_cores` 1), but where a batch
+           holds at least PARALLEL_COPY_BYTES, which tf.data copies on every thread of its pool: `max_cores` the
+           worker's CPUs. (Timing the batch on a pool of 2 threads here gave 1.09-1.26 cores of wall rate, where
+           the training pipeline's later epochs kept 1.53 busy and ran 1.3-2.1x the one-core rate: this shared
+           machine's wall rates on 2 threads read low, so the cap is TensorFlow's rule, not a wall-clock probe.)
 
 Moved here from `harness.bench` (with `count_examples` and `time_passes`) so that the train layer, which may not
 import bench, probes with the same code.
@@ -42,6 +48,11 @@ MIN_PASS_S = 0.2        # CPU seconds one timed pass of a dataset probe lasts at
 MAX_PASSES = 256
 MIN_EXAMPLES = 16384
 MIN_BYTES = 32_000_000
+# tf.data copies a batch of at least this many bytes on every thread of its pool (`CopyBatch`,
+# tensorflow/core/data/dataset_utils.cc, under `parallel_batch`, on by default: tf.data.experimental.OptimizationOptions).
+PARALLEL_COPY_BYTES = 1 << 20
+# The batch probe's epochs hold the export's records per epoch, at most this many (the held records repeated).
+EPOCH_RECORDS = 8192
 
 
 def passes_for(records: int, serialized_bytes: float) -> int:
@@ -88,6 +99,20 @@ def one_core(ds):
     options.threading.max_intra_op_parallelism = 1
     options.autotune.enabled = False
     return ds.with_options(options)
+
+
+def _unbatch_rate(serialized: list, spec, read_batch: int, k: int, repeats: int) -> float:
+    """The unbatch's examples/s per core: decoded read batches held in memory split into records, less the same
+    records held one by one (both regrouped by COUNT_BATCH to count them); its caches freed on return."""
+    import tensorflow as tf
+
+    from harness.data import pipeline
+
+    source = tf.data.Dataset.from_tensor_slices(serialized)
+    records = source.map(lambda r: pipeline.decode_one(spec, r)).cache().repeat(k)
+    batches = source.batch(read_batch).map(lambda r: pipeline.decode(spec, r)).cache().repeat(k)
+    return difference(rate_per_core(batches.unbatch().batch(COUNT_BATCH), repeats),
+                      rate_per_core(records.batch(COUNT_BATCH), repeats))
 
 
 def rate_per_core(ds, repeats: int = REPEATS) -> float:
@@ -140,10 +165,11 @@ def _read_rate(paths, records_per_byte: float, budget: int, repeats: int) -> flo
     return nbytes * records_per_byte / max(statistics.median(cpu), 1e-9)
 
 
-def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, contrast: float,
+def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, contrast: float, cpus: int = 1,
           records: int = PROBE_RECORDS, repeats: int = REPEATS) -> dict:
     """Each stage's `StageRate` on the first `records` records of `train` (a `ShardSet`): `{"read", "inflate",
-    "parse", "decode", "augment", "batch"}` as `harness.data.tune.Measured` takes them (the module docstring).
+    "parse", "decode", "unbatch", "augment", "batch"}` as `harness.data.tune.Measured.from_probe` takes them (the
+    module docstring); `cpus`: the worker's (tf.data's pool: the cores a parallel batch copy may use).
 
     Raises:
       ConfigError: if the shards hold no records.
@@ -201,8 +227,16 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     # in memory (`cache` filled by the untimed first pass), and augment on batches held in memory.
     decoded_records = tf.data.Dataset.from_tensor_slices(serialized).map(
         lambda r: pipeline.decode_one(spec, r)).cache()
-    shuffled = decoded_records.repeat(k).shuffle(min(n * k, 4096), seed=0)
-    batch = S(tune_lib.BATCH, rate_per_core(shuffled.batch(batch_size), repeats), decoded_bytes, 1)
+    unbatch = S(tune_lib.UNBATCH, _unbatch_rate(serialized, spec, read_batch, k, repeats), decoded_bytes, 1)
+    # as the training pipeline runs its epochs (`pipeline._epochs`): one shuffle per epoch over the cached records,
+    # under a flat_map (~40% more per record than one shuffle over the epochs repeated, on the ACES points), each
+    # epoch as long as the export's (the held records repeated), up to EPOCH_RECORDS
+    per_epoch = max(1, math.ceil(min(train.records, EPOCH_RECORDS) / n))
+    shuffled = tf.data.Dataset.range(max(1, math.ceil(k / per_epoch))).flat_map(
+        lambda e: decoded_records.repeat(per_epoch).shuffle(n * per_epoch, seed=e, reshuffle_each_iteration=False)
+        .batch(batch_size))
+    copies = max(1, cpus) if batch_size * decoded_bytes >= PARALLEL_COPY_BYTES else 1
+    batch = S(tune_lib.BATCH, rate_per_core(shuffled, repeats), decoded_bytes, copies)
     augment_stage = None
     augments = augment and spec.kind == IMAGE
     if augments or brightness or contrast:
@@ -211,8 +245,8 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
         held = decoded_records.batch(batch_size).cache().repeat(k)
         augmented = rate_per_core(pipeline._augment(held, spec, plan), repeats)
         augment_stage = S(tune_lib.AUGMENT, difference(augmented, rate_per_core(held, repeats)), decoded_bytes)
-    return {"read": read_stage, "inflate": inflate, "parse": parse, "decode": decode, "augment": augment_stage,
-            "batch": batch, "probed_records": n, "probed_files": len(paths)}
+    return {"read": read_stage, "inflate": inflate, "parse": parse, "decode": decode, "unbatch": unbatch,
+            "augment": augment_stage, "batch": batch, "probed_records": n, "probed_files": len(paths)}
 
 
 def free_disk(path: Optional[str]) -> Optional[int]:

@@ -34,8 +34,11 @@ the rule, not a corner: a pipelined model (X alone) over-predicted the first epo
 a U-Net export, and gave the reader one core where the fill has them all.
 
 Stages measured (`harness.data.probe` probes them): read (file bytes), inflate (GZIP), parse (`parse_example`,
-per record or per read batch), decode (bands stacked, cropped, resized; label checked), augment (random flips,
-rotations, color jitter) and batch.
+per record or per read batch), decode (bands stacked, cropped, resized; label checked), unbatch (parsed read
+batches split into records for the shuffle: one thread, ~5 µs per record, where the ACES points parse at ~1 µs),
+augment (random flips, rotations, color jitter) and batch (one thread, but for batches of at least 1 MiB, which
+tf.data copies on every thread of its pool: `parallel_batch`, on by default, `tf.data.experimental.
+OptimizationOptions`; the 1 MiB threshold is `CopyBatch` in tensorflow/core/data/dataset_utils.cc).
 """
 from __future__ import annotations
 
@@ -43,10 +46,12 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
+from harness.data.stages import MEMORY_CACHE_MAX_RECORDS
 from harness.errors import ConfigError
 
-READ, INFLATE, PARSE, DECODE, AUGMENT, BATCH = "read", "inflate", "parse", "decode", "augment", "batch"
-STAGES = (READ, INFLATE, PARSE, DECODE, AUGMENT, BATCH)
+READ, INFLATE, PARSE, DECODE, UNBATCH, AUGMENT, BATCH = ("read", "inflate", "parse", "decode", "unbatch", "augment",
+                                                         "batch")
+STAGES = (READ, INFLATE, PARSE, DECODE, UNBATCH, AUGMENT, BATCH)
 RECORDS, BATCHES = "records", "batches"  # parse placements (choices.PARSE_PLACEMENTS without "auto")
 MEMORY, FILE, NONE = "memory", "file", "none"  # cache kinds (choices.CACHE_MODES)
 # A memory cache may take this fraction of the worker's memory (as stages.MEMORY_CACHE_FRACTION, and tf.data's
@@ -95,9 +100,12 @@ class Measured:
         (rate per example); `out_bytes` the parsed features' bytes.
       decode: by placement: bands stacked, cropped and resized, the label checked; `out_bytes` as delivered.
       augment: the random stages (flips, rotations, jitter) on batches; None when the run augments nothing.
-      batch: grouping decoded examples into batches.
+      batch: grouping decoded examples into batches (`max_cores` 1, or more where tf.data copies the batch in
+        parallel).
       compute: the training step's examples/s on synthetic batches (`harness bench train --data synthetic`).
       compute_on_cpu: the step runs on the pipeline's cores (no accelerator).
+      unbatch: parsed read batches split into records (one thread), for parse per read batch; None: not
+        measured (costs nothing).
     """
 
     read: StageRate
@@ -108,6 +116,21 @@ class Measured:
     batch: StageRate
     compute: float
     compute_on_cpu: bool
+    unbatch: Optional[StageRate] = None
+
+    @classmethod
+    def from_probe(cls, stages: dict, *, compute: float, compute_on_cpu: bool) -> "Measured":
+        """The figures of `harness.data.probe.probe` (its dict) with the step's `compute` examples/s."""
+        return cls(read=stages["read"], inflate=stages["inflate"], parse=stages["parse"], decode=stages["decode"],
+                   augment=stages["augment"], batch=stages["batch"], unbatch=stages["unbatch"], compute=compute,
+                   compute_on_cpu=compute_on_cpu)
+
+    def rows(self) -> list:
+        """(label, StageRate) of each stage measured, in pipeline order (None where not measured)."""
+        return [("read", self.read), ("inflate", self.inflate), ("parse per record", self.parse[RECORDS]),
+                ("parse per batch", self.parse[BATCHES]), ("decode per record", self.decode[RECORDS]),
+                ("decode per batch", self.decode[BATCHES]), ("unbatch", self.unbatch), ("augment", self.augment),
+                ("batch", self.batch)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,11 +267,15 @@ def choose_parse(m: Measured) -> Choice:
 
 
 def uncached_chain(m: Measured, w: Workload, parse: str) -> list[StageRate]:
-    """The first epoch's stages: the reader (read + inflate, one thread per file), parse, decode, augment,
-    batch; `upstream_of_shuffle` splits it at the shuffle buffer."""
+    """The first epoch's stages: the reader (read + inflate, one thread per file), parse, decode, the unbatch of
+    read batches (parse per read batch), augment, batch; `upstream_of_shuffle` splits it at the shuffle buffer."""
     reader = combined(READ, [m.read] + ([m.inflate] if m.inflate else []), max_cores=w.files)
-    chain = [reader, m.parse[parse], m.decode[parse]]
+    chain = [reader, m.parse[parse], m.decode[parse], *_unbatch(m, parse)]
     return chain + ([m.augment] if m.augment else []) + [m.batch]
+
+
+def _unbatch(m: Measured, parse: str) -> list[StageRate]:
+    return [m.unbatch] if parse == BATCHES and m.unbatch is not None else []
 
 
 def upstream_of_shuffle(chain: Sequence[StageRate]) -> tuple[list, list]:
@@ -261,7 +288,8 @@ def decide_cache(m: Measured, w: Workload, parse: str) -> tuple[Choice, list[Sta
     """The cache kind and point, and the stages later epochs run.
 
     The one point is after decode (the deepest deterministic stage: augmentation is random, so it runs after the
-    cache, every epoch). Memory when the decoded records fit MEMORY_CACHE_FRACTION of the worker's memory; else a
+    cache, every epoch). Read batches are split into records before a memory cache of at most
+    `stages.MEMORY_CACHE_MAX_RECORDS` records (as the pipeline does), after any other cache, every epoch. Memory when the decoded records fit MEMORY_CACHE_FRACTION of the worker's memory; else a
     file cache when they fit DISK_CACHE_FRACTION of the free disk and reading it (at the read stage's bytes/s per
     core, `decode.out_bytes` per example) beats recomputing (Cachew's rule: the shorter modelled epoch); else
     none. One epoch: no cache (it would be filled and never read).
@@ -269,6 +297,7 @@ def decide_cache(m: Measured, w: Workload, parse: str) -> tuple[Choice, list[Sta
     decoded = m.decode[parse].out_bytes
     nbytes = w.records * decoded
     after = ([m.augment] if m.augment else []) + [m.batch]
+    split = _unbatch(m, parse)
     recompute = uncached_chain(m, w, parse)
     where = "after decode, before augment (random)" if m.augment else "after decode"
     if w.epochs < 2:
@@ -276,7 +305,8 @@ def decide_cache(m: Measured, w: Workload, parse: str) -> tuple[Choice, list[Sta
     budget = MEMORY_CACHE_FRACTION * w.memory_bytes
     if nbytes <= budget:
         return Choice("cache", MEMORY, f"{where}: {_gb(nbytes)} of decoded records fit in "
-                                       f"{MEMORY_CACHE_FRACTION:.0%} of {_gb(w.memory_bytes)} memory"), after
+                                       f"{MEMORY_CACHE_FRACTION:.0%} of {_gb(w.memory_bytes)} memory"), \
+            (split if w.records > MEMORY_CACHE_MAX_RECORDS else []) + after
     no_memory = f"{_gb(nbytes)} of decoded records exceed {_gb(budget)} of memory"
     if w.disk_bytes is None:
         return Choice("cache", NONE, f"{no_memory}, and no cache_dir was given"), recompute
@@ -284,11 +314,11 @@ def decide_cache(m: Measured, w: Workload, parse: str) -> tuple[Choice, list[Sta
         return Choice("cache", NONE, f"{no_memory} and {DISK_CACHE_FRACTION:.0%} of the "
                                      f"{_gb(w.disk_bytes)} free disk"), recompute
     file_read = StageRate("cache read", m.read.per_core * m.read.out_bytes / decoded, decoded, w.files)
-    cached = allocate([file_read, *after], w.cpus).rate
+    cached = allocate([file_read, *split, *after], w.cpus).rate
     fresh = allocate(recompute, w.cpus).rate
     if cached > fresh:
         return Choice("cache", FILE, f"{where}: {no_memory}; read from local disk at {_fmt(cached)} examples/s "
-                                     f"against {_fmt(fresh)} recomputed"), [file_read, *after]
+                                     f"against {_fmt(fresh)} recomputed"), [file_read, *split, *after]
     return Choice("cache", NONE, f"{no_memory}; a file cache would read at {_fmt(cached)} examples/s, "
                                  f"recomputing gives {_fmt(fresh)}"), recompute
 
@@ -310,11 +340,16 @@ def decide_reads(allocations: Sequence[Allocation], w: Workload) -> Choice:
 
 def decide_maps(allocations: Sequence[Allocation], w: Workload) -> Choice:
     """Calls in flight of each parallel map: the most cores any map stage (parse + decode, or augment) needs in
-    any phase's allocation (either epoch's, the shuffle buffer's fill and drain), rounded up, within 1 and the
-    CPUs."""
+    any phase's allocation (either epoch's, the shuffle buffer's fill and drain), rounded up, plus one, within 1
+    and the CPUs. The one more: a tf.data parallel map fetches its input inside each call (`CallFunction` in
+    tensorflow/core/kernels/data/parallel_map_dataset_op.cc runs `input_impl_->GetNext` before the function,
+    counted in the calls in flight), so with one call in flight the reader before it and the parse take turns
+    instead of overlapping (the ACES points' first epoch: 104k examples/s with 1 in flight, 136k with 2, the
+    parse needing 0.26 cores)."""
     need = max(max(a.cores.get(PARSE, 0) + a.cores.get(DECODE, 0), a.cores.get(AUGMENT, 0)) for a in allocations)
-    value = max(1, min(w.cpus, math.ceil(need - 1e-9)))
-    return Choice("map_parallelism", value, f"the busiest map needs {need:.2f} cores; {w.cpus} CPUs")
+    value = max(1, min(w.cpus, math.ceil(need - 1e-9) + 1))
+    return Choice("map_parallelism", value, f"the busiest map needs {need:.2f} cores, and 1 call more fetches "
+                                            f"its input; {w.cpus} CPUs")
 
 
 def decide_prefetch(maps: int, batch_bytes: float, w: Workload) -> Choice:

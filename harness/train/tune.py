@@ -161,14 +161,12 @@ def tune(inputs, backend, probe_trainer: Callable, say: Callable[..., None], *, 
     share = my_share(inputs.train, files)
     batch = plan.per_replica_batch_size
     stages = probe(share, inputs.spec, batch_size=batch, augment=options.augment, brightness=options.brightness,
-                   contrast=options.contrast, records=records)
+                   contrast=options.contrast, cpus=inputs.resources.cpus, records=records)
     step = synthetic_probe(probe_trainer, context=context, shapes=Shapes.from_spec(inputs.spec, inputs.num_classes),
                            per_replica_batch=batch, steps_per_loop=options.loop_steps or 1, step_s=0.0,
                            seed=options.seed)
     compute = step["examples_per_s"] / context.num_workers   # the job's rate: this worker's share of it
-    measured = tune_lib.Measured(read=stages["read"], inflate=stages["inflate"], parse=stages["parse"],
-                                 decode=stages["decode"], augment=stages["augment"], batch=stages["batch"],
-                                 compute=compute, compute_on_cpu=compute_on_cpu)
+    measured = tune_lib.Measured.from_probe(stages, compute=compute, compute_on_cpu=compute_on_cpu)
     resources = inputs.resources
     workload = tune_lib.Workload(records=plan.records[context.rank], files=len(files), batch_size=batch,
                                  epochs=options.epochs, cpus=resources.cpus, memory_bytes=resources.memory_bytes,
@@ -191,7 +189,8 @@ def tune(inputs, backend, probe_trainer: Callable, say: Callable[..., None], *, 
             "measured": {"read": _stage_record(measured.read), "inflate": _stage_record(measured.inflate),
                          **{f"parse_{p}": _stage_record(measured.parse[p]) for p in PARSES},
                          **{f"decode_{p}": _stage_record(measured.decode[p]) for p in PARSES},
-                         "augment": _stage_record(measured.augment), "batch": _stage_record(measured.batch)},
+                         "unbatch": _stage_record(measured.unbatch), "augment": _stage_record(measured.augment),
+                         "batch": _stage_record(measured.batch)},
             "compute_examples_per_s": compute, "compute_on_cpu": compute_on_cpu,
             "workload": dataclasses.asdict(workload), "probed_records": stages["probed_records"],
             "probed_files": stages["probed_files"], "probe_seconds": time.perf_counter() - start}}

@@ -80,7 +80,8 @@ RUNS = {
         **{f"row {pipe}": rf"^  {pipe}\s+{NUM}\s+{NUM}\s+{NUM}  parse=" for pipe in ("naive", "autotune", "tuned")},
         "grid": rf"^  tuned / best of the grid\s+= {NUM} \[.*\(target >= 0\.9: (?:ok|MISSED)\)$",
         "autotune": rf"^  tuned / autotune\s+= {NUM} \[",
-        "predicted": rf"^  predicted / measured, later epochs  {NUM} / {NUM}: [+-]\d+%  \(target within 15%",
+        **{f"predicted {phase}": rf"^  predicted / measured, {phase}\s+[+-]\d+% \[[+-]\d+% to [+-]\d+%\]  \(per run: "
+           rf"{NUM}/{NUM}; target within 15%: (?:ok|MISSED)\)$" for phase in ("first epoch", "later epochs")},
         "job": rf"^  real/synthetic: before {NUM}, after {NUM} \(predicted after [0-9.]+\)$",
         "done": r"^done \[load average"})],
     # in-process cases, then the two that start child processes (the mirrored child, horovodrun -np 2)

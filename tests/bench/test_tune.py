@@ -84,4 +84,27 @@ def test_probes_of_an_uncompressed_table_export(tmp_path):
     sizes = sum(os.path.getsize(s.path) for s in train.shards)
     assert got["read"].out_bytes == sizes / 200
     assert got["decode"]["records"].out_bytes == 4 * (len(spec.bands) + 1)
-    assert all(s.per_core > 0 for s in (got["read"], got["batch"], *got["parse"].values(), *got["decode"].values()))
+    assert all(s.per_core > 0 for s in (got["read"], got["batch"], got["unbatch"], *got["parse"].values(),
+                                        *got["decode"].values()))
+    # batches of 16 x 40 B < 1 MiB: tf.data copies them on one thread
+    assert got["unbatch"].max_cores == 1 and got["batch"].max_cores == 1
+
+
+def test_a_batch_of_at_least_1_mib_may_be_copied_on_every_thread(tmp_path):
+    """tf.data copies a batch of >= 1 MiB on every thread of its pool (parallel_batch): the batch stage's cap is the
+    worker's CPUs; below 1 MiB one thread."""
+    from harness.bench.tune import probe
+    from harness.data import synth
+    from harness.data.source import open_shards
+    from harness.train.inputs import resolve_spec
+
+    synth.write_image_export(str(tmp_path), prefix="img", shards=1, records=8, bands=("a", "b", "c", "d"),
+                             label="lc", classes=3, patch_size=64, compressed=True, seed=1)
+    train = open_shards([str(tmp_path)])
+    spec = resolve_spec({"label": "lc"}, train)
+    # 64 x 64 x (4 bands + label) x 4 B = 81,920 B per record
+    big = probe(train, spec, batch_size=16, augment=False, brightness=0.0, contrast=0.0, cpus=3, records=8, repeats=1)
+    assert big["batch"].out_bytes == 81920 and big["batch"].max_cores == 3   # 16 x 81,920 B = 1.31 MB
+    small = probe(train, spec, batch_size=12, augment=False, brightness=0.0, contrast=0.0, cpus=3, records=8,
+                  repeats=1)
+    assert small["batch"].max_cores == 1                                       # 12 x 81,920 B = 0.98 MB

@@ -124,12 +124,49 @@ def test_an_epoch_through_a_full_shuffle_buffer_fills_then_drains():
         tune.epoch_rate(up, down, 2, 0, 0)
 
 
+def test_read_batches_are_split_into_records_above_the_shuffle_buffer():
+    m = dataclasses.replace(measured(), unbatch=StageRate("unbatch", 5000, PATCH, 1))
+    w = workload(memory_bytes=200 * 10 ** 6, shuffle_buffer=1000)
+    assert [s.name for s in tune.uncached_chain(m, w, BATCHES)] == ["read", "parse", "decode", "unbatch", "augment",
+                                                                   "batch"]
+    assert "unbatch" not in [s.name for s in tune.uncached_chain(m, w, RECORDS)]
+    up, down = tune.upstream_of_shuffle(tune.uncached_chain(m, w, BATCHES))
+    assert [s.name for s in up] == ["read", "parse", "decode", "unbatch"] and [s.name for s in down] == [
+        "augment", "batch"]
+    # the fill: 2 / (1/20000 + 1/2000 + 1/2000 + 1/2000 + 1/5000) = 1142.9 (the unbatch's cap 5000 does not bind);
+    # the drain 2 / (1/2000 + 1e-6) = 3992: 1000 / (1000/1142.9 + 1000/3992)
+    fill, drain = 2 / (1 / 20000 + 3 / 2000 + 1 / 5000), 2 / (1 / 2000 + 1e-6)
+    assert tune.decide(m, w).first_epoch == pytest.approx(1 / (1 / fill + 1 / drain))
+    # a memory cache of records (at most stages.MEMORY_CACHE_MAX_RECORDS): no unbatch in later epochs; of more,
+    # read batches cached and split every epoch, above the buffer
+    assert tune.decide(m, w).steady == pytest.approx(drain)
+    big = tune.MEMORY_CACHE_MAX_RECORDS + 1
+    c, later = tune.decide_cache(measured(decoded=40), workload(records=big), BATCHES)
+    assert c.value == "memory" and [s.name for s in later] == ["augment", "batch"]
+    c, later = tune.decide_cache(dataclasses.replace(measured(decoded=40), unbatch=StageRate("unbatch", 5000, 40, 1)),
+                                 workload(records=big), BATCHES)
+    assert c.value == "memory" and [s.name for s in later] == ["unbatch", "augment", "batch"]
+
+
+def test_a_batch_copied_on_several_threads_may_use_their_cores():
+    m = dataclasses.replace(measured(augment=0), batch=StageRate("batch", 3000, PATCH, 1.6))
+    d = tune.decide(m, workload(memory_bytes=200 * 10 ** 6))
+    assert d.steady == pytest.approx(1.6 * 3000)   # 2 cores / (1/3000) = 6000 > its cap 1.6 x 3000
+    m = dataclasses.replace(m, batch=StageRate("batch", 3000, PATCH, 1))
+    assert tune.decide(m, workload(memory_bytes=200 * 10 ** 6)).steady == pytest.approx(3000)
+
+
 def test_map_parallelism_is_the_busiest_maps_cores():
     a = tune.Allocation(rate=1, cores={"read": 0.5, "parse": 1.2, "decode": 0.9, "augment": 1.5}, bound="cores")
     b = tune.Allocation(rate=1, cores={"augment": 2.6, "batch": 0.1}, bound="cores")
-    assert tune.decide_maps([a], workload(cpus=8)).value == 3      # parse + decode 2.1 > augment 1.5
-    assert tune.decide_maps([a, b], workload(cpus=8)).value == 3   # augment 2.6 in the later epochs
+    # the busiest map's cores rounded up, and one call more fetching its input
+    assert tune.decide_maps([a], workload(cpus=8)).value == 4      # parse + decode 2.1 > augment 1.5: 3 + 1
+    assert tune.decide_maps([a, b], workload(cpus=8)).value == 4   # augment 2.6 in the later epochs: 3 + 1
     assert tune.decide_maps([a, b], workload(cpus=2)).value == 2   # at most the CPUs
+    low = tune.Allocation(rate=1, cores={"parse": 0.2, "decode": 0.06}, bound="cores")
+    assert tune.decide_maps([low], workload(cpus=2)).value == 2    # 0.26 cores: 1 + 1
+    assert tune.decide_maps([low], workload(cpus=1)).value == 1
+    assert "0.26 cores, and 1 call more fetches its input; 2 CPUs" in tune.decide_maps([low], workload()).reason
 
 
 def test_prefetch_holds_a_burst_of_the_maps_within_memory():

@@ -70,7 +70,8 @@ def test_one_worker_trains_with_the_tuned_levers_and_records_them(small_images, 
     assert mine["rank"] == 0 and record["by_worker"][0]["levers"] == applied
     assert {c["name"]: c["value"] for c in mine["choices"]}["prefetch"] == applied["prefetch"]
     assert all(mine["measured"][s]["per_core"] > 0 for s in ("read", "inflate", "parse_records", "parse_batches",
-                                                               "decode_records", "decode_batches", "augment", "batch"))
+                                                               "decode_records", "decode_batches", "unbatch", "augment",
+                                                               "batch"))
     assert mine["compute_examples_per_s"] > 0 and mine["workload"]["records"] == 64 and mine["workload"]["files"] == 4
     assert 1 <= applied["parallel_reads"] <= 4 and applied["prefetch"] >= 2   # at least double buffering
     assert record["replaced"] == [{"lever": "prefetch", "given": 1, "tuned": applied["prefetch"]}]

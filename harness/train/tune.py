@@ -145,7 +145,7 @@ def tune(inputs, backend, probe_trainer: Callable, say: Callable[..., None], *, 
     Raises:
       the data layer's errors from the probes, ConfigError for a share of no records.
     """
-    from harness.train.probe import synthetic_probe
+    from harness.train.probe import sized_synthetic_probe
     from harness.train.synthetic import Shapes
 
     start = time.perf_counter()
@@ -162,9 +162,10 @@ def tune(inputs, backend, probe_trainer: Callable, say: Callable[..., None], *, 
     batch = plan.per_replica_batch_size
     stages = probe(share, inputs.spec, batch_size=batch, augment=options.augment, brightness=options.brightness,
                    contrast=options.contrast, cpus=inputs.resources.cpus, records=records)
-    step = synthetic_probe(probe_trainer, context=context, shapes=Shapes.from_spec(inputs.spec, inputs.num_classes),
-                           per_replica_batch=batch, steps_per_loop=options.loop_steps or 1, step_s=0.0,
-                           seed=options.seed)
+    step = sized_synthetic_probe(probe_trainer, context=context,
+                                 shapes=Shapes.from_spec(inputs.spec, inputs.num_classes), per_replica_batch=batch,
+                                 steps_per_loop=options.loop_steps, seed=options.seed,
+                                 agree=lambda call_s: float(backend.allgather([call_s])[0][0]))   # the chief's
     compute = step["examples_per_s"] / context.num_workers   # the job's rate: this worker's share of it
     measured = tune_lib.Measured.from_probe(stages, compute=compute, compute_on_cpu=compute_on_cpu)
     resources = inputs.resources

@@ -93,3 +93,44 @@ def test_probe_length_is_bounded():
     assert probe_steps(16, 0.001) == (16, 2000)                  # 2 s of 1 ms steps, whole calls of 16
     assert probe_steps(71, 1e-6) == (71, 71 * -(-PROBE_MAX_STEPS // 71))  # tiny steps: capped
     assert probe_steps(3, 0.0) == (3, 21)
+
+
+def _small_trainer():
+    strategy, context = tf.distribute.OneDeviceStrategy("/cpu:0"), WorkerContext.single()
+    backend = TrainingBackend(strategy, context)
+    batch = factory.synthetic_batch(backend, 8)
+
+    def make_trainer():
+        with strategy.scope():
+            model = keras.Sequential([keras.Input([4]), keras.layers.Dense(8, activation="relu"),
+                                      keras.layers.Dense(2)])
+            optimizer = keras.optimizers.SGD(0.01)
+        return factory.make_trainer(backend, model, optimizer, batch)
+    return make_trainer, context
+
+
+def test_sized_probe_takes_the_agreed_call_time_and_the_auto_k():
+    """`harness train --tune`'s probe: 20 one-step calls, then the run's K for ~PROBE_SECONDS at the call time every
+    worker agreed on (the chief's): every worker runs the same steps."""
+    from harness.train.probe import PROBE_SECONDS, sized_synthetic_probe
+
+    make_trainer, context = _small_trainer()
+    seen = []
+
+    def agree(call_s, value):
+        seen.append(call_s)
+        return value
+    shapes = Shapes("table", (4,), 2)
+    # agreed 10 ms per call: auto K = round(0.25 / 0.01) = 25, 2 s of steps = 200 (8 calls of 25)
+    got = sized_synthetic_probe(make_trainer, context=context, shapes=shapes, per_replica_batch=8,
+                                steps_per_loop=None, agree=lambda s: agree(s, 0.01))
+    assert seen[0] > 0 and (got["steps_per_loop"], got["steps"]) == (25, 200) and got["examples_per_s"] > 0
+    # a given K is kept: 200 steps of K 10
+    got = sized_synthetic_probe(make_trainer, context=context, shapes=shapes, per_replica_batch=8,
+                                steps_per_loop=10, agree=lambda s: agree(s, 0.01))
+    assert (got["steps_per_loop"], got["steps"]) == (10, 200)
+    # agreed 0.5 s per call: K 1 and the first 20 calls already last PROBE_SECONDS: no second probe
+    assert 20 * 0.5 >= PROBE_SECONDS
+    got = sized_synthetic_probe(make_trainer, context=context, shapes=shapes, per_replica_batch=8,
+                                steps_per_loop=None, agree=lambda s: agree(s, 0.5))
+    assert (got["steps_per_loop"], got["steps"]) == (1, PROBE_STEPS)

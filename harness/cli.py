@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", default="tune.yaml", metavar="FILE", help="the run config written")
     p.add_argument("--workers", type=POSITIVE, default=1, help="training workers, one per host (each reads its share)")
     p.add_argument("--probe-records", type=POSITIVE, default=256, help="records each stage's probe reads")
-    p.add_argument("--compute-steps", type=POSITIVE, default=20, help="timed steps on synthetic batches")
+    p.add_argument("--compute-steps", type=POSITIVE, default=20, help="timed steps on synthetic batches, at least (more where they last under 2 s)")
     p = _command(sub, "demo", train_cmd.demo,
                  "Write a synthetic GEE image export (if absent) and train a U-Net on it with 2 CPU replicas")
     p.add_argument("--output", default="runs/demo", help="training output folder")

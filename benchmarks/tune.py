@@ -24,8 +24,9 @@ rates (target within 15%): each run probes the stages again just before it times
 synthetic rate is the first run's), as `harness train --tune` probes right before its epochs, and its prediction
 is held against its own measurement (median [min-max] of the runs): the per-core rates of this shared machine
 drift by up to 2x over minutes (the batch stage of the ACES points: 0.45-0.59M examples/s per core in one
-process, 1.0-1.2M in the next), which a prediction made minutes before the runs reads as its own error. Last, the job: `harness train` as a user runs it, with the naive levers and with the
-tuned config (`--config`, the file `harness tune --write` writes), its later epochs' examples/s over the step's
+process, 1.0-1.2M in the next), which a prediction made minutes before the runs reads as its own error. Last,
+the job: `harness train` as a user runs it, with the naive levers and with the tuned config (`--config`, the
+file `harness tune --write` writes), its later epochs' examples/s over the step's
 rate on synthetic batches (`harness bench train --data synthetic --like DATA`): real/synthetic before and after.
 
   python benchmarks/tune.py [--cases points,patches,unet] [--repeats 3] [--epochs 3]

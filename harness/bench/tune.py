@@ -23,11 +23,12 @@ def compute_rate(options, label: Optional[str], *, steps: int, warmup: int) -> f
     steps, then, where they lasted less than `harness.train.probe.PROBE_SECONDS`, again with as many as fill it
     (at most PROBE_MAX_STEPS): 20 steps of the ACES points' step gave 289k examples/s, 200 gave 546-722k (the
     calls of auto K need steps to amortize their start)."""
-    from harness.train.probe import PROBE_MAX_STEPS, PROBE_SECONDS
+    from harness.train.probe import probe_steps
 
     rate = _synthetic_rate(options, label, steps=steps, warmup=warmup)
-    batch = options.per_replica_batch_size or options.global_batch_size
-    wanted = min(PROBE_MAX_STEPS, math.ceil(PROBE_SECONDS * rate / batch)) if rate > 0 else steps
+    if rate <= 0:
+        return rate
+    _, wanted = probe_steps(1, (options.per_replica_batch_size or options.global_batch_size) / rate)
     return _synthetic_rate(options, label, steps=wanted, warmup=warmup) if wanted > steps else rate
 
 

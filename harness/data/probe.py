@@ -49,7 +49,8 @@ MAX_PASSES = 256
 MIN_EXAMPLES = 16384
 MIN_BYTES = 32_000_000
 # tf.data copies a batch of at least this many bytes on every thread of its pool (`CopyBatch`,
-# tensorflow/core/data/dataset_utils.cc, under `parallel_batch`, on by default: tf.data.experimental.OptimizationOptions).
+# tensorflow/core/data/dataset_utils.cc, under `parallel_batch`, on by default:
+# tf.data.experimental.OptimizationOptions).
 PARALLEL_COPY_BYTES = 1 << 20
 # The batch probe's epochs hold the export's records per epoch, at most this many (the held records repeated).
 EPOCH_RECORDS = 8192

@@ -35,7 +35,7 @@ a U-Net export, and gave the reader one core where the fill has them all.
 
 Stages measured (`harness.data.probe` probes them): read (file bytes), inflate (GZIP), parse (`parse_example`,
 per record or per read batch), decode (bands stacked, cropped, resized; label checked), unbatch (parsed read
-batches split into records for the shuffle: one thread, ~5 µs per record, where the ACES points parse at ~1 µs),
+batches split into records for the shuffle: one thread, 0.4-1.2 µs per ACES point record, about its parse's cost),
 augment (random flips, rotations, color jitter) and batch (one thread, but for batches of at least 1 MiB, which
 tf.data copies on every thread of its pool: `parallel_batch`, on by default, `tf.data.experimental.
 OptimizationOptions`; the 1 MiB threshold is `CopyBatch` in tensorflow/core/data/dataset_utils.cc).
@@ -289,8 +289,9 @@ def decide_cache(m: Measured, w: Workload, parse: str) -> tuple[Choice, list[Sta
 
     The one point is after decode (the deepest deterministic stage: augmentation is random, so it runs after the
     cache, every epoch). Read batches are split into records before a memory cache of at most
-    `stages.MEMORY_CACHE_MAX_RECORDS` records (as the pipeline does), after any other cache, every epoch. Memory when the decoded records fit MEMORY_CACHE_FRACTION of the worker's memory; else a
-    file cache when they fit DISK_CACHE_FRACTION of the free disk and reading it (at the read stage's bytes/s per
+    `stages.MEMORY_CACHE_MAX_RECORDS` records (as the pipeline does), after any other cache, every epoch. Memory
+    when the decoded records fit MEMORY_CACHE_FRACTION of the worker's memory; else a file cache when they fit
+    DISK_CACHE_FRACTION of the free disk and reading it (at the read stage's bytes/s per
     core, `decode.out_bytes` per example) beats recomputing (Cachew's rule: the shorter modelled epoch); else
     none. One epoch: no cache (it would be filled and never read).
     """
@@ -344,8 +345,9 @@ def decide_maps(allocations: Sequence[Allocation], w: Workload) -> Choice:
     and the CPUs. The one more: a tf.data parallel map fetches its input inside each call (`CallFunction` in
     tensorflow/core/kernels/data/parallel_map_dataset_op.cc runs `input_impl_->GetNext` before the function,
     counted in the calls in flight), so with one call in flight the reader before it and the parse take turns
-    instead of overlapping (the ACES points' first epoch: 104k examples/s with 1 in flight, 136k with 2, the
-    parse needing 0.26 cores)."""
+    instead of overlapping. (Measured on the ACES points' first epoch, the parse needing 0.26 cores: 104k
+    examples/s with 1 in flight against 136k with 2 in one benchmark run, 165k against 146k in another; this
+    machine's noise is larger than the effect, so the rule rests on the source.)"""
     need = max(max(a.cores.get(PARSE, 0) + a.cores.get(DECODE, 0), a.cores.get(AUGMENT, 0)) for a in allocations)
     value = max(1, min(w.cpus, math.ceil(need - 1e-9) + 1))
     return Choice("map_parallelism", value, f"the busiest map needs {need:.2f} cores, and 1 call more fetches "

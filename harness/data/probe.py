@@ -14,6 +14,8 @@ its cost is the difference.
   decode   the pipeline's `decode` (bands stacked, cropped, resized; label checked) less the parse
   unbatch  decoded read batches held in memory split into records, less the same records held one by one
   augment  the pipeline's flips, rotations and color jitter on batches held in memory (when the run augments)
+  start    a fresh training iterator's first batch less its second (`start_seconds`): what only a new
+           iterator pays, its threads and functions starting (wall seconds, not per core)
   batch    decoded records held in memory, shuffled and batched, one shuffle per epoch as the training pipeline
            runs its epochs (what later epochs run after a cache); one thread (`max_cores` 1), but where a batch
            holds at least PARALLEL_COPY_BYTES, which tf.data copies on every thread of its pool: `max_cores` the
@@ -169,7 +171,7 @@ def _read_rate(paths, records_per_byte: float, budget: int, repeats: int) -> flo
 def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, contrast: float, cpus: int = 1,
           records: int = PROBE_RECORDS, repeats: int = REPEATS) -> dict:
     """Each stage's `StageRate` on the first `records` records of `train` (a `ShardSet`): `{"read", "inflate",
-    "parse", "decode", "unbatch", "augment", "batch"}` as `harness.data.tune.Measured.from_probe` takes them (the
+    "parse", "decode", "unbatch", "augment", "batch"}`, and `"start_s"` (`start_seconds`, on all of `train`), as `harness.data.tune.Measured.from_probe` takes them (the
     module docstring); `cpus`: the worker's (tf.data's pool: the cores a parallel batch copy may use).
 
     Raises:
@@ -246,8 +248,45 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
         held = decoded_records.batch(batch_size).cache().repeat(k)
         augmented = rate_per_core(pipeline._augment(held, spec, plan), repeats)
         augment_stage = S(tune_lib.AUGMENT, difference(augmented, rate_per_core(held, repeats)), decoded_bytes)
+    start = start_seconds(train, spec, batch_size=batch_size, augment=augments, brightness=brightness,
+                          contrast=contrast, cpus=cpus, repeats=repeats)
     return {"read": read_stage, "inflate": inflate, "parse": parse, "decode": decode, "unbatch": unbatch,
-            "augment": augment_stage, "batch": batch, "probed_records": n, "probed_files": len(paths)}
+            "augment": augment_stage, "batch": batch, "start_s": start, "probed_records": n,
+            "probed_files": len(paths)}
+
+
+def start_seconds(train, spec, *, batch_size: int, augment: bool, brightness: float, contrast: float, cpus: int,
+                  repeats: int = REPEATS) -> float:
+    """Seconds a fresh training iterator's first batch takes beyond its work: the median, over `repeats` fresh
+    iterators of the training pipeline (`pipeline.build_dataset`: training mode, no cache, a shuffle buffer of one
+    batch, min(files, `cpus`) files read at once, `cpus` calls in flight per map, prefetch 2), of the first batch's
+    wall time less the second's (the second does the same work, one batch through the whole chain, with the
+    iterator running). At least 0; 0 when `train` holds less than one batch. The iterator is created (and the
+    dataset's graph rewritten) before the clock starts, as `benchmarks/tune.py` and the training loop do.
+
+    Measured here (2 vCPUs): 57-91 ms on the ACES points (batch 256), 124-172 ms on GZIP 256x256x8 patches
+    (batch 8), 94-147 ms on a GZIP U-Net export with augmentation (batch 8).
+    """
+    from harness.data import pipeline
+
+    if train.records < batch_size:
+        return 0.0
+    options = pipeline.PipelineOptions(
+        per_replica_batch_size=batch_size, training=True, records_per_epoch=train.records // batch_size * batch_size,
+        shuffle_buffer=batch_size, cache="none", augment=augment, brightness=brightness, contrast=contrast, seed=0,
+        validate=False, parallel_reads=max(1, min(len(train.files_with_records), cpus)),
+        map_parallelism=max(1, cpus), prefetch=2)
+    ds = pipeline.build_dataset(train, spec, options)
+    starts = []
+    for _ in range(repeats):
+        it = iter(ds)
+        t0 = time.perf_counter()
+        next(it)
+        t1 = time.perf_counter()
+        next(it)
+        starts.append(max(0.0, (t1 - t0) - (time.perf_counter() - t1)))
+        del it
+    return statistics.median(starts)
 
 
 def free_disk(path: Optional[str]) -> Optional[int]:

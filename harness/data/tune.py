@@ -28,7 +28,14 @@ and the stages below it (batch, augment) drain the last B alone:
 
     T_epoch = B / X_up + (N − B) / X + B / X_down,   epoch rate = N / T_epoch
 
-with X_up, X the allocations of the upstream and the whole chain and X_down the downstream's. The harness's default
+with X_up, X the allocations of the upstream and the whole chain and X_down the downstream's. In the first epoch a
+fresh training iterator also starts (`harness.data.probe.start_seconds`, T_start): one thread's work (the
+iterators and functions of the epoch's stages created and first run; process CPU seconds equal its wall seconds on
+the ACES points, 30-50 ms of both), which shares the fill's cores (`phase_seconds`): it adds T_start / c where
+the cores bind and nothing where a stage's cap leaves a core idle (the points' single file: the reader binds at
+one core, the start runs on the other). Measured here: 45-91 ms on the ACES points, 124-172 ms on the GZIP
+patches, 94-147 ms on the U-Net export, against first epochs of 65-125 ms, ~430 ms and ~400 ms. A new epoch's
+inner iterator (the flat_map's, later epochs without a cache) starts in 6-10 ms on the points; not modelled. The harness's default
 buffer holds a whole epoch whenever the records fit in 256 MB (`stages.default_shuffle_buffer`), so the phases are
 the rule, not a corner: a pipelined model (X alone) over-predicted the first epoch by 45-54% on the ACES points and
 a U-Net export, and gave the reader one core where the fill has them all.
@@ -106,6 +113,8 @@ class Measured:
       compute_on_cpu: the step runs on the pipeline's cores (no accelerator).
       unbatch: parsed read batches split into records (one thread), for parse per read batch; None: not
         measured (costs nothing).
+      start_s: seconds a fresh training iterator's first batch takes beyond its work (`probe.start_seconds`);
+        the first epoch pays it once.
     """
 
     read: StageRate
@@ -117,13 +126,14 @@ class Measured:
     compute: float
     compute_on_cpu: bool
     unbatch: Optional[StageRate] = None
+    start_s: float = 0.0
 
     @classmethod
     def from_probe(cls, stages: dict, *, compute: float, compute_on_cpu: bool) -> "Measured":
         """The figures of `harness.data.probe.probe` (its dict) with the step's `compute` examples/s."""
         return cls(read=stages["read"], inflate=stages["inflate"], parse=stages["parse"], decode=stages["decode"],
                    augment=stages["augment"], batch=stages["batch"], unbatch=stages["unbatch"], compute=compute,
-                   compute_on_cpu=compute_on_cpu)
+                   compute_on_cpu=compute_on_cpu, start_s=stages.get("start_s", 0.0))
 
     def rows(self) -> list:
         """(label, StageRate) of each stage measured, in pipeline order (None where not measured)."""
@@ -183,22 +193,36 @@ def combined(name: str, stages: Sequence[StageRate], *, max_cores: Optional[floa
     return StageRate(name, 1.0 / sum(s.cost for s in stages), stages[-1].out_bytes, max_cores)
 
 
+def phase_seconds(chain: Sequence[StageRate], records: int, cores: float, start_s: float = 0.0) -> float:
+    """Seconds `chain` takes for `records` on `cores`, `start_s` seconds of one thread's work (a fresh iterator's
+    start) sharing them: max((N·Σ 1/r_i + T_start) / c, max_i N / (m_i·r_i), T_start), Plumber's bounds (cores,
+    each stage's cap) with the start as one more sequential stage; N / `allocate(chain, cores).rate` without a
+    start."""
+    t = max((records * sum(s.cost for s in chain) + start_s) / cores, start_s)
+    return max([t, *(records / (s.max_cores * s.per_core) for s in chain if s.max_cores is not None)])
+
+
 def epoch_rate(upstream: Sequence[StageRate], downstream: Sequence[StageRate], cores: float, records: int,
-               buffer: int) -> float:
+               buffer: int, *, start_s: float = 0.0) -> float:
     """One epoch's examples/s through a shuffle buffer of `buffer` of its `records` (the module docstring):
-    N / (B / X_up + (N − B) / X + B / X_down), the X's Plumber's allocations (`allocate`) of the stages above the
-    buffer, of the whole chain and of those below it; an empty side costs nothing. B = 0: X.
+    N / (T_fill + (N − B) / X + B / X_down), T_fill the stages above the buffer for B records and T_start
+    (`start_s`, seconds of one thread) on the cores (`phase_seconds`), X and X_down Plumber's allocations
+    (`allocate`) of the whole chain and of the stages below the buffer; an empty side costs nothing, and the start
+    joins the first phase that runs. B = 0 and T_start = 0: X.
 
     Raises:
-      ConfigError: if records < 1, or from `allocate`.
+      ConfigError: if records < 1 or start_s < 0, or from `allocate`.
     """
-    if records < 1:
-        raise ConfigError(f"epoch_rate: an epoch needs records >= 1, got {records}")
+    if records < 1 or start_s < 0:
+        raise ConfigError(f"epoch_rate: an epoch needs records >= 1 and a start >= 0 s, got {records}, {start_s}")
     b = max(0, min(buffer, records))
-    whole = allocate([*upstream, *downstream], cores).rate
-    t = (records - b) / whole
-    if b:
-        t += sum(b / allocate(side, cores).rate for side in (upstream, downstream) if side)
+    phases = [(list(upstream), b), ([*upstream, *downstream], records - b), (list(downstream), b)]
+    t, start = 0.0, start_s
+    for chain, n in phases:
+        if chain and n:
+            allocate(chain, cores)   # its errors
+            t += phase_seconds(chain, n, cores, start)
+            start = 0.0
     return records / t
 
 
@@ -246,7 +270,8 @@ class Decision:
         """One line per choice, then the prediction."""
         out = [f"{c.name}: {c.value} ({c.reason})" for c in self.levers]
         out.append(f"predicted: {self.steady:,.0f} examples/s from the pipeline after the first epoch "
-                   f"({self.first_epoch:,.0f} in the first), {self.end_to_end:,.0f} examples/s for the job beside "
+                   f"({self.first_epoch:,.0f} in the first, the pipeline's start included), "
+                   f"{self.end_to_end:,.0f} examples/s for the job beside "
                    f"{self.compute:,.0f} on synthetic batches (real/synthetic {self.end_to_end / self.compute:.2f}; "
                    "Plumber's model, Kuchnik et al., MLSys 2022)")
         return out
@@ -423,7 +448,8 @@ def decide(m: Measured, w: Workload) -> Decision:
     reshard = decide_reshard(m, w, steady, steady_chain)
     job = end_to_end(steady, steady_chain, m.compute, compute_on_cpu=m.compute_on_cpu, cores=w.cpus)
     service = decide_service(job, steady.rate, m)
-    first_rate, steady_rate = (epoch_rate(*upstream_of_shuffle(chain), w.cpus, w.records, w.shuffle_buffer)
-                               for chain in (first_chain, steady_chain))
+    first_rate, steady_rate = (epoch_rate(*upstream_of_shuffle(chain), w.cpus, w.records, w.shuffle_buffer,
+                                          start_s=start)
+                               for chain, start in ((first_chain, m.start_s), (steady_chain, 0.0)))
     return Decision(levers=(parse, reads, maps, prefetch, cache, reshard, service), first_epoch=first_rate,
                     steady=steady_rate, end_to_end=job, compute=m.compute)

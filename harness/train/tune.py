@@ -191,7 +191,7 @@ def tune(inputs, backend, probe_trainer: Callable, say: Callable[..., None], *, 
                          **{f"parse_{p}": _stage_record(measured.parse[p]) for p in PARSES},
                          **{f"decode_{p}": _stage_record(measured.decode[p]) for p in PARSES},
                          "unbatch": _stage_record(measured.unbatch), "augment": _stage_record(measured.augment),
-                         "batch": _stage_record(measured.batch)},
+                         "batch": _stage_record(measured.batch), "start_s": measured.start_s},
             "compute_examples_per_s": compute, "compute_on_cpu": compute_on_cpu,
             "workload": dataclasses.asdict(workload), "probed_records": stages["probed_records"],
             "probed_files": stages["probed_files"], "probe_seconds": time.perf_counter() - start}}

@@ -88,6 +88,9 @@ def test_probes_of_an_uncompressed_table_export(tmp_path):
                                         *got["decode"].values()))
     # batches of 16 x 40 B < 1 MiB: tf.data copies them on one thread
     assert got["unbatch"].max_cores == 1 and got["batch"].max_cores == 1
+    # a fresh training iterator's first batch costs more than its second (threads and functions starting: tens
+    # of ms here, where a batch of 16 records takes well under one), and less than the few seconds of a hang
+    assert 0 < got["start_s"] < 5
 
 
 def test_a_batch_of_at_least_1_mib_may_be_copied_on_every_thread(tmp_path):
@@ -105,6 +108,7 @@ def test_a_batch_of_at_least_1_mib_may_be_copied_on_every_thread(tmp_path):
     # 64 x 64 x (4 bands + label) x 4 B = 81,920 B per record
     big = probe(train, spec, batch_size=16, augment=False, brightness=0.0, contrast=0.0, cpus=3, records=8, repeats=1)
     assert big["batch"].out_bytes == 81920 and big["batch"].max_cores == 3   # 16 x 81,920 B = 1.31 MB
+    assert big["start_s"] == 0.0   # 8 records, less than one batch of 16: no training batch to start
     small = probe(train, spec, batch_size=12, augment=False, brightness=0.0, contrast=0.0, cpus=3, records=8,
                   repeats=1)
     assert small["batch"].max_cores == 1                                       # 12 x 81,920 B = 0.98 MB

@@ -30,7 +30,8 @@ RUNS = {
         "title": r"^U-Net 16x16x4, per-replica batch 8, 3 timed steps after 2; gradient " + NUM + " bytes in 36 "
                  "tensors per step",
         "loopback": rf"^  tf\s+1\s+2\s+loopback\s+{NUM}\s+{NUM}\s+{NUM}\s*$",
-        "two hosts": rf"^  tf\s+2\s+2\s+100 Mbit/s\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}%\s+{NUM}%\s+[+-][0-9.]+  "
+        "loopback after": rf"^  tf\s+1\s+2\s+loopback after\s+{NUM}\s+{NUM}\s+{NUM}\s*$",
+        "two hosts": rf"^  tf\s+2\s+2\s+100 Mbit/s\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}%\s+{NUM}%\s+[+-][0-9.]+\s+[0-9]+%  "
                      r"(?:compute|all-reduce \((?:latency|bandwidth)\)|fixed|stragglers)$",
         "checked": r"^predicted within ±10 points of measured: [01] of 1",
         "done": r"^done \[load average"})],

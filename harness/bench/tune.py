@@ -1,8 +1,8 @@
 """`harness tune`: short probes of each input stage on your shards and options, the step's rate on synthetic
 batches, then the levers decided (`harness.data.tune`) and written as a run config for `harness train --config`.
 
-The stage probes (read, inflate, parse, decode, augment, batch, each per core; the pipeline's start) are `harness.data.probe`'s (a layer
-down, shared with `harness train --tune`); here, besides them:
+The stage probes (read, inflate, parse, decode, augment, batch, each per core; the pipeline's start) are
+`harness.data.probe`'s (a layer down, shared with `harness train --tune`); here, besides them:
 
   compute  `harness bench train --data synthetic --like DATA` with the run's batch, precision and strategy
 """
@@ -86,7 +86,7 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
             cap = (f", copied on {s.max_cores} threads (batches >= 1 MiB)"
                    if s.name == tune_lib.BATCH and s.max_cores != 1 else "")
             say(f"  {label:<17} {s.per_core:>12,.0f}  {s.out_bytes:>10,.0f} B out per example{cap}")
-    say(f"  {'start':<17} {measured.start_s * 1e3:>12,.1f}  ms: a fresh iterator's first batch beyond its work "
+    say(f"  {'start':<17} {measured.start_s * 1e3:>12,.1f}  ms: a fresh iterator's start beyond its work "
         "(once, in the first epoch)")
     say(f"  {'compute':<17} {compute:>12,.0f}  examples/s on synthetic batches "
         f"({'CPU' if measured.compute_on_cpu else 'accelerator'})")

@@ -14,7 +14,7 @@ its cost is the difference.
   decode   the pipeline's `decode` (bands stacked, cropped, resized; label checked) less the parse
   unbatch  decoded read batches held in memory split into records, less the same records held one by one
   augment  the pipeline's flips, rotations and color jitter on batches held in memory (when the run augments)
-  start    a fresh training iterator's first batch less its second (`start_seconds`): what only a new
+  start    a fresh training iterator's first batches less as many more (`start_seconds`): what only a new
            iterator pays, its threads and functions starting (wall seconds, not per core)
   batch    decoded records held in memory, shuffled and batched, one shuffle per epoch as the training pipeline
            runs its epochs (what later epochs run after a cache); one thread (`max_cores` 1), but where a batch
@@ -171,8 +171,9 @@ def _read_rate(paths, records_per_byte: float, budget: int, repeats: int) -> flo
 def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, contrast: float, cpus: int = 1,
           records: int = PROBE_RECORDS, repeats: int = REPEATS) -> dict:
     """Each stage's `StageRate` on the first `records` records of `train` (a `ShardSet`): `{"read", "inflate",
-    "parse", "decode", "unbatch", "augment", "batch"}`, and `"start_s"` (`start_seconds`, on all of `train`), as `harness.data.tune.Measured.from_probe` takes them (the
-    module docstring); `cpus`: the worker's (tf.data's pool: the cores a parallel batch copy may use).
+    "parse", "decode", "unbatch", "augment", "batch"}`, and `"start_s"` (`start_seconds`, on all of `train`), as
+    `harness.data.tune.Measured.from_probe` takes them (the module docstring); `cpus`: the worker's (tf.data's
+    pool: the cores a parallel batch copy may use).
 
     Raises:
       ConfigError: if the shards hold no records.
@@ -257,22 +258,29 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
 
 def start_seconds(train, spec, *, batch_size: int, augment: bool, brightness: float, contrast: float, cpus: int,
                   repeats: int = REPEATS) -> float:
-    """Seconds a fresh training iterator's first batch takes beyond its work: the median, over `repeats` fresh
-    iterators of the training pipeline (`pipeline.build_dataset`: training mode, no cache, a shuffle buffer of one
-    batch, min(files, `cpus`) files read at once, `cpus` calls in flight per map, prefetch 2), of the first batch's
-    wall time less the second's (the second does the same work, one batch through the whole chain, with the
-    iterator running). At least 0; 0 when `train` holds less than one batch. The iterator is created (and the
-    dataset's graph rewritten) before the clock starts, as `benchmarks/tune.py` and the training loop do.
+    """Seconds a fresh training iterator takes beyond its work: the median, over `repeats` fresh iterators of the
+    training pipeline (`pipeline.build_dataset`: training mode, no cache, a shuffle buffer of one batch, min(files,
+    `cpus`) files read at once, `cpus` calls in flight per map, prefetch 2), of the wall time of its first k
+    batches less that of the next k. Each window holds at least one read batch and one batch more (k = ceil((read
+    batch + batch) / batch), at most half an epoch), so both windows do the same work with the same read-ahead
+    (the shuffle buffer's fill, a read batch parsed whole, the maps in flight and the prefetch fill the first
+    window and stay that full through the second): what is left is the start alone. At least 0; 0 when an epoch
+    holds fewer than two batches. The iterator is created (and the dataset's graph rewritten) before the clock
+    starts, as `benchmarks/tune.py` and the training loop do.
 
-    Measured here (2 vCPUs): 57-91 ms on the ACES points (batch 256), 124-172 ms on GZIP 256x256x8 patches
-    (batch 8), 94-147 ms on a GZIP U-Net export with augmentation (batch 8).
+    Measured here (2 vCPUs, a test suite running beside): 44-52 ms on the ACES points (batch 256, k 6), 181-251 ms
+    on GZIP 256x256x8 patches (batch 8), 91-128 ms on a GZIP U-Net export with augmentation (batch 8); first batch
+    less second, which also counts the read-ahead, gave 45-91, 121-172 and 86-147 ms on a quiet machine.
     """
-    from harness.data import pipeline
+    from harness.data import pipeline, stages
 
-    if train.records < batch_size:
+    batches = train.records // batch_size
+    read_batch = stages.read_batch_size(train.nbytes() / max(1, train.records))
+    k = min(math.ceil((read_batch + batch_size) / batch_size), batches // 2)
+    if k < 1:
         return 0.0
     options = pipeline.PipelineOptions(
-        per_replica_batch_size=batch_size, training=True, records_per_epoch=train.records // batch_size * batch_size,
+        per_replica_batch_size=batch_size, training=True, records_per_epoch=batches * batch_size,
         shuffle_buffer=batch_size, cache="none", augment=augment, brightness=brightness, contrast=contrast, seed=0,
         validate=False, parallel_reads=max(1, min(len(train.files_with_records), cpus)),
         map_parallelism=max(1, cpus), prefetch=2)
@@ -281,9 +289,11 @@ def start_seconds(train, spec, *, batch_size: int, augment: bool, brightness: fl
     for _ in range(repeats):
         it = iter(ds)
         t0 = time.perf_counter()
-        next(it)
+        for _ in range(k):
+            next(it)
         t1 = time.perf_counter()
-        next(it)
+        for _ in range(k):
+            next(it)
         starts.append(max(0.0, (t1 - t0) - (time.perf_counter() - t1)))
         del it
     return statistics.median(starts)

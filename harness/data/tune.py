@@ -3,8 +3,8 @@
 Model (Plumber: Kuchnik, Klimovic, Šimša, Smith, Amvrosiadis, "Plumber: Diagnosing and Removing
 Performance Bottlenecks in Machine Learning Data Pipelines", MLSys 2022, arXiv 2111.04131): each stage i runs at
 `r_i` examples/s per core and may use at most `m_i` cores (1 for a sequential stage; the files for a reader, one
-thread per file). Given `c` cores, Plumber's linear program `maximize min_i r_i·θ_i  s.t.  Σθ_i ≤ c, θ_i ≤ m_i` has the
-closed-form optimum
+thread per file). Given `c` cores, Plumber's linear program `maximize min_i r_i·θ_i  s.t.  Σθ_i ≤ c, θ_i ≤ m_i` has
+the closed-form optimum
 
     X = min(c / Σ_i 1/r_i,  min_i m_i·r_i),   θ_i = X / r_i   (cores given to stage i)
 
@@ -33,12 +33,13 @@ fresh training iterator also starts (`harness.data.probe.start_seconds`, T_start
 iterators and functions of the epoch's stages created and first run; process CPU seconds equal its wall seconds on
 the ACES points, 30-50 ms of both), which shares the fill's cores (`phase_seconds`): it adds T_start / c where
 the cores bind and nothing where a stage's cap leaves a core idle (the points' single file: the reader binds at
-one core, the start runs on the other). Measured here: 45-91 ms on the ACES points, 124-172 ms on the GZIP
-patches, 94-147 ms on the U-Net export, against first epochs of 65-125 ms, ~430 ms and ~400 ms. A new epoch's
-inner iterator (the flat_map's, later epochs without a cache) starts in 6-10 ms on the points; not modelled. The harness's default
-buffer holds a whole epoch whenever the records fit in 256 MB (`stages.default_shuffle_buffer`), so the phases are
-the rule, not a corner: a pipelined model (X alone) over-predicted the first epoch by 45-54% on the ACES points and
-a U-Net export, and gave the reader one core where the fill has them all.
+one core, the start runs on the other). Measured here: 44-52 ms on the ACES points, 181-251 ms on the GZIP
+patches, 91-128 ms on the U-Net export (with the make test suite running beside), against first epochs of 65-125
+ms, ~430 ms and ~400 ms. A new epoch's inner iterator (the flat_map's, later epochs without a cache) starts in 6-10
+ms on the points; not modelled. The harness's default buffer holds a whole epoch whenever the records fit in 256
+MB (`stages.default_shuffle_buffer`), so the phases are the rule, not a corner: a pipelined model (X alone)
+over-predicted the first epoch by 45-54% on the ACES points and a U-Net export, and gave the reader one core where
+the fill has them all.
 
 Stages measured (`harness.data.probe` probes them): read (file bytes), inflate (GZIP), parse (`parse_example`,
 per record or per read batch), decode (bands stacked, cropped, resized; label checked), unbatch (parsed read
@@ -113,7 +114,7 @@ class Measured:
       compute_on_cpu: the step runs on the pipeline's cores (no accelerator).
       unbatch: parsed read batches split into records (one thread), for parse per read batch; None: not
         measured (costs nothing).
-      start_s: seconds a fresh training iterator's first batch takes beyond its work (`probe.start_seconds`);
+      start_s: seconds a fresh training iterator takes beyond its work (`probe.start_seconds`);
         the first epoch pays it once.
     """
 
@@ -213,8 +214,9 @@ def epoch_rate(upstream: Sequence[StageRate], downstream: Sequence[StageRate], c
     Raises:
       ConfigError: if records < 1 or start_s < 0, or from `allocate`.
     """
-    if records < 1 or start_s < 0:
-        raise ConfigError(f"epoch_rate: an epoch needs records >= 1 and a start >= 0 s, got {records}, {start_s}")
+    if records < 1 or start_s < 0 or not (upstream or downstream):
+        raise ConfigError(f"epoch_rate: an epoch needs records >= 1, a start >= 0 s and a stage, got {records}, "
+                          f"{start_s}, {len(upstream) + len(downstream)} stages")
     b = max(0, min(buffer, records))
     phases = [(list(upstream), b), ([*upstream, *downstream], records - b), (list(downstream), b)]
     t, start = 0.0, start_s

@@ -135,6 +135,8 @@ def test_an_epoch_through_a_full_shuffle_buffer_fills_then_drains():
     assert tune.epoch_rate(up, down, 2, 100, 0, start_s=0.1) == pytest.approx(100 / 0.1625)
     with pytest.raises(ConfigError, match="start >= 0"):
         tune.epoch_rate(up, down, 2, 100, 100, start_s=-0.01)
+    with pytest.raises(ConfigError, match="a stage"):
+        tune.epoch_rate([], [], 2, 100, 100)
 
 
 def test_the_pipelines_start_is_paid_once_in_the_first_epoch():

@@ -12,7 +12,9 @@ examples/s (the job's, from the chief's report.json), the step time (global batc
 G bytes, the measured efficiency (examples/s against the mean of the two loopback runs; `drift`: how far apart
 they were) and the predicted one: the compute of a step is the loopback step less the all-reduce the model
 exposes there, and the model adds what it exposes on the capped link (its fit), MWMS one pack after backward,
-Horovod Tensor Fusion overlapped with backward. The last line counts the rows predicted within ±10 points (issue
+Horovod Tensor Fusion overlapped with backward, each gradient ready when a Horovod timeline says
+(`harness.bench.timeline`), recorded in one more loopback run before the baselines ("loopback, timeline": its
+examples/s show what recording costs; it is not a baseline). The last line counts the rows predicted within ±10 points (issue
 21's check).
 
   python benchmarks/cluster.py [--hosts 2,3,4] [--caps 10,100,1000] [--backends tf,horovod] [--steps 30] [--smoke]
@@ -92,11 +94,13 @@ def gradient_shape(patch_size: int, bands: int, classes: int) -> tuple[int, int]
     return 4 * sum(int(w.shape.num_elements()) for w in weights), len(weights)
 
 
-def _run_horovod(host, bed, hosts_arg: str, n: int, args: list, logs: pathlib.Path) -> None:
+def _run_horovod(host, bed, hosts_arg: str, n: int, args: list, logs: pathlib.Path, extra_env=None) -> None:
     """`harness ARGS --backend horovod` as n ranks: the line `harness launch horovod --dry-run` prints for
-    `hosts_arg` (host:slots,...), run as printed by a shell on `host` (remote ranks through the bed's ssh)."""
+    `hosts_arg` (host:slots,...), run as printed by a shell on `host` (remote ranks through the bed's ssh), with
+    `extra_env` (HOROVOD_TIMELINE) set."""
     env = _env({})
     env.pop("TF_CONFIG")
+    env.update(extra_env or {})
     env = bed.env(dict(env, PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}"))   # the ranks run `harness`
     printed = host.run([BIN / "harness", "launch", "horovod", "--np", str(n), "-H", hosts_arg, "--dry-run", "--",
                         "harness", *args, "--backend", "horovod"], env=env, timeout=60, check=True).stdout
@@ -115,11 +119,12 @@ def _run_horovod(host, bed, hosts_arg: str, n: int, args: list, logs: pathlib.Pa
 
 
 def measure(placements, opts, grad: tuple[int, int], work: pathlib.Path, *, backend: str = "tf", bed=None,
-            hosts_arg: str = "") -> dict:
+            hosts_arg: str = "", timeline: bool = False) -> dict:
     """One row: bench train then bench allreduce over a size sweep up to the gradient's bytes, on `placements`
     ((host, address) per worker; tf: TF_CONFIG with the addresses) or, for horovod, as ranks of `hosts_arg`
-    launched from the first host. Returns examples/s, the step (s), the all-reduce of the gradient's bytes (s)
-    and the path of the sweep's allreduce.json (its alpha/beta fit)."""
+    launched from the first host (`timeline`: bench train records a Horovod timeline). Returns examples/s, the
+    step (s), the all-reduce of the gradient's bytes (s), the path of the sweep's allreduce.json (its alpha/beta
+    fit) and, with `timeline`, the timeline's path."""
     work.mkdir(parents=True)
     sizes = sorted({4096, grad[0] // 16, grad[0] // 4, grad[0]})
     jobs = (["bench", "train", "--data", "synthetic", "--steps", str(opts.steps), "--warmup", str(opts.warmup),
@@ -127,9 +132,11 @@ def measure(placements, opts, grad: tuple[int, int], work: pathlib.Path, *, back
              "--no-trace", "--no-sampling", "--output", str(work / "train")],
             ["bench", "allreduce", "--sizes", ",".join(map(str, sizes)), "--rounds", str(opts.rounds), "--repeats",
              str(opts.repeats), "--output", str(work / "allreduce")])
+    trace = work / "horovod_timeline.json"
     for args in jobs:
         if backend == "horovod":
-            _run_horovod(placements[0][0], bed, hosts_arg, len(placements), args, work)
+            extra = {"HOROVOD_TIMELINE": str(trace)} if timeline and args[1] == "train" else None
+            _run_horovod(placements[0][0], bed, hosts_arg, len(placements), args, work, extra)
         else:
             _run_job(placements, args, work)
     summary = json.loads((work / "train" / "report.json").read_text())["summary"]
@@ -138,21 +145,22 @@ def measure(placements, opts, grad: tuple[int, int], work: pathlib.Path, *, back
     n = len(placements)
     return {"workers": n, "examples_per_s": summary["examples_per_s"],
             "step_s": n * opts.batch / summary["examples_per_s"], "allreduce_s": at_grad["seconds"],
-            "allreduce_json": str(sweep)}
+            "allreduce_json": str(sweep), "timeline": str(trace) if timeline else None}
 
 
-def predict_on_link(loop: dict, bed_row: dict, grad: tuple[int, int], backend: str, batch: int):
+def predict_on_link(loop: dict, bed_row: dict, grad: tuple[int, int], backend: str, batch: int, profile=()):
     """The scaling model's (`harness.bench.scale`) efficiency of `bed_row` against `loop` (the same number of
     processes on one host, loopback): the compute of a step at N is the loopback step less the all-reduce the model
     exposes there (loopback alpha/beta from its sweep, solved by fixed-point iteration), and the bed's step is that
     compute plus what the model exposes on the capped link (the bed row's alpha/beta). One worker per host (no
-    intra-node hops); MWMS: one pack after backward; Horovod: its fusion defaults. Returns (efficiency, Point)."""
+    intra-node hops); MWMS: one pack after backward; Horovod: its fusion defaults, each gradient ready as
+    `profile` (`Setup.ready_profile`, from the loopback run's Horovod timeline) says. Returns (efficiency, Point)."""
     from harness.bench import scale
 
     n = loop["workers"]
     setup = lambda path: scale.Setup(gradient_bytes=grad[0], tensors=grad[1], gpus_per_node=1,
                                      node=scale.NODE_LINKS["pcie"], net=scale.link_from_allreduce(path),
-                                     backend=backend)
+                                     backend=backend, ready_profile=tuple(profile))
     at_loop = setup(loop["allreduce_json"])
     compute = loop["step_s"]
     for _ in range(50):
@@ -192,6 +200,7 @@ def main(argv=None) -> int:
             setattr(opts, key, SMOKE[key])
 
     from cluster.bed import Bed, unavailable_reason
+    from harness.bench import timeline
 
     reason = unavailable_reason()
     if reason:
@@ -208,11 +217,11 @@ def main(argv=None) -> int:
           f"{'all-reduce ms':>14} {'measured':>9} {'predicted':>9} {'diff':>6} {'drift':>6}  bottleneck", flush=True)
     checks = []
 
-    def show(backend, hosts_n, link, row, base=None):
+    def show(backend, hosts_n, link, row, base=None, profile=()):
         cells = ["", "", "", "", ""]
         if base is not None:
             measured = row["examples_per_s"] / base["examples_per_s"]
-            predicted, point = predict_on_link(base, row, grad, backend, opts.batch)
+            predicted, point = predict_on_link(base, row, grad, backend, opts.batch, profile)
             diff = (predicted - measured) * 100
             checks.append((backend, hosts_n, link, diff, base["drift"]))
             cells = [f"{measured:.1%}", f"{predicted:.1%}", f"{diff:+.1f}", f"{base['drift']:.0%}", point.bottleneck]
@@ -220,11 +229,11 @@ def main(argv=None) -> int:
               f"{row['step_s'] * 1e3:>8.1f} {row['allreduce_s'] * 1e3:>14.2f} {cells[0]:>9} {cells[1]:>9} "
               f"{cells[2]:>6} {cells[3]:>6}  {cells[4]}", flush=True)
 
-    def loopback(backend, n, where, label="loopback"):
+    def loopback(backend, n, where, label="loopback", timeline=False):
         with Bed(1) as bed:   # one host: N processes on loopback
             h = bed.hosts[0]
             loop = measure([(h, "localhost")] * n, opts, grad, tmp / f"{backend}-loop-{n}-{where}", backend=backend,
-                           bed=bed, hosts_arg=f"localhost:{n}")
+                           bed=bed, hosts_arg=f"localhost:{n}", timeline=timeline)
         show(backend, 1, label, loop)
         return loop
 
@@ -236,13 +245,19 @@ def main(argv=None) -> int:
                     # Baselines right before and right after the row, the row held against their mean: one
                     # baseline before each row read 358, 336 and 216 examples/s for the same 2 processes within one
                     # run (Horovod, 2026-12-03), which put rows at 135% and 112% of their baseline.
+                    profile = ()
+                    if backend == "horovod":   # when each gradient is ready, on loopback (harness.bench.timeline)
+                        traced = loopback(backend, n, f"{cap:g}-timeline", "loopback, timeline", timeline=True)
+                        measured = timeline.gradient_profile(traced["timeline"])
+                        print(f"    {timeline.describe(measured)}", flush=True)
+                        profile = measured.pairs()
                     before = loopback(backend, n, f"{cap:g}-before")
                     with Bed(n, cap_mbit=cap) as bed:
                         row = measure([(h, h.address) for h in bed.hosts], opts, grad, tmp / f"{backend}-{n}-{cap:g}",
                                       backend=backend, bed=bed,
                                       hosts_arg=",".join(f"{h.name}:1" for h in bed.hosts))
                     after = loopback(backend, n, f"{cap:g}-after", "loopback after")
-                    show(backend, n, f"{cap:g} Mbit/s", row, baseline(before, after, opts.batch))
+                    show(backend, n, f"{cap:g} Mbit/s", row, baseline(before, after, opts.batch), profile)
     within = [c for c in checks if abs(c[3]) <= TOLERANCE_POINTS]
     print(f"predicted within ±{TOLERANCE_POINTS:g} points of measured: {len(within)} of {len(checks)}"
           + "".join(f"; off: {b} {n} hosts {link} ({d:+.1f}, baselines {drift:.0%} apart)"

@@ -9,7 +9,9 @@ The model (pure Python, no TensorFlow) predicts one training step on N replicas,
   per-parameter count of Kaplan et al., "Scaling laws for neural language models", arXiv 2001.08361, §2.1).
   Gradients become ready at a uniform byte rate over the backward pass, last layer first (the model knows tensor
   count and bytes, not the per-layer profile; a stated assumption, pessimistic for VGG-style nets whose big dense
-  gradients come first).
+  gradients come first), unless a measured profile is given (`Setup.ready_profile`, from a Horovod timeline:
+  `harness.bench.timeline`): then gradient i, of its measured bytes, is ready `lead_i` seconds before the end of
+  the step's compute.
 - T_exposed: the all-reduce time not hidden behind backward. All-reduces run one after another on one channel
   (Horovod's background loop; MWMS' collectives ordered by their launch), so the last one ends at
   `comm_finish(buffers)`; what ends after the backward pass is exposed. The buffers come from the backend's
@@ -275,6 +277,9 @@ class Setup:
       algorithm: the all-reduce, one of ALLREDUCE_ALGORITHMS (ring, hierarchical, tree).
       fixed_s: per-step cost besides compute and link time, seconds.
       backward_share: share of the step that is the backward pass.
+      ready_profile: measured `((lead_s, bytes), ...)` per gradient, in backward order (`harness.bench.timeline`):
+        each is ready lead_s seconds before the end of the step's compute; its bytes are scaled to
+        `gradient_bytes` (so fp16 gradients halve them all). Empty: the even spread over the backward pass.
     """
 
     gradient_bytes: float
@@ -289,6 +294,7 @@ class Setup:
     algorithm: str = RING
     fixed_s: float = 0.0
     backward_share: float = BACKWARD_SHARE
+    ready_profile: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,9 +348,15 @@ def _cost(s: Setup, n: int):
 
 
 def _buffers(s: Setup, step_s: float, n: int):
-    backward = s.backward_share * step_s
-    ready = gradient_ready_times(s.tensors, backward, step_s - backward)
-    sizes = [s.gradient_bytes / s.tensors] * s.tensors
+    if s.ready_profile:
+        profile = sorted(s.ready_profile, key=lambda p: -p[0])   # backward order: the earliest ready first
+        measured = sum(b for _, b in profile)
+        ready = [max(0.0, step_s - lead) for lead, _ in profile]
+        sizes = [b * s.gradient_bytes / measured for _, b in profile]
+    else:
+        backward = s.backward_share * step_s
+        ready = gradient_ready_times(s.tensors, backward, step_s - backward)
+        sizes = [s.gradient_bytes / s.tensors] * s.tensors
     if s.backend == HOROVOD:
         return horovod_buffers(sizes, ready, fusion_bytes=s.fusion_bytes, cycle_s=s.cycle_s, cost=_cost(s, n))
     return mwms_buffers(sizes, ready, bytes_per_pack=s.bytes_per_pack, cost=_cost(s, n))
@@ -435,6 +447,8 @@ def format_table(points: Sequence[Point], m: Measurement, s: Setup) -> str:
     """The table `harness bench scale` prints: one row per N, the 80% crossing, the levers at the largest N."""
     sched = (f"Horovod fusion {s.fusion_bytes / 2 ** 20:g} MiB, cycle {s.cycle_s * 1e3:g} ms" if s.backend == HOROVOD
              else f"tf MWMS bytes_per_pack {s.bytes_per_pack / 2 ** 20:g} MiB")
+    sched += (", gradients ready as the timeline measured" if s.ready_profile
+              else f", gradients ready evenly over the last {s.backward_share:.0%} of the step")
     lines = [f"scaling prediction: step {m.step_s * 1e3:.1f} ms ± {m.jitter_s * 1e3:.1f} ms, batch "
              f"{m.per_replica_batch}/replica, gradient {s.gradient_bytes / 1e6:.2f} MB in {s.tensors} tensors; "
              f"{s.gpus_per_node} GPU(s)/node at {s.node.bytes_per_s / 1e9:.3g} GB/s, network "

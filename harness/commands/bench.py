@@ -47,7 +47,8 @@ def bench_allreduce(args) -> int:
 
 
 def bench_scale(args) -> int:
-    """`harness bench scale --report REPORT.json [--allreduce J | --link L --node N] ...` (`harness.bench.scale`)."""
+    """`harness bench scale --report REPORT.json [--allreduce J | --link L --node N] [--timeline T] ...`
+    (`harness.bench.scale`; `harness.bench.timeline` for the measured gradient profile)."""
     from harness.bench import scale
     from harness.errors import ConfigError
 
@@ -60,12 +61,22 @@ def bench_scale(args) -> int:
         gpus = args.gpus_per_node
     if (args.gradient_bytes is None) != (args.tensors is None):
         raise ConfigError("give both --gradient-bytes and --tensors, or neither (read from the report's model)")
-    nbytes, tensors = ((args.gradient_bytes, args.tensors) if args.tensors is not None
-                       else scale.model_gradients(shapes))
+    profile = None
+    if args.timeline:
+        from harness.bench import timeline
+
+        profile = timeline.gradient_profile(args.timeline)
+        print(timeline.describe(profile))
+    if args.tensors is not None:
+        nbytes, tensors = args.gradient_bytes, args.tensors
+    elif profile is not None:
+        nbytes, tensors = profile.gradient_bytes, len(profile.nbytes)
+    else:
+        nbytes, tensors = scale.model_gradients(shapes)
     setup = scale.Setup(gradient_bytes=nbytes, tensors=tensors, gpus_per_node=gpus, node=node, net=net,
                         backend=args.backend, fusion_bytes=args.fusion_threshold, cycle_s=args.cycle_time_ms / 1e3,
                         bytes_per_pack=args.bytes_per_pack, algorithm=args.algorithm,
-                        fixed_s=args.fixed_ms / 1e3)
+                        fixed_s=args.fixed_ms / 1e3, ready_profile=profile.pairs() if profile else ())
     points = scale.sweep(m, setup, args.max_gpus)
     print(scale.format_table(points, m, setup))
     if args.plot:

@@ -69,7 +69,9 @@ RUNS = {
         "title": r"^published vs predicted scaling efficiency \((\d+) points",
         **{f"row {point}": rf"^  {point}\s+\S+\s+{NUM}\s+{NUM}%\s+{NUM}%\s+[+-][0-9.]+\s+[0-9.]+\s+\S.*(?:ok|MISS|input)$"
            for point in ("horovod-512-vgg16", "hvd779-128", "aws-64-resnet50")},
-        "summary": rf"^within ±5 points: \d+ of {NUM} checked points"})],
+        "summary": rf"^within ±5 points: \d+ of {NUM} checked points",
+        "ceiling": rf"^the points ask the all-reduce to be exposed from {NUM} \(\S+\) to {NUM} .* reach at best "
+                   rf"\d+ of {NUM} within ±5"})],
     "reshard.py": [([], {
         "header": r"^  data\s+pipeline\s+examples/s\s+spread\s+MB/s$",
         **{f"row {data} {pipe}": rf"^  {data}\s+{pipe}\s+{NUM}\s+[0-9.]+%\s+{NUM}$"
@@ -79,7 +81,8 @@ RUNS = {
         **{f"{case}": rf"^== {case}: \d+ file\(s\), {NUM} records, batch {NUM}, {NUM} steps per epoch, 2 epochs, 1 runs"
            for case in ("points", "patches", "unet")},
         **{f"row {pipe}": rf"^  {pipe}\s+{NUM}\s+{NUM}\s+{NUM}  parse=" for pipe in ("naive", "autotune", "tuned")},
-        "grid": rf"^  tuned / best of the grid\s+= {NUM} \[.*\(target >= 0\.9: (?:ok|MISSED)\)$",
+        "confirmed": rf"^  confirmed, whole run: tuned {NUM}, grid \S+ {NUM}, autotune {NUM} examples/s \(median of 1 ",
+        "grid": rf"^  tuned / best of the grid \(\S+\)\s+= {NUM} \[.*\(target >= 0\.9: (?:ok|MISSED)\)$",
         "autotune": rf"^  tuned / autotune\s+= {NUM} \[",
         **{f"predicted {phase}": rf"^  predicted / measured, {phase}\s+[+-]\d+% \[[+-]\d+% to [+-]\d+%\]  \(per run: "
            rf"{NUM}/{NUM}; target within 15%: (?:ok|MISSED)\)$" for phase in ("first epoch", "later epochs")},

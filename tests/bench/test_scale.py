@@ -11,6 +11,7 @@ import pytest
 from harness.bench import scale
 from harness.bench.scale import Link, Measurement, Setup
 from harness.errors import ConfigError
+from scale_support import write_report as _report
 
 NODE = Link(alpha_s=1e-6, beta_s_per_byte=1e-10)   # 10 GB/s, 1 µs
 NET = Link(alpha_s=1e-5, beta_s_per_byte=1e-9)     # 1 GB/s, 10 µs
@@ -174,24 +175,6 @@ def test_parse_node_rejects(text):
 
 
 # --- the CLI ------------------------------------------------------------------------------------------------------
-def _report(path, step_times=(0.10, 0.12, 0.11, 0.13), batch=16, replicas=1, kind="bench-train-synthetic"):
-    """A report.json as `harness bench train` writes it (the fields `bench scale` reads, and a warm-up step)."""
-    steps = [{"step": 1, "start_s": 0.0, "input_wait_s": 0.0, "compute_s": 9.0, "examples": batch, "warmup": True,
-              "call_steps": 1, "step_s": 9.0}]
-    steps += [{"step": i + 2, "start_s": 0.0, "input_wait_s": 0.0, "compute_s": t, "examples": batch,
-               "warmup": False, "call_steps": 1, "step_s": t} for i, t in enumerate(step_times)]
-    mean = sum(step_times) / len(step_times)
-    report = {"kind": kind, "created": "2026-12-01T00:00:00+00:00", "versions": {},
-              "config": {"per_replica_batch_size": batch,
-                         "shapes": {"kind": "image", "input_shape": [16, 16, 4], "num_classes": 4,
-                                    "label_shape": None}},
-              "summary": {"workers": 1, "replicas_in_sync": replicas, "examples_per_s": batch / mean,
-                          "examples_per_s_per_replica": batch / mean},
-              "verdict": "not input-bound", "advice": [], "workers": [], "parts": [{"rank": 0, "steps": steps}]}
-    path.write_text(json.dumps(report))
-    return path
-
-
 def _cli(*argv):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "harness.cli", "bench", "scale", *argv], capture_output=True,
@@ -296,3 +279,38 @@ def test_the_readme_lines_run_as_printed(tmp_path):
     header = next(ln for ln in readme if ln.strip().startswith("N   examples/s"))
     assert header in done.stdout.splitlines()
     assert (tmp_path / "scale.png").is_file() and "efficiency falls below 80% at N = " in done.stdout
+
+
+def _published_scaling():
+    """benchmarks/published_scaling.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "published_scaling.py")
+    spec = importlib.util.spec_from_file_location("published_scaling", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_published_ceiling_helpers_on_a_hand_computed_point():
+    ps = _published_scaling()
+    # compute 100 ms, all-reduce 40 ms of which the schedule leaves 10 ms exposed, fixed 5 ms, no stragglers
+    p = scale.Point(n=8, step_s=0.115, compute_s=0.1, comm_s=0.04, exposed_s=0.01, fixed_s=0.005, straggler_s=0.0,
+                    examples_per_s=1.0, efficiency=0.1 / 0.115, bottleneck="all-reduce (bandwidth)")
+    # eta 1: the model as it is; eta 0: all 40 ms exposed; eta 0.5: 10 + 0.5·30 = 25 ms exposed
+    assert ps.efficiency_with_overlap(p, 1.0) == pytest.approx(0.1 / 0.115)
+    assert ps.efficiency_with_overlap(p, 0.0) == pytest.approx(0.1 / 0.145)
+    assert ps.efficiency_with_overlap(p, 0.5) == pytest.approx(0.1 / 0.13)
+    # published 80%: step 125 ms, less compute and fixed: 20 ms exposed of 40 ms
+    assert ps.implied_exposed_share({"published_efficiency": "0.8"}, p) == pytest.approx(0.5)
+
+
+def test_published_points_ask_more_than_one_shared_overlap_can_give():
+    ps = _published_scaling()
+    import csv
+    with open(ps.CSV, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["gpus"] != r["gpus_per_node"] or not r["node_examples_per_s"]]
+    line = ps.ceiling(rows)
+    best = int(line.split("reach at best ")[1].split(" of ")[0])
+    assert 0 < best < len(rows), line
+    shares = [ps.implied_exposed_share(r, ps.predict_row(r)) for r in rows]
+    assert min(shares) < 0.2 and max(shares) > 0.9, shares

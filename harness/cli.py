@@ -303,8 +303,8 @@ def _bench_commands(sub) -> None:
     p.add_argument("--fixed-ms", type=float, default=0.0, help="measured per-step cost besides compute and link")
     p.add_argument("--timeline", metavar="TIMELINE.json",
                    help="a Horovod timeline (HOROVOD_TIMELINE) of the same step on >= 2 ranks on one node: when each "
-                        "gradient is ready, instead of an even spread over the backward pass (and the gradient "
-                        "bytes and tensors, unless given)")
+                        "gradient is ready, instead of an even spread over the backward pass, and the gradient "
+                        "tensors and bytes (--gradient-bytes rescales them)")
     p.add_argument("--plot", metavar="OUT.png", help="efficiency vs N and the step breakdown")
 
     p = _command(sub, "reshard", data_cmd.reshard,

@@ -10,8 +10,8 @@ The model (pure Python, no TensorFlow) predicts one training step on N replicas,
   Gradients become ready at a uniform byte rate over the backward pass, last layer first (the model knows tensor
   count and bytes, not the per-layer profile; a stated assumption, pessimistic for VGG-style nets whose big dense
   gradients come first), unless a measured profile is given (`Setup.ready_profile`, from a Horovod timeline:
-  `harness.bench.timeline`): then gradient i, of its measured bytes, is ready `lead_i` seconds before the end of
-  the step's compute.
+  `harness.bench.timeline`): then gradient i is ready a measured share of the step before the end of its compute,
+  with its measured share of the gradient bytes.
 - T_exposed: the all-reduce time not hidden behind backward. All-reduces run one after another on one channel
   (Horovod's background loop; MWMS' collectives ordered by their launch), so the last one ends at
   `comm_finish(buffers)`; what ends after the backward pass is exposed. The buffers come from the backend's
@@ -277,9 +277,10 @@ class Setup:
       algorithm: the all-reduce, one of ALLREDUCE_ALGORITHMS (ring, hierarchical, tree).
       fixed_s: per-step cost besides compute and link time, seconds.
       backward_share: share of the step that is the backward pass.
-      ready_profile: measured `((lead_s, bytes), ...)` per gradient, in backward order (`harness.bench.timeline`):
-        each is ready lead_s seconds before the end of the step's compute; its bytes are scaled to
-        `gradient_bytes` (so fp16 gradients halve them all). Empty: the even spread over the backward pass.
+      ready_profile: measured `((lead, bytes), ...)` per gradient (`harness.bench.timeline`): each is ready
+        lead x step seconds before the end of the step's compute (lead: a share of the step, in [0, 1)); the
+        bytes are scaled to add up to `gradient_bytes` (so fp16 gradients halve them all). Empty: the even
+        spread over the backward pass.
     """
 
     gradient_bytes: float
@@ -351,7 +352,7 @@ def _buffers(s: Setup, step_s: float, n: int):
     if s.ready_profile:
         profile = sorted(s.ready_profile, key=lambda p: -p[0])   # backward order: the earliest ready first
         measured = sum(b for _, b in profile)
-        ready = [max(0.0, step_s - lead) for lead, _ in profile]
+        ready = [step_s * (1.0 - min(max(lead, 0.0), 1.0)) for lead, _ in profile]
         sizes = [b * s.gradient_bytes / measured for _, b in profile]
     else:
         backward = s.backward_share * step_s

@@ -59,18 +59,21 @@ def bench_scale(args) -> int:
     gpus, node = scale.parse_node(args.node)
     if args.gpus_per_node:
         gpus = args.gpus_per_node
-    if (args.gradient_bytes is None) != (args.tensors is None):
+    if args.timeline is None and (args.gradient_bytes is None) != (args.tensors is None):
         raise ConfigError("give both --gradient-bytes and --tensors, or neither (read from the report's model)")
     profile = None
-    if args.timeline:
+    if args.timeline is not None:
         from harness.bench import timeline
 
         profile = timeline.gradient_profile(args.timeline)
         print(timeline.describe(profile))
-    if args.tensors is not None:
+        if args.tensors is not None and args.tensors != len(profile.nbytes):
+            raise ConfigError(f"--tensors {args.tensors}: the timeline {args.timeline} holds {len(profile.nbytes)} "
+                              "gradient tensors; give --gradient-bytes alone to rescale its bytes")
+    if profile is not None:   # --gradient-bytes rescales the measured bytes (fp16 gradients: half)
+        nbytes, tensors = args.gradient_bytes or profile.gradient_bytes, len(profile.nbytes)
+    elif args.tensors is not None:
         nbytes, tensors = args.gradient_bytes, args.tensors
-    elif profile is not None:
-        nbytes, tensors = profile.gradient_bytes, len(profile.nbytes)
     else:
         nbytes, tensors = scale.model_gradients(shapes)
     setup = scale.Setup(gradient_bytes=nbytes, tensors=tensors, gpus_per_node=gpus, node=node, net=net,

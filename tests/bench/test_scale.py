@@ -219,7 +219,8 @@ def test_cli_reads_the_gradients_from_the_reports_model(tmp_path):
     assert f"gradient {nbytes / 1e6:.2f} MB in {len(model.trainable_weights)} tensors" in done.stdout
 
 
-@pytest.mark.parametrize("case", ["not-json", "train-run", "two-replicas", "one-step", "bad-link", "both-links"])
+@pytest.mark.parametrize("case", ["not-json", "train-run", "two-replicas", "one-step", "bad-link", "both-links",
+                                  "bad-timeline", "empty-timeline-path", "timeline-tensors"])
 def test_cli_bad_input_is_a_config_error(tmp_path, case):
     report = tmp_path / "report.json"
     extra = ["--gradient-bytes", "1000", "--tensors", "1"]
@@ -239,12 +240,23 @@ def test_cli_bad_input_is_a_config_error(tmp_path, case):
         allreduce = tmp_path / "allreduce.json"
         allreduce.write_text(json.dumps({"workers": 2, "fit": {"alpha_s": 1e-5, "beta_s_per_byte": 1e-9}}))
         extra += ["--allreduce", str(allreduce), "--link", "1Gbit/s"]
+    if case == "bad-timeline":
+        (tmp_path / "timeline.json").write_bytes(b"\x89PNG\r\n")
+        extra += ["--timeline", str(tmp_path / "timeline.json")]
+    if case == "empty-timeline-path":
+        extra += ["--timeline", ""]
+    if case == "timeline-tensors":
+        from scale_support import horovod_events, write_timeline
+        extra += ["--timeline", write_timeline(tmp_path / "timeline.json", horovod_events(5, (0.004,) * 5)), "--tensors", "50",
+                  "--gradient-bytes", "1000"]
     done = _cli("--report", str(report), *extra)
     assert done.returncode == 2, (done.stdout, done.stderr)
     expected = {"not-json": "not a `harness bench train` report.json", "train-run": "kind 'train'",
                 "two-replicas": "ran 2 replicas", "one-step": "1 timed step(s)", "bad-link": "--link '25Gb/s'",
-                "both-links": "not both"}[case]
+                "both-links": "not both", "bad-timeline": "codec can't decode", "empty-timeline-path": "--timeline : ",
+                "timeline-tensors": "--tensors 50: the timeline"}[case]
     assert expected in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
 
 
 def test_allreduce_json_gives_the_network_link(tmp_path):

@@ -7,65 +7,85 @@ import pytest
 from harness.bench import scale, timeline
 from harness.errors import ConfigError
 
-GRAD_A = "while/DistributedGradientTape_Allreduce/cond/then/HorovodAllreduce_gradient_tape_dense_MatMul_0"
-GRAD_B = "while/DistributedGradientTape_Allreduce/cond/then/HorovodAllreduce_gradient_tape_dense_BiasAdd_0"
-METRIC = "while/HorovodAllreduce_Sum_0"
+from scale_support import GRAD_A, GRAD_B, horovod_events as _events, write_timeline as _write
 
 
-def _events(steps=4, b_offsets_s=(0.004, 0.004, 0.004, 0.006)):
-    """Horovod's format: metadata per tensor, then per step NEGOTIATE_ALLREDUCE (B), a rank mark (X), E, ALLREDUCE
-    (B), GLOO_ALLREDUCE (B, E), E with dtype and shape. A (float32 [10, 10]) at 1 s + k, B (float16 [8]) after it
-    by b_offsets_s[k], the metric 1 ms after B."""
-    ev = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1}}]
-    tensors = {1: (GRAD_A, "float32", "[10, 10]"), 2: (GRAD_B, "float16", "[8]"), 3: (METRIC, "float32", "[1]")}
-    for pid, (name, _, _) in tensors.items():
-        ev.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
-    for k in range(steps):
-        t = {1: 1.0 + k, 2: 1.0 + k + b_offsets_s[k], 3: 1.001 + k + b_offsets_s[k]}
-        for pid, (_, dtype, shape) in tensors.items():
-            us = int(round(t[pid] * 1e6))
-            ev += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": us, "pid": pid},
-                   {"ph": "X", "name": "0", "ts": us, "pid": pid, "dur": 0},
-                   {"ph": "E", "ts": us + 10, "pid": pid},
-                   {"ph": "B", "name": "ALLREDUCE", "ts": us + 20, "pid": pid},
-                   {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": us + 21, "pid": pid},
-                   {"ph": "E", "ts": us + 500, "pid": pid},
-                   {"ph": "E", "ts": us + 501, "pid": pid, "args": {"dtype": dtype, "shape": shape}}]
-    return ev
-
-
-def _write(path, events, *, cut=False):
-    text = json.dumps(events)
-    if cut:   # a killed process: no closing bracket, a trailing comma, half an event
-        text = text[:-1] + ',\n{"ph": "B", "na'
-    path.write_text(text)
-    return str(path)
-
-
-@pytest.mark.parametrize("cut", [False, True], ids=["whole", "cut short"])
+@pytest.mark.parametrize("cut", ["", "comma", "event", "braces"])
 def test_profile_leads_bytes_and_order(tmp_path, cut):
-    p = timeline.gradient_profile(_write(tmp_path / "t.json", _events(), cut=cut))
-    # steps 0 and 1 skipped; A leads B by 4 ms and 6 ms in steps 2 and 3: median 5 ms; B is the last: 0
+    events = _events(steps=5, b_offsets_s=(0.004, 0.004, 0.004, 0.006, 0.005))
+    p = timeline.gradient_profile(_write(tmp_path / "t.json", events, cut=cut))
+    # steps 0 and 1 skipped; A leads B by 4, 6 and 5 ms in steps 2-4: median 5 ms; B is the last: 0. Cut inside the
+    # last event (the metric's), every gradient is whole. The steps' last submissions (B) at 3.004, 4.006, 5.005 s:
+    # period median(1.002, 0.999) = 1.0005 s
     assert p.names == (GRAD_A, GRAD_B)
     assert p.leads_s == pytest.approx((0.005, 0.0), abs=1e-9)
-    assert p.nbytes == (400, 16)
-    assert p.steps == 2
-    assert p.gradient_bytes == 416
+    assert p.nbytes == (400, 16) and p.gradient_bytes == 416
+    assert p.steps == 3 and p.period_s == pytest.approx(1.0005) and p.unfinished == 0
     assert p.bytes_within(1e-3) == pytest.approx(16 / 416)
-    assert p.pairs() == ((p.leads_s[0], 400), (0.0, 16))
-    assert "2 tensors, 416 bytes, median of 2 steps; first submitted 5.0 ms before the last" in timeline.describe(p)
+    assert [x for pair in p.pairs() for x in pair] == pytest.approx([0.005 / 1.0005, 400, 0.0, 16])
+    assert ("2 tensors, 416 bytes, median of 3 steps of 1000.5 ms; first submitted 5.0 ms before the last"
+            in timeline.describe(p))
 
 
-def test_profile_refuses_what_it_cannot_read(tmp_path):
-    with pytest.raises(ConfigError, match="no gradient all-reduce"):
-        timeline.gradient_profile(_write(tmp_path / "m.json", [e for e in _events() if e.get("pid") in (0, 3)]))
-    with pytest.raises(ConfigError, match="2 step\\(s\\) of gradient all-reduces, need more than 2"):
-        timeline.gradient_profile(_write(tmp_path / "s.json", _events(steps=2)))
-    (tmp_path / "x.json").write_text("epoch 1/5 step 3")
-    with pytest.raises(ConfigError, match="not a Horovod timeline"):
-        timeline.gradient_profile(str(tmp_path / "x.json"))
-    with pytest.raises(ConfigError, match="--timeline .*missing.json"):
-        timeline.gradient_profile(str(tmp_path / "missing.json"))
+def _broken(events, pid, phase, **change):
+    """`events` with the `phase` event ("B" NEGOTIATE_ALLREDUCE or the ALLREDUCE "E" with args) of `pid`'s
+    first step changed."""
+    out, done = [], False
+    for e in events:
+        if not done and e.get("pid") == pid and (
+                (phase == "B" and e.get("name") == "NEGOTIATE_ALLREDUCE") or (phase == "E" and e.get("ph") == "E"
+                                                                               and "args" in e)):
+            e, done = {**e, **change}, True
+        out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("no gradients", "no gradient all-reduce"),
+    ("few steps", "3 step\\(s\\) of gradient all-reduces, need more than 3"),
+    ("not json", "not a Horovod timeline"),
+    ("missing", "--timeline .*missing.json: No such file"),
+    ("latin-1", "codec can't decode"),
+    ("numbers", "event #0 is int, not a trace event object"),
+    ("shape", "shape '\\(10, 10\\)' is not a list of sizes"),
+    ("dtype", "dtype '<unknown>' is not one of Horovod's"),
+    ("ts", "event #\\d+ .*KeyError\\('ts'\\)"),
+    ("nan", "event #\\d+ is not JSON"),
+    ("zero bytes", "the gradients hold 0 bytes"),
+    ("misaligned", "submitted 3 to 5 times: their steps do not line up"),
+])
+def test_profile_refuses_what_it_cannot_read(tmp_path, case, expected):
+    path = tmp_path / "t.json"
+    events = _events(steps=5, b_offsets_s=(0.004,) * 5)
+    if case == "no gradients":
+        _write(path, [e for e in events if e.get("pid") in (0, 3)])
+    elif case == "few steps":
+        _write(path, _events(steps=3))
+    elif case == "not json":
+        path.write_text("epoch 1/5 step 3")
+    elif case == "missing":
+        path = tmp_path / "missing.json"
+    elif case == "latin-1":
+        path.write_bytes(b'[{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "caf\xe9"}}]')
+    elif case == "numbers":
+        path.write_text("[1, 2, 3]")
+    elif case == "shape":
+        _write(path, _broken(events, 1, "E", args={"dtype": "float32", "shape": "(10, 10)"}))
+    elif case == "dtype":
+        _write(path, _broken(events, 1, "E", args={"dtype": "<unknown>", "shape": "[4]"}))
+    elif case == "ts":
+        _write(path, [{k: v for k, v in e.items() if k != "ts"} if i == 4 else e for i, e in enumerate(events)])
+    elif case == "nan":
+        _write(path, events)
+        path.write_text(path.read_text().replace('"ts": 2000000', '"ts": NaN', 1))
+    elif case == "zero bytes":
+        _write(path, [dict(e, args={"dtype": "float32", "shape": "[0]"}) if e.get("ph") == "E" and "args" in e else e
+                      for e in events])
+    elif case == "misaligned":   # A's first two submissions missing: A seen 3 times, B 5
+        gone = [i for i, e in enumerate(events) if e.get("pid") == 1 and e.get("name") == "NEGOTIATE_ALLREDUCE"][:2]
+        _write(path, [e for i, e in enumerate(events) if not any(g <= i < g + 7 for g in gone)])
+    with pytest.raises(ConfigError, match=expected):
+        timeline.gradient_profile(str(path))
 
 
 def _setup(**kw):
@@ -77,17 +97,21 @@ def _setup(**kw):
 
 def test_scale_places_gradients_as_the_profile_says():
     m = scale.Measurement(step_s=0.1, jitter_s=0.0, per_replica_batch=8)
-    # measured: 1000 B ready 50 ms before the end (0.05-0.06 s), 3000 B at the end (0.10-0.13 s): 30 ms exposed
-    measured = scale.predict(m, _setup(ready_profile=((0.0, 3000), (0.05, 1000))), 2)
+    # measured: 1000 B ready half the step before the end (0.05-0.06 s), 3000 B at the end (0.10-0.13 s): 30 ms
+    measured = scale.predict(m, _setup(ready_profile=((0.0, 3000), (0.5, 1000))), 2)
     assert measured.exposed_s == pytest.approx(0.03)
     assert measured.comm_s == pytest.approx(0.04)
     # even spread: 2000 B at 2/3 of the step before the end ... 0.0667-0.0867 s, 2000 B at 0.1-0.12 s: 20 ms
     even = scale.predict(m, _setup(), 2)
     assert even.exposed_s == pytest.approx(0.02)
     # the profile's bytes are scaled to gradient_bytes: fp16 gradients (2000 B) halve both: 15 ms exposed
-    half = scale.predict(m, scale.Setup(**{**_setup(ready_profile=((0.05, 1000), (0.0, 3000))).__dict__,
+    half = scale.predict(m, scale.Setup(**{**_setup(ready_profile=((0.5, 1000), (0.0, 3000))).__dict__,
                                            "gradient_bytes": 2000}), 2)
     assert half.exposed_s == pytest.approx(0.015)
+    # the leads are shares of the step: twice the step (batch x2) puts 1000 B at 0.1-0.11 s, 3000 B at 0.2-0.23 s
+    double = scale.predict(scale.Measurement(step_s=0.2, jitter_s=0.0, per_replica_batch=16),
+                           _setup(ready_profile=((0.0, 3000), (0.5, 1000))), 2)
+    assert double.exposed_s == pytest.approx(0.03)
 
 
 def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):

@@ -14,8 +14,8 @@ they were) and the predicted one: the compute of a step is the loopback step les
 exposes there, and the model adds what it exposes on the capped link (its fit), MWMS one pack after backward,
 Horovod Tensor Fusion overlapped with backward, each gradient ready when a Horovod timeline says
 (`harness.bench.timeline`), recorded in one more loopback run before the baselines ("loopback, timeline": its
-examples/s show what recording costs; it is not a baseline). The last line counts the rows predicted within ±10 points (issue
-21's check).
+examples/s show what recording costs; it is not a baseline). The last line counts the rows predicted within ±10
+points (issue 21's check).
 
   python benchmarks/cluster.py [--hosts 2,3,4] [--caps 10,100,1000] [--backends tf,horovod] [--steps 30] [--smoke]
 
@@ -242,15 +242,15 @@ def main(argv=None) -> int:
         for backend in backends:
             for cap in caps:
                 for n in sorted(set(hosts)):
-                    # Baselines right before and right after the row, the row held against their mean: one
-                    # baseline before each row read 358, 336 and 216 examples/s for the same 2 processes within one
-                    # run (Horovod, 2026-12-03), which put rows at 135% and 112% of their baseline.
                     profile = ()
                     if backend == "horovod":   # when each gradient is ready, on loopback (harness.bench.timeline)
                         traced = loopback(backend, n, f"{cap:g}-timeline", "loopback, timeline", timeline=True)
                         measured = timeline.gradient_profile(traced["timeline"])
                         print(f"    {timeline.describe(measured)}", flush=True)
                         profile = measured.pairs()
+                    # Baselines right before and right after the row, the row held against their mean: one
+                    # baseline before each row read 358, 336 and 216 examples/s for the same 2 processes within one
+                    # run (Horovod, 2026-12-03), which put rows at 135% and 112% of their baseline.
                     before = loopback(backend, n, f"{cap:g}-before")
                     with Bed(n, cap_mbit=cap) as bed:
                         row = measure([(h, h.address) for h in bed.hosts], opts, grad, tmp / f"{backend}-{n}-{cap:g}",

@@ -17,8 +17,8 @@ augment, batch, prefetch; one worker) over `--epochs` epochs for each of:
             map_parallelism {1, CPUs} x prefetch {1, CPUs + 1} x cache {none, memory} (the hand-tuned pipelines);
 each drained inside TensorFlow (a tf.function loop over the iterator, no per-batch Python), the first epoch timed
 alone and the later ones over at least LATER_MIN_S (more epochs of the same iterator where the run's are
-shorter), the pipelines taking turns for --repeats runs (the sweep). A run is `--epochs` epochs, by default as many as `harness train` runs
-without --epochs. The sweep names the grid's best (the highest median over the whole run); being the maximum of
+shorter), the pipelines taking turns for --repeats runs (the sweep). A run is `--epochs` epochs, by default as
+many as `harness train` runs without --epochs. The sweep names the grid's best (the highest median over the whole run); being the maximum of
 many noisy runs, its sweep figure is biased upward (the winner's curse: on the ACES points one sweep put the best
 grid point 9-14% above tuned, where the two differ in prefetch depth alone), so tuned, that best and autotune are
 timed again in `--confirm` fresh runs taking turns, and the ratio checks use those runs alone. Printed per case:

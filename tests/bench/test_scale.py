@@ -253,8 +253,8 @@ def test_cli_bad_input_is_a_config_error(tmp_path, case):
     assert done.returncode == 2, (done.stdout, done.stderr)
     expected = {"not-json": "not a `harness bench train` report.json", "train-run": "kind 'train'",
                 "two-replicas": "ran 2 replicas", "one-step": "1 timed step(s)", "bad-link": "--link '25Gb/s'",
-                "both-links": "not both", "bad-timeline": "codec can't decode", "empty-timeline-path": "--timeline : ",
-                "timeline-tensors": "--tensors 50: the timeline"}[case]
+                "both-links": "not both", "bad-timeline": "codec can't decode",
+                "empty-timeline-path": "--timeline : ", "timeline-tensors": "--tensors 50: the timeline"}[case]
     assert expected in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
 

@@ -83,8 +83,11 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
     say(f"measured on {stages['probed_records']} records of {stages['probed_files']} file(s), examples/s per core:")
     for label, s in measured.rows():
         if s is not None:
-            cap = (f", copied on {s.max_cores} threads (batches >= 1 MiB)"
-                   if s.name == tune_lib.BATCH and s.max_cores != 1 else "")
+            cap = ""
+            if s.name == tune_lib.BATCH and s.max_cores != 1:
+                cap = f", copied on {mine.cpus} threads (batches >= 1 MiB): {s.max_cores:.2f}x one core"
+            elif s.name == tune_lib.AUGMENT and s.max_cores is not None:
+                cap = f", {mine.cpus} calls in flight on {mine.cpus} threads: {s.max_cores:.2f}x one core"
             say(f"  {label:<17} {s.per_core:>12,.0f}  {s.out_bytes:>10,.0f} B out per example{cap}")
     say(f"  {'start':<17} {measured.start_s * 1e3:>12,.1f}  ms: a fresh iterator's start beyond its work "
         "(once, in the first epoch)")

@@ -2,26 +2,31 @@
 stage's examples/s per core and its output bytes per example, as `harness.data.tune.Measured` takes them.
 
 Probes (each on the first `records` records of the shards given, a few hundred, read once into memory where the
-stage reads from memory, and run over them `passes_for` times; timed by `time_passes`: one warm-up pass, then
-`repeats` passes, the median's process CPU seconds): every probe runs on one core (a private thread pool of one
-thread, no intra-op parallelism, no autotuning), so its rate is examples/s per core, as Plumber measures each op's
-rate per core (Kuchnik et al., MLSys 2022). A stage that only runs after another is timed with it and without it;
-its cost is the difference.
+stage reads from memory and repeated endlessly before the stage; timed by `rate_per_core` on one iterator: one
+pass untimed, then `repeats` windows of at least MIN_PASS_S, the median's process CPU seconds, so no window pays
+an iterator's start, which `start_seconds` measures apart): every probe runs on one core (a private thread pool
+of one thread, no intra-op parallelism, no autotuning), so its rate is examples/s per core, as Plumber measures
+each op's rate per core (Kuchnik et al., MLSys 2022). A stage that only runs after another is timed with it and
+without it; its cost is the difference.
 
   read     the files' bytes (`tf.io.gfile`), examples/s at the files' bytes per record
   inflate  `TFRecordDataset(compression_type="GZIP")` less the read (GZIP exports only)
   parse    `tf.io.parse_example` per record, and per read batch (`stages.read_batch_size`), less the in-memory source
   decode   the pipeline's `decode` (bands stacked, cropped, resized; label checked) less the parse
   unbatch  decoded read batches held in memory split into records, less the same records held one by one
-  augment  the pipeline's flips, rotations and color jitter on batches held in memory (when the run augments)
+  augment  the pipeline's flips, rotations and color jitter on batches held in memory (when the run augments);
+           `max_cores`: its wall rate with as many calls in flight as the worker's CPUs on as many threads, a
+           prefetch of 2 after, over its one-core rate (`parallel_cores`): flips and rotations of 8x160x160x6
+           batches move memory more than they compute, and two cores gave 1.5-2.0x one (three runs here)
   start    a fresh training iterator's first batches less as many more (`start_seconds`): what only a new
            iterator pays, its threads and functions starting (wall seconds, not per core)
   batch    decoded records held in memory, shuffled and batched, one shuffle per epoch as the training pipeline
            runs its epochs (what later epochs run after a cache); one thread (`max_cores` 1), but where a batch
-           holds at least PARALLEL_COPY_BYTES, which tf.data copies on every thread of its pool: `max_cores` the
-           worker's CPUs. (Timing the batch on a pool of 2 threads here gave 1.09-1.26 cores of wall rate, where
-           the training pipeline's later epochs kept 1.53 busy and ran 1.3-2.1x the one-core rate: this shared
-           machine's wall rates on 2 threads read low, so the cap is TensorFlow's rule, not a wall-clock probe.)
+           holds at least PARALLEL_COPY_BYTES, which tf.data copies on every thread of its pool: `max_cores` what
+           those threads give, the wall rate on the worker's CPUs, a prefetch of 2 after, over the one-core rate
+           (`parallel_cores`). Copies are memory-bound: batches of 8 GZIP patches of 256x256x8 (19 MB) ran 1.3-1.5x
+           the one-core rate on 2 threads, and the training pipeline's later epochs ran as fast; the cap of 2
+           cores (TensorFlow's rule alone) over-predicted them by 45-54%.
 
 Moved here from `harness.bench` (with `count_examples` and `time_passes`) so that the train layer, which may not
 import bench, probes with the same code.
@@ -42,12 +47,13 @@ PROBE_RECORDS = 256
 REPEATS = 3
 COUNT_BATCH = 64       # examples per counted element of a per-record probe
 NEGLIGIBLE = 1e-3      # a derived stage costs at least this fraction of the probe it was derived from
-# Each probe runs over the held records as many times as it takes to pass MIN_EXAMPLES examples or MIN_BYTES
-# serialized bytes, whichever comes first: a pass of 256 small records (the ACES points: 220 B each) lasts about
-# as long as starting an iterator, which made every per-example rate of small records a per-pass figure (the
-# batch stage at 15k examples/s per core, where the pipeline after the cache ran at 620k).
-MIN_PASS_S = 0.2        # CPU seconds one timed pass of a dataset probe lasts at least (rate_per_core)
+# A timed window of a dataset probe lasts at least MIN_PASS_S CPU seconds, at most MAX_PASSES passes over the
+# held records (`rate_per_core`): a pass of 256 small records (the ACES points: 220 B each) lasts about as long as
+# starting an iterator or calling a function.
+MIN_PASS_S = 0.2
 MAX_PASSES = 256
+# The file read (`_read_rate`, Python) reads the held records' files over until MIN_EXAMPLES records or MIN_BYTES
+# bytes, whichever comes first (`passes_for`).
 MIN_EXAMPLES = 16384
 MIN_BYTES = 32_000_000
 # tf.data copies a batch of at least this many bytes on every thread of its pool (`CopyBatch`,
@@ -93,18 +99,23 @@ def time_passes(ds, repeats: int) -> tuple[int, list[float], list[float]]:
 
 
 
-def one_core(ds):
-    """`ds` on one thread: a private thread pool of 1, no intra-op parallelism, no autotuning."""
+def on_threads(ds, threads: int):
+    """`ds` on a private thread pool of `threads` threads, no intra-op parallelism, no autotuning."""
     import tensorflow as tf
 
     options = tf.data.Options()
-    options.threading.private_threadpool_size = 1
+    options.threading.private_threadpool_size = threads
     options.threading.max_intra_op_parallelism = 1
     options.autotune.enabled = False
     return ds.with_options(options)
 
 
-def _unbatch_rate(serialized: list, spec, read_batch: int, k: int, repeats: int) -> float:
+def one_core(ds):
+    """`ds` on one thread (`on_threads(ds, 1)`)."""
+    return on_threads(ds, 1)
+
+
+def _unbatch_rate(serialized: list, spec, read_batch: int, repeats: int) -> float:
     """The unbatch's examples/s per core: decoded read batches held in memory split into records, less the same
     records held one by one (both regrouped by COUNT_BATCH to count them); its caches freed on return."""
     import tensorflow as tf
@@ -112,25 +123,75 @@ def _unbatch_rate(serialized: list, spec, read_batch: int, k: int, repeats: int)
     from harness.data import pipeline
 
     source = tf.data.Dataset.from_tensor_slices(serialized)
-    records = source.map(lambda r: pipeline.decode_one(spec, r)).cache().repeat(k)
-    batches = source.batch(read_batch).map(lambda r: pipeline.decode(spec, r)).cache().repeat(k)
-    return difference(rate_per_core(batches.unbatch().batch(COUNT_BATCH), repeats),
-                      rate_per_core(records.batch(COUNT_BATCH), repeats))
+    records = source.map(lambda r: pipeline.decode_one(spec, r)).cache().repeat()
+    batches = source.batch(read_batch).map(lambda r: pipeline.decode(spec, r)).cache().repeat()
+    per_pass = _elements(len(serialized), COUNT_BATCH)
+    return difference(rate_per_core(batches.unbatch().batch(COUNT_BATCH), per_pass, repeats),
+                      rate_per_core(records.batch(COUNT_BATCH), per_pass, repeats))
 
 
-def rate_per_core(ds, repeats: int = REPEATS) -> float:
-    """Examples per process CPU second of `ds` on one core: after a warm-up pass and one pass timed to size the
-    probe, the median of `repeats` timed passes over `ds.repeat(k)`, k the passes that last MIN_PASS_S of CPU
-    (at most MAX_PASSES): a pass that lasts about as long as starting an iterator measures the start, not the
-    stage (a cache read of 64 patches: 2k examples/s in one pass, where the pipeline ran at 8k)."""
-    ds = one_core(ds)
-    n = count_examples(ds)
-    c = time.process_time()
-    count_examples(ds)
-    once = time.process_time() - c
-    k = max(1, min(MAX_PASSES, math.ceil(MIN_PASS_S / max(once, 1e-6))))
-    m, _, cpu = time_passes(ds.repeat(k), repeats)   # m == n * k
-    return m / max(statistics.median(cpu), 1e-9)
+def _elements(records: int, batch: int) -> int:
+    """Elements of `batch` that hold one pass of `records` held records (a probe's warm-up)."""
+    return max(1, math.ceil(records / batch))
+
+
+def _drain_fn():
+    """A tf.function `(iterator, elements) -> examples`: takes `elements` elements of `iterator` inside
+    TensorFlow (no per-element Python) and counts their examples (int64)."""
+    import tensorflow as tf
+
+    @tf.function
+    def drain(iterator, elements):
+        n = tf.constant(0, tf.int64)
+        for _ in tf.range(elements):
+            n += _batch_examples(next(iterator))
+        return n
+    return drain
+
+
+def rate_per_core(ds, warmup: int, repeats: int = REPEATS) -> float:
+    """Examples per process CPU second of `ds` on one core, its iterator's start left out.
+
+    `ds` is endless: its held records repeated inside, before the stages probed (`source.repeat()`), so one
+    iterator runs every timed window. The first `warmup` elements (one pass of the held records: caches filled,
+    functions run, the iterator and its threads started) are untimed; one more pass sizes the windows to last
+    MIN_PASS_S of CPU (at most MAX_PASSES passes); the rate is the median of `repeats` windows. A fresh iterator
+    per window (as `count_examples` makes) paid each stage's start in every window: 50-65 ms for the flips,
+    rotations and jitter of a U-Net batch, a quarter of a 96-record pass, which read the augment stage at 390-420
+    examples/s per core where 20 passes of one iterator read 500-550 (a run pays the start once: `start_seconds`).
+    """
+    return _windows(one_core(ds), warmup, repeats, time.process_time)
+
+
+def wall_rate(ds, warmup: int, threads: int, repeats: int = REPEATS) -> float:
+    """Examples per wall second of endless `ds` on a private pool of `threads` threads (`rate_per_core`'s
+    windows, timed by the wall clock): what a stage that runs on several threads gives on them."""
+    return _windows(on_threads(ds, threads), warmup, repeats, time.perf_counter)
+
+
+def _windows(ds, warmup: int, repeats: int, clock) -> float:
+    """Examples per `clock` second of endless `ds` (`rate_per_core`): `warmup` elements untimed, one more pass
+    sizes the windows to MIN_PASS_S, the median of `repeats` windows, all on one iterator."""
+    drain = _drain_fn()
+    it = iter(ds)
+    per_pass = max(1, warmup)
+    drain(it, per_pass)
+    c = clock()
+    drain(it, per_pass)
+    once = clock() - c
+    elements = per_pass * max(1, min(MAX_PASSES, math.ceil(MIN_PASS_S / max(once, 1e-6))))
+    spent, n = [], 0
+    for _ in range(repeats):
+        c = clock()
+        n = int(drain(it, elements))
+        spent.append(clock() - c)
+    return n / max(statistics.median(spent), 1e-9)
+
+
+def parallel_cores(wall: float, per_core: float, cpus: int) -> float:
+    """Cores' worth of one-core rate a stage gives on `cpus` threads: `wall` (examples/s, `wall_rate`) over
+    `per_core` (examples/s, the same pipeline's `rate_per_core`), within 1 and `cpus`."""
+    return min(float(cpus), max(1.0, wall / per_core))
 
 
 def difference(with_stage: float, without: float) -> float:
@@ -205,7 +266,8 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     serialized = list(raw.take(n).as_numpy_iterator())
     k = passes_for(n, serialized_bytes)
     read = _read_rate(paths, 1.0 / file_bytes, int(k * n * file_bytes), repeats)
-    reader = rate_per_core(raw.take(n).repeat(k).batch(COUNT_BATCH), repeats)
+    by_count = _elements(n, COUNT_BATCH)
+    reader = rate_per_core(raw.take(n).repeat().batch(COUNT_BATCH), by_count, repeats)
     if compression:
         read_stage = S(tune_lib.READ, read, file_bytes)
         inflate = S(tune_lib.INFLATE, difference(reader, read), serialized_bytes)
@@ -215,14 +277,17 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     values = spec.values_per_feature() if spec.kind == IMAGE else 1
     parsed_bytes = 4 * values * len(spec.features)
     decoded_bytes = pipeline.decoded_record_bytes(spec)
-    source = tf.data.Dataset.from_tensor_slices(serialized).repeat(k)
+    source = tf.data.Dataset.from_tensor_slices(serialized).repeat()
     read_batch = stages.read_batch_size(serialized_bytes)
-    src_records = rate_per_core(source.batch(COUNT_BATCH), repeats)
-    src_batches = rate_per_core(source.batch(read_batch), repeats)
-    p_rec = rate_per_core(source.map(lambda r: tf.io.parse_example(r[None], desc)).batch(COUNT_BATCH), repeats)
-    pd_rec = rate_per_core(source.map(lambda r: pipeline.decode_one(spec, r)).batch(COUNT_BATCH), repeats)
-    p_bat = rate_per_core(source.batch(read_batch).map(lambda r: tf.io.parse_example(r, desc)), repeats)
-    pd_bat = rate_per_core(source.batch(read_batch).map(lambda r: pipeline.decode(spec, r)), repeats)
+    by_read = _elements(n, read_batch)
+    src_records = rate_per_core(source.batch(COUNT_BATCH), by_count, repeats)
+    src_batches = rate_per_core(source.batch(read_batch), by_read, repeats)
+    p_rec = rate_per_core(source.map(lambda r: tf.io.parse_example(r[None], desc)).batch(COUNT_BATCH), by_count,
+                          repeats)
+    pd_rec = rate_per_core(source.map(lambda r: pipeline.decode_one(spec, r)).batch(COUNT_BATCH), by_count,
+                           repeats)
+    p_bat = rate_per_core(source.batch(read_batch).map(lambda r: tf.io.parse_example(r, desc)), by_read, repeats)
+    pd_bat = rate_per_core(source.batch(read_batch).map(lambda r: pipeline.decode(spec, r)), by_read, repeats)
     parse = {tune_lib.RECORDS: S(tune_lib.PARSE, difference(p_rec, src_records), parsed_bytes),
              tune_lib.BATCHES: S(tune_lib.PARSE, difference(p_bat, src_batches), parsed_bytes)}
     decode = {tune_lib.RECORDS: S(tune_lib.DECODE, difference(pd_rec, p_rec), decoded_bytes),
@@ -231,24 +296,35 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     # in memory (`cache` filled by the untimed first pass), and augment on batches held in memory.
     decoded_records = tf.data.Dataset.from_tensor_slices(serialized).map(
         lambda r: pipeline.decode_one(spec, r)).cache()
-    unbatch = S(tune_lib.UNBATCH, _unbatch_rate(serialized, spec, read_batch, k, repeats), decoded_bytes, 1)
+    unbatch = S(tune_lib.UNBATCH, _unbatch_rate(serialized, spec, read_batch, repeats), decoded_bytes, 1)
     # as the training pipeline runs its epochs (`pipeline._epochs`): one shuffle per epoch over the cached records,
     # under a flat_map (~40% more per record than one shuffle over the epochs repeated, on the ACES points), each
     # epoch as long as the export's (the held records repeated), up to EPOCH_RECORDS
     per_epoch = max(1, math.ceil(min(train.records, EPOCH_RECORDS) / n))
-    shuffled = tf.data.Dataset.range(max(1, math.ceil(k / per_epoch))).flat_map(
+    shuffled = tf.data.Dataset.counter().flat_map(
         lambda e: decoded_records.repeat(per_epoch).shuffle(n * per_epoch, seed=e, reshuffle_each_iteration=False)
         .batch(batch_size))
-    copies = max(1, cpus) if batch_size * decoded_bytes >= PARALLEL_COPY_BYTES else 1
-    batch = S(tune_lib.BATCH, rate_per_core(shuffled, repeats), decoded_bytes, copies)
+    by_epoch = _elements(n * per_epoch, batch_size)
+    batched = rate_per_core(shuffled, by_epoch, repeats)
+    copies = 1.0
+    if cpus > 1 and batch_size * decoded_bytes >= PARALLEL_COPY_BYTES:   # copied on every thread: as they give
+        copies = parallel_cores(wall_rate(shuffled.prefetch(2), by_epoch, cpus, repeats), batched, cpus)
+    batch = S(tune_lib.BATCH, batched, decoded_bytes, copies)
     augment_stage = None
     augments = augment and spec.kind == IMAGE
     if augments or brightness or contrast:
-        plan = types.SimpleNamespace(augment=augments, brightness=brightness, contrast=contrast, seed=0,
-                                     map_parallelism=1, deterministic=True)
-        held = decoded_records.batch(batch_size).cache().repeat(k)
-        augmented = rate_per_core(pipeline._augment(held, spec, plan), repeats)
-        augment_stage = S(tune_lib.AUGMENT, difference(augmented, rate_per_core(held, repeats)), decoded_bytes)
+        def augmented(threads):
+            plan = types.SimpleNamespace(augment=augments, brightness=brightness, contrast=contrast, seed=0,
+                                         map_parallelism=threads, deterministic=True)
+            return pipeline._augment(held, spec, plan)
+
+        held = decoded_records.batch(batch_size).cache().repeat()
+        by_batch = _elements(n, batch_size)
+        one = rate_per_core(augmented(1), by_batch, repeats)
+        cores = (parallel_cores(wall_rate(augmented(cpus).prefetch(2), by_batch, cpus, repeats), one, cpus)
+                 if cpus > 1 else None)
+        augment_stage = S(tune_lib.AUGMENT, difference(one, rate_per_core(held, by_batch, repeats)), decoded_bytes,
+                          cores)
     start = start_seconds(train, spec, batch_size=batch_size, augment=augments, brightness=brightness,
                           contrast=contrast, cpus=cpus, repeats=repeats)
     return {"read": read_stage, "inflate": inflate, "parse": parse, "decode": decode, "unbatch": unbatch,

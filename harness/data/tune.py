@@ -44,9 +44,11 @@ the fill has them all.
 Stages measured (`harness.data.probe` probes them): read (file bytes), inflate (GZIP), parse (`parse_example`,
 per record or per read batch), decode (bands stacked, cropped, resized; label checked), unbatch (parsed read
 batches split into records for the shuffle: one thread, 0.4-1.2 µs per ACES point record, about its parse's cost),
-augment (random flips, rotations, color jitter) and batch (one thread, but for batches of at least 1 MiB, which
-tf.data copies on every thread of its pool: `parallel_batch`, on by default, `tf.data.experimental.
-OptimizationOptions`; the 1 MiB threshold is `CopyBatch` in tensorflow/core/data/dataset_utils.cc).
+augment (random flips, rotations, color jitter; its cap the cores its parallel calls give, measured: memory-bound,
+1.5-2.0 of 2 here) and batch (one thread, but for batches of at least 1 MiB, which tf.data copies on every thread
+of its pool: `parallel_batch`, on by default, `tf.data.experimental.OptimizationOptions`; the 1 MiB threshold is
+`CopyBatch` in tensorflow/core/data/dataset_utils.cc; its cap what those threads give, measured). Plumber's model
+is linear in cores; these two caps are where this machine's cores are not.
 """
 from __future__ import annotations
 
@@ -107,7 +109,8 @@ class Measured:
       parse: by placement, RECORDS and BATCHES: `tf.io.parse_example` of one record, or of one read batch
         (rate per example); `out_bytes` the parsed features' bytes.
       decode: by placement: bands stacked, cropped and resized, the label checked; `out_bytes` as delivered.
-      augment: the random stages (flips, rotations, jitter) on batches; None when the run augments nothing.
+      augment: the random stages (flips, rotations, jitter) on batches (`max_cores`: the cores its parallel calls
+        give, measured; None: not measured, one CPU); None when the run augments nothing.
       batch: grouping decoded examples into batches (`max_cores` 1, or more where tf.data copies the batch in
         parallel).
       compute: the training step's examples/s on synthetic batches (`harness bench train --data synthetic`).

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 CLI = [sys.executable, "-m", "harness.cli"]
@@ -28,7 +29,11 @@ def test_tune_writes_a_config_that_train_takes(small_images, tmp_path):
                             "data_service_workers"}, out[-3000:]
     for stage in ("read", "inflate", "parse per record", "parse per batch", "decode per record", "decode per batch",
                   "augment", "batch"):   # a GZIP export, augmented
-        assert re.search(rf"^  {stage} +[\d,]+ +[\d,]+ B out per example$", out, re.M), (stage, out[-3000:])
+        assert re.search(rf"^  {stage} +[\d,]+ +[\d,]+ B out per example(, .*)?$", out, re.M), (stage, out[-3000:])
+    cpus = int(re.search(r"^tune: .*; (\d+) CPUs", out, re.M).group(1))
+    if cpus > 1:   # the augmentation's cores, measured on the worker's CPUs (`probe.parallel_cores`)
+        gain = re.search(rf"^  augment .*, {cpus} calls in flight on {cpus} threads: ([\d.]+)x one core$", out, re.M)
+        assert gain and 1 <= float(gain.group(1)) <= cpus, out[-3000:]
     assert re.search(r"^predicted: [\d,]+ examples/s from the pipeline", out, re.M)
     written = yaml.safe_load(config.read_text())
     train = written["train"]
@@ -94,8 +99,8 @@ def test_probes_of_an_uncompressed_table_export(tmp_path):
 
 
 def test_a_batch_of_at_least_1_mib_may_be_copied_on_every_thread(tmp_path):
-    """tf.data copies a batch of >= 1 MiB on every thread of its pool (parallel_batch): the batch stage's cap is the
-    worker's CPUs; below 1 MiB one thread."""
+    """tf.data copies a batch of >= 1 MiB on every thread of its pool (parallel_batch): the batch stage's cap is
+    what those threads give (measured, within 1 and the worker's CPUs); below 1 MiB one thread."""
     from harness.bench.tune import probe
     from harness.data import synth
     from harness.data.source import open_shards
@@ -107,8 +112,30 @@ def test_a_batch_of_at_least_1_mib_may_be_copied_on_every_thread(tmp_path):
     spec = resolve_spec({"label": "lc"}, train)
     # 64 x 64 x (4 bands + label) x 4 B = 81,920 B per record
     big = probe(train, spec, batch_size=16, augment=False, brightness=0.0, contrast=0.0, cpus=3, records=8, repeats=1)
-    assert big["batch"].out_bytes == 81920 and big["batch"].max_cores == 3   # 16 x 81,920 B = 1.31 MB
+    assert big["batch"].out_bytes == 81920 and 1 <= big["batch"].max_cores <= 3   # 16 x 81,920 B = 1.31 MB
     assert big["start_s"] == 0.0   # 8 records, less than one batch of 16: no training batch to start
     small = probe(train, spec, batch_size=12, augment=False, brightness=0.0, contrast=0.0, cpus=3, records=8,
                   repeats=1)
     assert small["batch"].max_cores == 1                                       # 12 x 81,920 B = 0.98 MB
+
+
+def test_wall_rate_runs_on_the_threads_given_and_parallel_cores_is_their_gain():
+    """A map that waits 20 ms per element (no CPU: a sleep) with 3 calls in flight on 3 threads gives ~3x its rate
+    on one thread, on any number of cores; the probe's one iterator pays no start in its timed windows."""
+    import time
+
+    import tensorflow as tf
+
+    from harness.data.probe import parallel_cores, wall_rate
+
+    def waits(calls):
+        return tf.data.Dataset.range(10).repeat().map(
+            lambda i: tf.py_function(lambda: time.sleep(0.02) or 1, [], tf.int64)[None] + i,
+            num_parallel_calls=calls)
+
+    one = wall_rate(waits(1), warmup=10, threads=1, repeats=1)
+    three = wall_rate(waits(3), warmup=10, threads=3, repeats=1)
+    assert 30 < one <= 50                 # 1 element / 20 ms, less the calls' own time
+    assert 2.2 < three / one < 3.3
+    assert parallel_cores(three, one, 3) == pytest.approx(min(3, three / one))
+    assert parallel_cores(three, one, 2) == 2 and parallel_cores(one / 2, one, 4) == 1   # within 1 and the CPUs

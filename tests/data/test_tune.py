@@ -181,6 +181,16 @@ def test_a_batch_copied_on_several_threads_may_use_their_cores():
     assert tune.decide(m, workload(memory_bytes=200 * 10 ** 6)).steady == pytest.approx(3000)
 
 
+def test_an_augmentation_that_scales_short_of_its_threads_caps_the_later_epochs():
+    # the probe's measured cap (`probe.parallel_cores`): 1.5 cores' worth of its one-core rate on 2 threads
+    m = dataclasses.replace(measured(), augment=StageRate("augment", 400, PATCH, 1.5))
+    d = tune.decide(m, workload(memory_bytes=200 * 10 ** 6))
+    assert d.value("cache") == "memory"
+    assert d.steady == pytest.approx(1.5 * 400)   # 2 / (1/400 + 1/1e6) = 799.7 > the cap 600
+    d = tune.decide(dataclasses.replace(m, augment=StageRate("augment", 400, PATCH)), workload(memory_bytes=200e6))
+    assert d.steady == pytest.approx(2 / (1 / 400 + 1 / 1e6))
+
+
 def test_map_parallelism_is_the_busiest_maps_cores():
     a = tune.Allocation(rate=1, cores={"read": 0.5, "parse": 1.2, "decode": 0.9, "augment": 1.5}, bound="cores")
     b = tune.Allocation(rate=1, cores={"augment": 2.6, "batch": 0.1}, bound="cores")

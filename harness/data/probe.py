@@ -24,7 +24,7 @@ without it; its cost is the difference.
            runs its epochs (what later epochs run after a cache); one thread (`max_cores` 1), but where a batch
            holds at least PARALLEL_COPY_BYTES, which tf.data copies on every thread of its pool: `max_cores` what
            those threads give, the wall rate on the worker's CPUs, a prefetch of 2 after, over the one-core rate
-           (`parallel_cores`). Copies are memory-bound: batches of 8 GZIP patches of 256x256x8 (19 MB) ran 1.3-1.5x
+           (`parallel_cores`). Copies are memory-bound: batches of 8 GZIP patches of 256x256x8 (19 MB) ran 1.1-1.5x
            the one-core rate on 2 threads, and the training pipeline's later epochs ran as fast; the cap of 2
            cores (TensorFlow's rule alone) over-predicted them by 45-54%.
 
@@ -47,8 +47,8 @@ PROBE_RECORDS = 256
 REPEATS = 3
 COUNT_BATCH = 64       # examples per counted element of a per-record probe
 NEGLIGIBLE = 1e-3      # a derived stage costs at least this fraction of the probe it was derived from
-# A timed window of a dataset probe lasts at least MIN_PASS_S CPU seconds, at most MAX_PASSES passes over the
-# held records (`rate_per_core`): a pass of 256 small records (the ACES points: 220 B each) lasts about as long as
+# A timed window of a dataset probe lasts MIN_PASS_S seconds of its clock (CPU for `rate_per_core`, wall for
+# `wall_rate`) as sized by one pass, at most MAX_PASSES passes over the held records: a pass of 256 small records (the ACES points: 220 B each) lasts about as long as
 # starting an iterator or calling a function.
 MIN_PASS_S = 0.2
 MAX_PASSES = 256
@@ -159,22 +159,33 @@ def rate_per_core(ds, warmup: int, repeats: int = REPEATS) -> float:
     per window (as `count_examples` makes) paid each stage's start in every window: 50-65 ms for the flips,
     rotations and jitter of a U-Net batch, a quarter of a 96-record pass, which read the augment stage at 390-420
     examples/s per core where 20 passes of one iterator read 500-550 (a run pays the start once: `start_seconds`).
+
+    Raises:
+      tf.errors.OutOfRangeError: if `ds` ends (it must be endless).
     """
     return _windows(one_core(ds), warmup, repeats, time.process_time)
 
 
 def wall_rate(ds, warmup: int, threads: int, repeats: int = REPEATS) -> float:
     """Examples per wall second of endless `ds` on a private pool of `threads` threads (`rate_per_core`'s
-    windows, timed by the wall clock): what a stage that runs on several threads gives on them."""
+    windows, timed by the wall clock): what a stage that runs on several threads gives on them.
+
+    Raises:
+      tf.errors.OutOfRangeError: if `ds` ends (it must be endless).
+    """
     return _windows(on_threads(ds, threads), warmup, repeats, time.perf_counter)
 
 
 def _windows(ds, warmup: int, repeats: int, clock) -> float:
     """Examples per `clock` second of endless `ds` (`rate_per_core`): `warmup` elements untimed, one more pass
-    sizes the windows to MIN_PASS_S, the median of `repeats` windows, all on one iterator."""
+    sizes the windows to MIN_PASS_S, the median of `repeats` windows, all on one iterator. The element counts
+    are int64 tensors, so the drain is traced once, in the warm-up (a Python int traced it again for the windows'
+    count, inside the first timed window)."""
+    import tensorflow as tf
+
     drain = _drain_fn()
     it = iter(ds)
-    per_pass = max(1, warmup)
+    per_pass = tf.constant(max(1, warmup), tf.int64)
     drain(it, per_pass)
     c = clock()
     drain(it, per_pass)
@@ -233,8 +244,8 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
           records: int = PROBE_RECORDS, repeats: int = REPEATS) -> dict:
     """Each stage's `StageRate` on the first `records` records of `train` (a `ShardSet`): `{"read", "inflate",
     "parse", "decode", "unbatch", "augment", "batch"}`, and `"start_s"` (`start_seconds`, on all of `train`), as
-    `harness.data.tune.Measured.from_probe` takes them (the module docstring); `cpus`: the worker's (tf.data's
-    pool: the cores a parallel batch copy may use).
+    `harness.data.tune.Measured.from_probe` takes them (the module docstring); `cpus`: the worker's (the threads
+    and calls in flight on which a parallel batch copy and the augmentation are timed for their caps).
 
     Raises:
       ConfigError: if the shards hold no records.

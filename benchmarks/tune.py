@@ -57,7 +57,7 @@ import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 from harness.bench import tune as bench_tune  # noqa: E402
-from harness.data import pipeline, synth, tune as tune_lib  # noqa: E402
+from harness.data import pipeline, probe, synth, tune as tune_lib  # noqa: E402
 from harness.data.source import open_shards  # noqa: E402
 from harness.train.inputs import resolve_spec  # noqa: E402
 from harness.train.options import TrainOptions  # noqa: E402
@@ -99,17 +99,6 @@ def _grid(files: int, cpus: int, kind: str) -> dict:
                                                        cache=c)
             for p, r, m, f, c in points}
     return dict(list(grid.items())[::len(grid) - 1]) if kind == "smoke" else grid
-
-
-def _drain():
-    @tf.function
-    def drain(iterator, steps):
-        n = tf.constant(0, tf.int64)
-        for _ in tf.range(steps):
-            x, _y = next(iterator)
-            n += tf.shape(tf.nest.flatten(x)[0], out_type=tf.int64)[0]
-        return n
-    return drain
 
 
 def _time_pipeline(train, spec, levers: dict, extra: dict, *, steps_per_epoch: int, batch: int, epochs: int,
@@ -191,7 +180,7 @@ def bench(name: str, args, tmp: str) -> dict:
     pipes = {"naive": dict(parse="records", parallel_reads=1, map_parallelism=1, prefetch=1, cache="none"),
              "autotune": dict(cache="none"), "tuned": tuned,
              **_grid(len(shards.files_with_records), cpus, args.grid)}
-    drain = _drain()
+    drain = probe.drain_fn()
     first = {k: [] for k in pipes}
     later = {k: [] for k in pipes}
     for r in range(args.repeats):

@@ -48,8 +48,8 @@ REPEATS = 3
 COUNT_BATCH = 64       # examples per counted element of a per-record probe
 NEGLIGIBLE = 1e-3      # a derived stage costs at least this fraction of the probe it was derived from
 # A timed window of a dataset probe lasts MIN_PASS_S seconds of its clock (CPU for `rate_per_core`, wall for
-# `wall_rate`) as sized by one pass, at most MAX_PASSES passes over the held records: a pass of 256 small records (the ACES points: 220 B each) lasts about as long as
-# starting an iterator or calling a function.
+# `wall_rate`) as sized by one pass, at most MAX_PASSES passes over the held records: a pass of 256 small records
+# (the ACES points: 220 B each) lasts about as long as starting an iterator or calling a function.
 MIN_PASS_S = 0.2
 MAX_PASSES = 256
 # The file read (`_read_rate`, Python) reads the held records' files over until MIN_EXAMPLES records or MIN_BYTES
@@ -135,9 +135,11 @@ def _elements(records: int, batch: int) -> int:
     return max(1, math.ceil(records / batch))
 
 
-def _drain_fn():
-    """A tf.function `(iterator, elements) -> examples`: takes `elements` elements of `iterator` inside
-    TensorFlow (no per-element Python) and counts their examples (int64)."""
+def drain_fn():
+    """A tf.function `(iterator, elements) -> examples`: takes `elements` (an int64 scalar tensor: one trace per
+    element spec) elements of `iterator` inside TensorFlow (no per-element Python) and counts their examples, the
+    leading dimension of each element's first component (int64); the probes' windows and `benchmarks/tune.py`'s
+    epochs drain with it."""
     import tensorflow as tf
 
     @tf.function
@@ -183,7 +185,7 @@ def _windows(ds, warmup: int, repeats: int, clock) -> float:
     count, inside the first timed window)."""
     import tensorflow as tf
 
-    drain = _drain_fn()
+    drain = drain_fn()
     it = iter(ds)
     per_pass = tf.constant(max(1, warmup), tf.int64)
     drain(it, per_pass)

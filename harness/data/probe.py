@@ -10,7 +10,8 @@ each op's rate per core (Kuchnik et al., MLSys 2022). A stage that only runs aft
 without it; its cost is the difference.
 
   read     the files' bytes (`tf.io.gfile`), examples/s at the files' bytes per record
-  inflate  `TFRecordDataset(compression_type="GZIP")` less the read (GZIP exports only)
+  inflate  `TFRecordDataset(compression_type="GZIP")` less the read (GZIP exports only): the files holding the
+           held records read whole, over and over, in the pipeline's read batches (a file opened once per epoch)
   parse    `tf.io.parse_example` per record, and per read batch (`stages.read_batch_size`), less the in-memory source
   decode   the pipeline's `decode` (bands stacked, cropped, resized; label checked) less the parse
   unbatch  decoded read batches held in memory split into records, less the same records held one by one
@@ -275,12 +276,20 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     file_bytes = sum(sizes) / taken                    # stored bytes per record
     serialized_bytes = sum(st.bytes for _, st in files) / taken
     n = min(records, taken)
-    raw = tf.data.TFRecordDataset(paths, compression_type=compression, buffer_size=read_buffer_bytes(paths))
+    buffer = read_buffer_bytes(paths)
+    raw = tf.data.TFRecordDataset(paths, compression_type=compression, buffer_size=buffer)
     serialized = list(raw.take(n).as_numpy_iterator())
     k = passes_for(n, serialized_bytes)
     read = _read_rate(paths, 1.0 / file_bytes, int(k * n * file_bytes), repeats)
     by_count = _elements(n, COUNT_BATCH)
-    reader = rate_per_core(raw.take(n).repeat().batch(COUNT_BATCH), by_count, repeats)
+    # The files read whole, over and over, in read batches of one file each, as the pipeline reads them
+    # (`pipeline.read_files`): a file opened once per its records, as an epoch opens it. The first n records
+    # repeated opened the file every n, and batches of COUNT_BATCH (to count them) cost more than the read: 0.16M
+    # examples/s per core on the ACES points' one file of 8,316 records, against 0.9M in read batches of 1,191.
+    read_batch = stages.read_batch_size(serialized_bytes)
+    files_read = tf.data.Dataset.from_tensor_slices(paths).repeat().flat_map(
+        lambda p: tf.data.TFRecordDataset(p, compression_type=compression, buffer_size=buffer).batch(read_batch))
+    reader = rate_per_core(files_read, _elements(n, read_batch), repeats)
     if compression:
         read_stage = S(tune_lib.READ, read, file_bytes)
         inflate = S(tune_lib.INFLATE, difference(reader, read), serialized_bytes)
@@ -291,7 +300,6 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     parsed_bytes = 4 * values * len(spec.features)
     decoded_bytes = pipeline.decoded_record_bytes(spec)
     source = tf.data.Dataset.from_tensor_slices(serialized).repeat()
-    read_batch = stages.read_batch_size(serialized_bytes)
     by_read = _elements(n, read_batch)
     src_records = rate_per_core(source.batch(COUNT_BATCH), by_count, repeats)
     src_batches = rate_per_core(source.batch(read_batch), by_read, repeats)
@@ -348,14 +356,16 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
 def start_seconds(train, spec, *, batch_size: int, augment: bool, brightness: float, contrast: float, cpus: int,
                   repeats: int = REPEATS) -> float:
     """Seconds a fresh training iterator takes beyond its work: the median, over `repeats` fresh iterators of the
-    training pipeline (`pipeline.build_dataset`: training mode, no cache, a shuffle buffer of one batch, min(files,
+    training pipeline (`pipeline.build_dataset`: training mode, no cache, a shuffle buffer of one record, min(files,
     `cpus`) files read at once, `cpus` calls in flight per map, prefetch 2), of the wall time of its first k
     batches less that of the next k. Each window holds at least one read batch and one batch more (k = ceil((read
     batch + batch) / batch), at most half an epoch), so both windows do the same work with the same read-ahead
-    (the shuffle buffer's fill, a read batch parsed whole, the maps in flight and the prefetch fill the first
-    window and stay that full through the second): what is left is the start alone. At least 0; 0 when an epoch
-    holds fewer than two batches. The iterator is created (and the dataset's graph rewritten) before the clock
-    starts, as `benchmarks/tune.py` and the training loop do.
+    (a read batch parsed whole, the maps in flight and the prefetch fill the first window and stay that full
+    through the second): what is left is the start alone. The buffer holds one record: a buffer of one batch made
+    the first window read a batch more than the second, counted as start (8 GZIP patches of 256x256x8, about half
+    of their measured start), and the epoch's model (`tune.epoch_rate`) fills the real buffer itself. At least 0;
+    0 when an epoch holds fewer than two batches. The iterator is created (and the dataset's graph rewritten)
+    before the clock starts, as `benchmarks/tune.py` and the training loop do.
 
     Measured here (2 vCPUs, a test suite running beside): 44-52 ms on the ACES points (batch 256, k 6), 181-251 ms
     on GZIP 256x256x8 patches (batch 8), 91-128 ms on a GZIP U-Net export with augmentation (batch 8); first batch
@@ -370,7 +380,7 @@ def start_seconds(train, spec, *, batch_size: int, augment: bool, brightness: fl
         return 0.0
     options = pipeline.PipelineOptions(
         per_replica_batch_size=batch_size, training=True, records_per_epoch=batches * batch_size,
-        shuffle_buffer=batch_size, cache="none", augment=augment, brightness=brightness, contrast=contrast, seed=0,
+        shuffle_buffer=1, cache="none", augment=augment, brightness=brightness, contrast=contrast, seed=0,
         validate=False, parallel_reads=max(1, min(len(train.files_with_records), cpus)),
         map_parallelism=max(1, cpus), prefetch=2)
     ds = pipeline.build_dataset(train, spec, options)

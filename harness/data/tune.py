@@ -29,14 +29,15 @@ and the stages below it (batch, augment) drain the last B alone:
     T_epoch = B / X_up + (N − B) / X + B / X_down,   epoch rate = N / T_epoch
 
 with X_up, X the allocations of the upstream and the whole chain and X_down the downstream's. In the first epoch a
-fresh training iterator also starts (`harness.data.probe.start_seconds`, T_start): one thread's work (the
-iterators and functions of the epoch's stages created and first run; process CPU seconds equal its wall seconds on
-the ACES points, 30-50 ms of both), which shares the fill's cores (`phase_seconds`): it adds T_start / c where
-the cores bind and nothing where a stage's cap leaves a core idle (the points' single file: the reader binds at
-one core, the start runs on the other). Measured here: 44-52 ms on the ACES points, 181-251 ms on the GZIP
-patches, 91-128 ms on the U-Net export (with the make test suite running beside), against first epochs of 65-125
-ms, ~430 ms and ~400 ms. A new epoch's inner iterator (the flat_map's, later epochs without a cache) starts in 6-10
-ms on the points; not modelled. The harness's default buffer holds a whole epoch whenever the records fit in 256
+fresh training iterator also starts (`harness.data.probe.start_seconds`, T_start: the iterators and functions of
+the epoch's stages created and first run, one thread's work, 30-50 ms on the ACES points), before any record is
+read: it adds T_start to the first phase that runs (`phase_seconds`), whatever binds it. Modelled instead as one
+more stage's work sharing the fill's cores, it hid under the points' reader cap (one file: the start on the idle
+core) and over-predicted their first epoch by 11-36%; with the start first, and the reader timed as an epoch
+reads it (`probe`), the first epochs of the points, the GZIP patches and the U-Net export were predicted within
+-15..+31%, -5..+13% and -6..+7% (two probes each, in one run; the points' epoch lasts ~70 ms and its measured
+rate swung by 25% between three timings). A new epoch's inner iterator (the flat_map's, later epochs without a
+cache) starts in 6-10 ms on the points; not modelled. The harness's default buffer holds a whole epoch whenever the records fit in 256
 MB (`stages.default_shuffle_buffer`), so the phases are the rule, not a corner: a pipelined model (X alone)
 over-predicted the first epoch by 45-54% on the ACES points and a U-Net export, and gave the reader one core where
 the fill has them all.
@@ -198,12 +199,11 @@ def combined(name: str, stages: Sequence[StageRate], *, max_cores: Optional[floa
 
 
 def phase_seconds(chain: Sequence[StageRate], records: int, cores: float, start_s: float = 0.0) -> float:
-    """Seconds `chain` takes for `records` on `cores`, `start_s` seconds of one thread's work (a fresh iterator's
-    start) sharing them: max((N·Σ 1/r_i + T_start) / c, max_i N / (m_i·r_i), T_start), Plumber's bounds (cores,
-    each stage's cap) with the start as one more sequential stage; N / `allocate(chain, cores).rate` without a
-    start."""
-    t = max((records * sum(s.cost for s in chain) + start_s) / cores, start_s)
-    return max([t, *(records / (s.max_cores * s.per_core) for s in chain if s.max_cores is not None)])
+    """Seconds `chain` takes for `records` on `cores` after `start_s` seconds of a fresh iterator's start:
+    T_start + max(N·Σ 1/r_i / c, max_i N / (m_i·r_i)), Plumber's bounds (cores, each stage's cap) after the start,
+    which runs before any record does (the module docstring); N / `allocate(chain, cores).rate` without a start."""
+    t = records * sum(s.cost for s in chain) / cores
+    return start_s + max([t, *(records / (s.max_cores * s.per_core) for s in chain if s.max_cores is not None)])
 
 
 def epoch_rate(upstream: Sequence[StageRate], downstream: Sequence[StageRate], cores: float, records: int,

@@ -122,17 +122,15 @@ def test_an_epoch_through_a_full_shuffle_buffer_fills_then_drains():
     assert tune.epoch_rate([], down, 2, 100, 100) == pytest.approx(4000)      # a cached epoch: the drain alone
     with pytest.raises(ConfigError, match="records >= 1"):
         tune.epoch_rate(up, down, 2, 0, 0)
-    # a fresh iterator's start of 75 ms, one thread's work sharing the fill's 2 cores: the fill takes
-    # max((100 x (1/1000 + 1/1000) + 0.075) / 2, 100 / 1000 (the read's cap), 0.075) = 0.1375 s, the drain
-    # 0.025 s: 100 / 0.1625 s = 615.4/s
-    assert tune.epoch_rate(up, down, 2, 100, 100, start_s=0.075) == pytest.approx(100 / 0.1625)
-    # the reader alone above the buffer, capped at one core: the start runs on the idle core and costs nothing
-    # (max((0.1 + 0.05) / 2, 0.1, 0.05) = 0.1 s, as without it)
-    assert tune.epoch_rate(up[:1], down, 2, 100, 100, start_s=0.05) == pytest.approx(800)
-    # a start longer than the capped fill: the fill lasts the start (0.15 s), 100 / (0.15 + 0.025 s)
-    assert tune.epoch_rate(up[:1], down, 2, 100, 100, start_s=0.15) == pytest.approx(100 / 0.175)
-    # no buffer: the start shares the whole chain's phase, max((100 x 0.00225 + 0.1) / 2, 0.1, 0.1) = 0.1625 s
-    assert tune.epoch_rate(up, down, 2, 100, 0, start_s=0.1) == pytest.approx(100 / 0.1625)
+    # a fresh iterator's start of 75 ms runs before any record: the fill takes 0.075 + max(100 x (1/1000 + 1/1000)
+    # / 2, 100 / 1000 (the read's cap)) = 0.175 s, the drain 0.025 s: 100 / 0.2 s = 500/s
+    assert tune.epoch_rate(up, down, 2, 100, 100, start_s=0.075) == pytest.approx(500)
+    # the reader alone above the buffer, capped at one core: the start still comes first, though a core is idle
+    # (0.05 + max(0.1 / 2, 0.1) = 0.15 s, then the drain's 0.025 s)
+    assert tune.epoch_rate(up[:1], down, 2, 100, 100, start_s=0.05) == pytest.approx(100 / 0.175)
+    assert tune.epoch_rate(up[:1], down, 2, 100, 100, start_s=0.15) == pytest.approx(100 / 0.275)
+    # no buffer: the start before the whole chain's phase, 0.1 + max(100 x 0.00225 / 2, 0.1, 0.025) = 0.2125 s
+    assert tune.epoch_rate(up, down, 2, 100, 0, start_s=0.1) == pytest.approx(100 / 0.2125)
     with pytest.raises(ConfigError, match="start >= 0"):
         tune.epoch_rate(up, down, 2, 100, 100, start_s=-0.01)
     with pytest.raises(ConfigError, match="a stage"):
@@ -143,9 +141,9 @@ def test_the_pipelines_start_is_paid_once_in_the_first_epoch():
     w = workload(memory_bytes=200 * 10 ** 6, shuffle_buffer=1000)
     base = tune.decide(measured(), w)
     started = tune.decide(dataclasses.replace(measured(), start_s=0.12), w)
-    # the cores bind the fill here (no stage's cap does): the first epoch's seconds grow by the start over the 2
-    # cores, the later epochs' do not; the levers stay
-    assert w.records / started.first_epoch == pytest.approx(w.records / base.first_epoch + 0.12 / 2)
+    # the start runs before any record, whatever binds the fill: the first epoch's seconds grow by the start, the
+    # later epochs' do not; the levers stay
+    assert w.records / started.first_epoch == pytest.approx(w.records / base.first_epoch + 0.12)
     assert started.steady == pytest.approx(base.steady) and started.levers == base.levers
 
 

@@ -33,12 +33,12 @@ fresh training iterator also starts (`harness.data.probe.start_seconds`, T_start
 the epoch's stages created and first run, one thread's work, 30-50 ms on the ACES points), before any record is
 read: it adds T_start to the first phase that runs (`phase_seconds`), whatever binds it. Modelled instead as one
 more stage's work sharing the fill's cores, it hid under the points' reader cap (one file: the start on the idle
-core) and over-predicted their first epoch by 11-36%; with the start first, and the reader timed as an epoch
-reads it (`probe`), the first epochs of the points, the GZIP patches and the U-Net export were predicted within
--15..+31%, -5..+13% and -6..+7% (two probes each, in one run; the points' epoch lasts ~70 ms and its measured
-rate swung by 25% between three timings). A new epoch's inner iterator (the flat_map's, later epochs without a
-cache) starts in 6-10 ms on the points; not modelled. The harness's default buffer holds a whole epoch whenever the records fit in 256
-MB (`stages.default_shuffle_buffer`), so the phases are the rule, not a corner: a pipelined model (X alone)
+core) and over-predicted their first epoch by 11-36%; with the start first and the reader timed as an epoch reads
+it (`probe`), the first epochs of the points, the GZIP patches and the U-Net export were predicted within +1% and
++31%, -5% and +13%, +1% and -6% (two probes each in one run; the points' epoch lasts ~70 ms, and three timings of
+it swung by 25%). A new epoch's inner iterator (the flat_map's, later epochs without a cache) starts in 6-10 ms on
+the points; not modelled. The harness's default buffer holds a whole epoch whenever the records fit in 256 MB
+(`stages.default_shuffle_buffer`), so the phases are the rule, not a corner: a pipelined model (X alone)
 over-predicted the first epoch by 45-54% on the ACES points and a U-Net export, and gave the reader one core where
 the fill has them all.
 

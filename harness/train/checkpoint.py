@@ -3,8 +3,9 @@
 Under MultiWorkerMirroredStrategy every worker must take part in a save (reading sync-on-read variables, such as
 BatchNorm statistics, is an all-reduce), so non-chief workers save into a private temporary folder outside the
 output folder and delete it (tensorflow.org/tutorials/distribute/multi_worker_with_keras, "Model saving and
-loading"). Only the chief writes under `output_dir`. Under Horovod there is no tf.distribute and no collective in a
-save: the other ranks neither save nor restore; rank 0's restored state reaches them by broadcast
+loading") at the run's end or exit; the next worker on the host deletes those a killed worker left
+(`sweep_copies`). Only the chief writes under `output_dir`. Under Horovod there is no tf.distribute and no
+collective in a save: the other ranks neither save nor restore; rank 0's restored state reaches them by broadcast
 (`harness.distribute.horovod.broadcast_backup`), so their hosts need not see the output folder.
 
 A backup holds the model, the optimizer (with its step counter and loss scale) and the global step, written at the
@@ -19,8 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
+import weakref
 
 import tensorflow as tf
 
@@ -56,10 +59,13 @@ class Backup:
         self.checkpoint = tf.train.Checkpoint(step=self.step, **trackables)
         self.chief_dir = os.path.join(output_dir, "backup")
         self._idle = _skips_writes(context)
-        self._write_dir = None if self._idle else self.chief_dir if context.is_chief else tempfile.mkdtemp(
-            prefix=f"harness-backup-worker{context.rank}-")
+        self._write_dir = None if self._idle else self.chief_dir if context.is_chief else _private_copy_dir(
+            context.rank)
         self.manager = None if self._idle else tf.train.CheckpointManager(self.checkpoint, self._write_dir,
                                                                           max_to_keep=2)
+        # a non-chief's copy goes at `close`, or when the interpreter exits (an error before the run's end)
+        self._delete_copy = (weakref.finalize(self, shutil.rmtree, self._write_dir, True)
+                             if self._write_dir and not context.is_chief else lambda: None)
 
     def variables(self) -> list[tf.Variable]:
         """Every variable the backup holds (model, optimizer with its slots, step counter and loss scale, global
@@ -152,9 +158,61 @@ class Backup:
         self.save(logs["step"])
 
     def close(self) -> None:
-        """Delete a non-chief worker's temporary copy."""
-        if not self.context.is_chief and self._write_dir:
-            shutil.rmtree(self._write_dir, ignore_errors=True)
+        """Delete a non-chief worker's temporary copy (again: nothing)."""
+        self._delete_copy()
+
+
+# A non-chief worker's copy: `harness-backup-worker<rank>-pid<pid>-ns<pid namespace>-<random>` in the temporary
+# folder. A worker killed (SIGKILL, a lost peer's `os._exit`) cannot delete it, and each left a whole checkpoint
+# of the model behind in /tmp; the next worker on the host deletes those of processes gone (`sweep_copies`).
+_COPY = re.compile(r"harness-backup-worker\d+-pid(\d+)-ns(\d+)-")
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (the inode of /proc/self/ns/pid), "0" where it cannot be read."""
+    try:
+        return re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or "0"
+    except OSError:
+        return "0"
+
+
+def _private_copy_dir(rank: int) -> str:
+    sweep_copies()
+    return tempfile.mkdtemp(prefix=f"harness-backup-worker{rank}-pid{os.getpid()}-ns{_pid_namespace()}-")
+
+
+def sweep_copies(folder: str | None = None) -> list[str]:
+    """Delete the non-chief workers' backup copies in `folder` (default: the temporary folder) whose process is
+    gone: named with a PID of this PID namespace that no process has. A copy of another PID namespace (a container
+    sharing the folder) or of a live process is kept.
+
+    Returns the paths deleted."""
+    folder = folder or tempfile.gettempdir()
+    ns, gone = _pid_namespace(), []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return gone
+    for name in names:
+        m = _COPY.match(name)
+        if not m or m.group(2) != ns or ns == "0" or _alive(int(m.group(1))):
+            continue
+        path = os.path.join(folder, name)
+        shutil.rmtree(path, ignore_errors=True)
+        gone.append(path)
+    if gone:
+        log.info("deleted %d backup copies of workers gone: %s", len(gone), ", ".join(gone))
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def save_model(model, output_dir: str, context) -> str | None:

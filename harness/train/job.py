@@ -164,11 +164,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     finally:
         if guard is not None:
             guard.close()
+        backup.close()   # a non-chief's copy: no backup is written after the last epoch, nor after a fault
     controller.end()
     digest = results.weights_digest(model)
     workers_digests = check_same_weights(backend, digest)
     model_path = checkpoint.save_model(model, options.output, context)
-    backup.close()
 
     summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
                "weights_sha256": digest, "workers_weights_sha256": workers_digests,

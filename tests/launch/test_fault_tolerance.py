@@ -208,11 +208,12 @@ def test_launcher_code_follows_the_operators_retry_rule(code, launcher_code, tex
 # 5 steps per call does not divide the 16 steps per epoch: calls of 5, 5, 5, 1 (auto picks 1 at 0.2 s a step)
 @pytest.mark.parametrize("steps_per_loop", ["auto", "5"])
 def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(table_export, tmp_path, steps_per_loop):
-    output = tmp_path / "run"
+    output, tmp = tmp_path / "run", tmp_path / "tmp"   # TMPDIR: where worker 1 keeps its copy of each backup
+    tmp.mkdir()
     cmd = [sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "240", "--",
            *_train_args(table_export, output, steps_per_loop)]
-    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", TMPDIR=str(tmp)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         resumed_from, stop_s, out, err = _kill_mid_epoch(
             launcher, output / "backup", lambda env: json.loads(env.get("TF_CONFIG", "{}")).get("task", {}).get(
@@ -224,10 +225,14 @@ def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(tabl
                      r"the first to fail, at localhost:\d+; stopped the other workers", err), err[-3000:]
     assert stop_s < STOP_S
     assert max(_epochs_printed(out)) == resumed_from // 16   # killed before the next epoch ended: mid-epoch
+    left = [p for p in tmp.iterdir() if p.name.startswith("harness-backup-worker1-")]
+    assert len(left) == 1 and any(left[0].iterdir()), left   # the killed worker's copy: it could not delete it
 
-    r = _run(cmd, _env())
+    r = _run(cmd, _env(TMPDIR=str(tmp)))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     _check_resumed(_results(r.stdout), resumed_from)
+    # the restarted worker 1 deleted the killed one's copy (its process gone), and its own at the run's end
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("harness-backup-")], list(tmp.iterdir())
 
 
 @pytest.mark.parametrize("steps_per_loop", ["auto", "5"])

@@ -52,7 +52,8 @@ def main() -> None:
     if a.smoke:
         p.set_defaults(**SMOKE)
         a = p.parse_args()
-    tmp = tempfile.mkdtemp(prefix="harness-bench-predict-")
+    workdir = tempfile.TemporaryDirectory(prefix="harness-bench-predict-")   # deleted at exit (was left in /tmp)
+    tmp = workdir.name
     data = os.path.join(tmp, "data")
     synth.write_image_export(data, prefix="scene", shards=a.shards, records=a.records, bands=BANDS, label=None,
                              patch_size=a.patch_size, kernel_size=a.kernel_size)

@@ -69,6 +69,7 @@ def _load(path: str) -> dict:
 
 def _save(path: str, new: dict) -> None:
     """Merge `new` into the index file atomically (write a temporary file, then rename); failures only log."""
+    tmp = None
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         merged = {**_load(path), **new}
@@ -78,6 +79,8 @@ def _save(path: str, new: dict) -> None:
         os.replace(tmp, path)
     except OSError as e:
         log.warning("could not write the record index %s: %s (counts will be recomputed next run)", path, e)
+        if tmp is not None and os.path.exists(tmp):   # a write cut short (a full disk): no half file left beside
+            os.remove(tmp)
 
 
 def _read_sizes(shards: Sequence[Shard]) -> np.ndarray:

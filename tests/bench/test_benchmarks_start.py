@@ -133,9 +133,9 @@ def smoke_data(tmp_path_factory):
     return {"points": str(out / "points" / "points.tfrecord.gz"), "images": str(out / "images")}
 
 
-def _run(cmd: list, timeout_s: float) -> subprocess.CompletedProcess:
+def _run(cmd: list, timeout_s: float, tmpdir: pathlib.Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               CUDA_VISIBLE_DEVICES="")
+               CUDA_VISIBLE_DEVICES="", **({"TMPDIR": str(tmpdir)} if tmpdir else {}))
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
@@ -149,8 +149,13 @@ def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_
             pytest.skip(f"benchmarks/cluster.py needs the bed: {unavailable_reason()}")
     extra, shape = RUNS[script][index]
     args = [a.format(tmp=tmp_path, **smoke_data) for a in extra]
-    done = _run([sys.executable, str(BENCHMARKS / script), "--smoke", *args], RUN_TIMEOUT_S)
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    done = _run([sys.executable, str(BENCHMARKS / script), "--smoke", *args], RUN_TIMEOUT_S, tmpdir)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    # nothing left in the temporary folder but autograph's converted functions (TensorFlow never deletes those)
+    left = [p.name for p in tmpdir.iterdir() if not p.name.startswith("__autograph_generated_file")]
+    assert not left, f"benchmarks/{script} left {left} in its temporary folder"
     missing = []
     for name, pattern in shape.items():
         m = re.search(pattern, done.stdout, re.MULTILINE)

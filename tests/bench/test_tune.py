@@ -119,6 +119,7 @@ def test_a_batch_of_at_least_1_mib_may_be_copied_on_every_thread(tmp_path):
     assert small["batch"].max_cores == 1                                       # 12 x 81,920 B = 0.98 MB
 
 
+@pytest.mark.serial("3 threads' wall-clock rate against one thread's")
 def test_wall_rate_runs_on_the_threads_given_and_parallel_cores_is_their_gain():
     """A map that waits 20 ms per element (no CPU: a sleep) with 3 calls in flight on 3 threads gives ~3x its rate
     on one thread, on any number of cores; the probe's one iterator pays no start in its timed windows."""

@@ -10,6 +10,8 @@ import json
 import pytest
 import tensorflow as tf
 
+pytestmark = pytest.mark.serial('the input-stall share and step time of injected sleeps, in wall time')
+
 BATCH, STEPS, WARMUP = 8, 20, 8  # as in conftest.run_delayed
 
 

@@ -6,6 +6,8 @@ from harness.errors import ConfigError
 from harness.profile.session import default_window
 from harness.profile.trace import missing_traces, parse_step_window
 
+pytestmark = pytest.mark.serial("the traced steps' input share against the profiler's, in wall time")
+
 
 def test_trace_window_and_profiler_figure(tmp_path, delayed_run, capsys):
     """Input 150 ms per batch against a 10 ms step: input-bound with a margin that the tracer's own cost on a loaded

@@ -23,6 +23,8 @@ from harness.train.controller import Controller, Schedule
 from harness.train.probe import PROBE_MAX_STEPS, PROBE_STEPS, probe_steps, synthetic_probe
 from harness.train.synthetic import Shapes
 
+pytestmark = pytest.mark.serial("the input cost: a pipeline's CPU taken from the step, on this machine's cores")
+
 BATCH, WIDTH, K, STEPS, WARMUP = 128, 512, 4, 40, 8
 
 

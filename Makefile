@@ -15,10 +15,11 @@ $(STAMP): setup.cfg pyproject.toml tools/install.sh tools/install_horovod.sh
 demo: install
 	$(VENV)/bin/harness demo
 
-# Two pytest-xdist workers, a file at a time each (tests/README.md: the budget, and where the time goes).
+# Two pytest-xdist workers, a file at a time each, in the order tests/conftest.py gives (RUN_FIRST; xdist would
+# otherwise send the files with the most tests first). tests/README.md: the budget, and where the time goes.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
+	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 bench: install
 	$(PY) benchmarks/input_pipeline.py

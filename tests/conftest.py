@@ -159,7 +159,10 @@ RUN_FIRST = (
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Order the tests by RUN_FIRST, then as collected (a stable sort: tests keep their order within a file)."""
+    """On pytest-xdist workers, order the tests by RUN_FIRST, then as collected (a stable sort: tests keep their
+    order within a file); a run in one process keeps the collected order."""
+    if not hasattr(config, "workerinput"):
+        return
     first = {name: i for i, name in enumerate(RUN_FIRST)}
     tests = pathlib.Path(__file__).resolve().parent
 

@@ -91,14 +91,13 @@ _TURNS = pytest.StashKey()
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """On a pytest-xdist worker, a `serial` test's setup, call and teardown run with no other test beside them."""
+    turn = contextlib.nullcontext()
     folder = os.environ.get("HARNESS_TEST_TURNS")
-    if folder is None or not hasattr(item.config, "workerinput"):
-        with _cpu_logged(item):
-            yield
-        return
-    if _TURNS not in item.config.stash:
-        item.config.stash[_TURNS] = _Turns(os.path.join(folder, "turns"))
-    with item.config.stash[_TURNS].turn(alone=item.get_closest_marker("serial") is not None), _cpu_logged(item):
+    if folder is not None and hasattr(item.config, "workerinput"):
+        if _TURNS not in item.config.stash:
+            item.config.stash[_TURNS] = _Turns(os.path.join(folder, "turns"))
+        turn = item.config.stash[_TURNS].turn(alone=item.get_closest_marker("serial") is not None)
+    with turn, _cpu_logged(item):
         yield
 
 
@@ -138,8 +137,8 @@ def cpu_mirrored():
                                           cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
-# The longest files first, so that two workers (`make test`: pytest-xdist, one file at a time per worker) do not end
-# on one of them alone; the files that mostly wait (a peer timeout, a late worker: wall about twice their CPU) between
+# The longest files first, so that two workers (`make test TEST_WORKERS=2`: pytest-xdist, one file at a time per
+# worker) do not end on one of them alone; the files that mostly wait (a peer timeout, a late worker: wall about twice their CPU) between
 # those that keep a core busy, so that a wait overlaps another file's work. Wall seconds of one serial run on the
 # 2-core machine, in brackets; every other file follows in collection order.
 RUN_FIRST = (

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from harness.data import records
 from harness.data.shards import GZIP, Shard, read_buffer_bytes
+from harness.data.tracing import graph_fn
 from harness.errors import NotTFRecordError, TruncatedShardError
 
 log = logging.getLogger(__name__)
@@ -106,11 +107,11 @@ def _read_sizes(shards: Sequence[Shard]) -> np.ndarray:
         def size(batch):
             return i, tf.size(batch, out_type=tf.int64), tf.reduce_sum(tf.cast(tf.strings.length(batch), tf.int64))
         return (tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
-                .batch(_COUNT_BATCH).map(size))
+                .batch(_COUNT_BATCH).map(graph_fn(size)))
 
     ds = (tf.data.Dataset.from_tensor_slices((np.arange(len(shards), dtype=np.int64), [s.path for s in shards],
                                               [s.compression for s in shards]))
-          .interleave(read, cycle_length=parallel, num_parallel_calls=parallel, deterministic=False))
+          .interleave(graph_fn(read), cycle_length=parallel, num_parallel_calls=parallel, deterministic=False))
     for i, n, nbytes in ds.as_numpy_iterator():
         sizes[i] += (n, nbytes)
     return sizes

@@ -44,6 +44,7 @@ from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard, read_buffer_bytes
 from harness.data.source import ShardSet
 from harness.data.spec import IMAGE, TIME, DataSpec, validate_spec
+from harness.data.tracing import graph_fn
 from harness.distribute.sharding import RECORD, ShardAssignment, assign_nonempty
 from harness.errors import BatchSizeError, SpecError
 
@@ -258,8 +259,8 @@ def read_files(paths: Sequence[str], compressions: Sequence[str], *, determinist
 
     cycle = parallel_reads or stages_lib.decide_parallel_reads(paths)
     if cycle == 1:
-        return files.flat_map(read)
-    return files.interleave(read, cycle_length=cycle, block_length=1, num_parallel_calls=cycle,
+        return files.flat_map(graph_fn(read))
+    return files.interleave(graph_fn(read), cycle_length=cycle, block_length=1, num_parallel_calls=cycle,
                             deterministic=deterministic)
 
 
@@ -386,7 +387,7 @@ def _epochs(plan: PipelinePlan, spec: DataSpec) -> tf.data.Dataset:
     else:
         def one_epoch(epoch):
             return shuffled(_cache(_parse_before_cache(_read(plan, seed=seed_of(epoch)), spec, plan), plan), epoch)
-    ds = tf.data.Dataset.range(plan.first_epoch, 2 ** 62).flat_map(one_epoch)
+    ds = tf.data.Dataset.range(plan.first_epoch, 2 ** 62).flat_map(graph_fn(one_epoch))
     if plan.skip_batches:
         per_batch = 1 if plan.batch == stages_lib.BATCHED_BY_KEEP else plan.batch_size  # batches or records
         ds = ds.skip(plan.skip_batches * per_batch)
@@ -408,14 +409,14 @@ def _read(plan: PipelinePlan, *, seed=None, shuffle_files: bool = True) -> tf.da
 
 
 def _parse_records(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:
-    return ds.map(lambda r: decode_one(spec, r), num_parallel_calls=plan.map_parallelism or AUTOTUNE,
+    return ds.map(graph_fn(lambda r: decode_one(spec, r)), num_parallel_calls=plan.map_parallelism or AUTOTUNE,
                   deterministic=plan.deterministic)
 
 
 def _parse_before_cache(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data.Dataset:
     """Read batches parsed as they come (small records), or single records parsed into the cache (large)."""
     if plan.parse == stages_lib.PARSE_READ_BATCHES:
-        return ds.map(lambda r: decode(spec, r), num_parallel_calls=plan.map_parallelism or AUTOTUNE,
+        return ds.map(graph_fn(lambda r: decode(spec, r)), num_parallel_calls=plan.map_parallelism or AUTOTUNE,
                       deterministic=plan.deterministic)
     if plan.parse == stages_lib.PARSE_BEFORE_CACHE:
         return _parse_records(ds, spec, plan)
@@ -473,13 +474,13 @@ def _augment(ds: tf.data.Dataset, spec: DataSpec, plan: PipelinePlan) -> tf.data
     if plan.augment:
         seeds = tf.data.Dataset.random(seed=plan.seed).batch(2, drop_remainder=True)
         ds = tf.data.Dataset.zip((ds, seeds)).map(
-            lambda batch, s: augment_batch(spec, batch[0], batch[1], s),
+            graph_fn(lambda batch, s: augment_batch(spec, batch[0], batch[1], s)),
             num_parallel_calls=plan.map_parallelism or AUTOTUNE, deterministic=plan.deterministic)
     if plan.brightness or plan.contrast:
         seeds = tf.data.Dataset.random(seed=plan.seed + 1).batch(2, drop_remainder=True)
         ds = tf.data.Dataset.zip((ds, seeds)).map(
-            lambda batch, s: (color_jitter(batch[0], s, brightness=plan.brightness, contrast=plan.contrast),
-                              batch[1]),
+            graph_fn(lambda batch, s: (color_jitter(batch[0], s, brightness=plan.brightness,
+                                                    contrast=plan.contrast), batch[1])),
             num_parallel_calls=plan.map_parallelism or AUTOTUNE, deterministic=plan.deterministic)
     return ds
 
@@ -533,4 +534,4 @@ def _keep_first(ds: tf.data.Dataset, keep: int, *, per_element: int = 1) -> tf.d
     def record(_, r):
         return r
 
-    return ds.enumerate().filter(first).map(record)
+    return ds.enumerate().filter(graph_fn(first)).map(graph_fn(record))

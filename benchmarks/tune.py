@@ -16,7 +16,7 @@ augment, batch, prefetch; one worker) over `--epochs` epochs for each of:
   grid      every combination of parse {records, batches} x parallel_reads {1, min(files, CPUs)} x
             map_parallelism {1, CPUs} x prefetch {1, CPUs + 1} x cache {none, memory} (the hand-tuned pipelines);
 each drained inside TensorFlow (a tf.function loop over the iterator, no per-batch Python), the first epoch timed
-alone and the later ones over at least LATER_MIN_S (more epochs of the same iterator where the run's are
+alone and the later ones over at least LATER_MIN_S (--later-min-s; more epochs of the same iterator where the run's are
 shorter), the pipelines taking turns for --repeats runs (the sweep). A run is `--epochs` epochs, by default as
 many as `harness train` runs without --epochs. The sweep names the grid's best (the highest median over the whole run); being the maximum of
 many noisy runs, its sweep figure is biased upward (the winner's curse: on the ACES points one sweep put the best
@@ -67,8 +67,9 @@ POINTS = os.path.join(os.path.dirname(ROOT), "shared", "data", "gee-aces-points"
 LATER_MIN_S = 0.5   # the later epochs' rate is timed over at least this long (`_time_pipeline`)
 LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
 # --smoke: tiny exports, one run, two grid points, 2 epochs; `make test` runs it (tests/bench/test_benchmarks_start.py)
+# (the job, two `harness train` processes, in the last case only; later epochs timed over 0.05 s, not 0.5)
 SMOKE = dict(patch_records=8, patch_size=16, unet_records=8, unet_size=16, epochs=2, repeats=1, probe_records=16,
-             compute_steps=2, grid="smoke", job_epochs=2, confirm=1)
+             compute_steps=2, grid="smoke", job_epochs=2, confirm=1, job_cases="unet", later_min_s=0.05)
 
 
 def _case_data(name: str, args, tmp: str) -> tuple[str, dict, dict]:
@@ -102,9 +103,9 @@ def _grid(files: int, cpus: int, kind: str) -> dict:
 
 
 def _time_pipeline(train, spec, levers: dict, extra: dict, *, steps_per_epoch: int, batch: int, epochs: int,
-                   cache_dir: str, drain) -> tuple[float, float]:
+                   cache_dir: str, drain, later_min_s: float = LATER_MIN_S) -> tuple[float, float]:
     """(first epoch's examples/s, later epochs' examples/s) of the training pipeline with `levers`. The later
-    epochs are timed over `epochs` - 1 epochs and, where those last less than LATER_MIN_S, over as many more
+    epochs are timed over `epochs` - 1 epochs and, where those last less than `later_min_s`, over as many more
     epochs of the same iterator as fill it: 4 later epochs of the ACES points last ~30 ms, where this machine's
     jitter is a tenth of that (the later rate of one pipeline read 0.99-1.26M examples/s across three runs)."""
     records = steps_per_epoch * batch
@@ -120,8 +121,8 @@ def _time_pipeline(train, spec, levers: dict, extra: dict, *, steps_per_epoch: i
     m = int(drain(it, tf.constant(steps_per_epoch * (epochs - 1), tf.int64)))
     later = time.perf_counter() - t
     assert n == records and m == records * (epochs - 1), (n, m, records)
-    if later < LATER_MIN_S:
-        more = math.ceil((LATER_MIN_S - later) / (later / (epochs - 1)))
+    if later < later_min_s:
+        more = math.ceil((later_min_s - later) / (later / (epochs - 1)))
         t = time.perf_counter()
         m += int(drain(it, tf.constant(steps_per_epoch * more, tf.int64)))
         later += time.perf_counter() - t
@@ -190,7 +191,8 @@ def bench(name: str, args, tmp: str) -> dict:
         for label, levers in pipes.items():
             with tempfile.TemporaryDirectory(dir=tmp) as cache_dir:
                 a, b = _time_pipeline(shards, spec, levers, extra, steps_per_epoch=steps, batch=batch,
-                                      epochs=args.epochs, cache_dir=cache_dir, drain=drain)
+                                      epochs=args.epochs, cache_dir=cache_dir, drain=drain,
+                                      later_min_s=args.later_min_s)
             first[label].append(a)
             later[label].append(b)
     whole = {k: [_whole(args.epochs, a, b) for a, b in zip(first[k], later[k])] for k in pipes}
@@ -211,7 +213,7 @@ def bench(name: str, args, tmp: str) -> dict:
             with tempfile.TemporaryDirectory(dir=tmp) as cache_dir:
                 confirm[label].append(_whole(args.epochs, *_time_pipeline(
                     shards, spec, pipes[label], extra, steps_per_epoch=steps, batch=batch, epochs=args.epochs,
-                    cache_dir=cache_dir, drain=drain)))
+                    cache_dir=cache_dir, drain=drain, later_min_s=args.later_min_s)))
     print(f"  confirmed, whole run: " + ", ".join(f"{k} {statistics.median(v):,.0f}" for k, v in confirm.items())
           + f" examples/s (median of {args.confirm} runs taking turns)")
     vs_grid = [t / g for t, g in zip(confirm["tuned"], confirm[best])]
@@ -229,10 +231,10 @@ def bench(name: str, args, tmp: str) -> dict:
     print(line if cache_matters else line.split("  (target")[0] +
           f"  (no target: {'no cache chosen' if tuned['cache'] == 'none' else 'the cache gains little here'})")
     print(f"  {'tuned / naive':<34} = {statistics.median(vs_naive):.2f} [{min(vs_naive):.2f}-{max(vs_naive):.2f}]")
-    for name, err, pred, meas in (("first epoch", err_first, [d.first_epoch for d in decisions], first["tuned"]),
+    for phase, err, pred, meas in (("first epoch", err_first, [d.first_epoch for d in decisions], first["tuned"]),
                                   ("later epochs", err_later, [d.steady for d in decisions], later["tuned"])):
         e = statistics.median(err)
-        print(f"  predicted / measured, {name:<13} {e:+.0%} [{min(err):+.0%} to {max(err):+.0%}]  (per run: "
+        print(f"  predicted / measured, {phase:<13} {e:+.0%} [{min(err):+.0%} to {max(err):+.0%}]  (per run: "
               + ", ".join(f"{p:,.0f}/{m:,.0f}" for p, m in zip(pred, meas))
               + f"; target within 15%: {'ok' if abs(e) <= 0.15 else 'MISSED'})")
     if others:
@@ -240,6 +242,8 @@ def bench(name: str, args, tmp: str) -> dict:
               "predictions are for those)")
     print(f"  ({decoded / 1e6:.1f} MB of decoded records; cache chosen: {tuned['cache']})", flush=True)
     synthetic = decision.compute   # harness tune's own run on synthetic batches (--compute-steps)
+    if args.job_cases and name not in args.job_cases.split(","):
+        return {"vs_grid": statistics.median(vs_grid), "vs_auto": statistics.median(vs_auto)}
     job = {}
     for label, levers in (("before", pipes["naive"]), ("after", tuned)):
         with tempfile.TemporaryDirectory(dir=tmp) as out:
@@ -263,6 +267,10 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=TrainOptions.epochs,
                    help="epochs of each timed pipeline (the first fills a cache); default: harness train's")
     p.add_argument("--job-epochs", type=int, default=3)
+    p.add_argument("--job-cases", default="", help="the cases whose job (harness train, naive then tuned) runs "
+                   "(comma-separated; default: every case)")
+    p.add_argument("--later-min-s", type=float, default=LATER_MIN_S,
+                   help="seconds the later epochs of a timed pipeline last at least (more epochs where shorter)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--probe-records", type=int, default=bench_tune.PROBE_RECORDS)
     p.add_argument("--compute-steps", type=int, default=20)

@@ -15,11 +15,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # shared test helpers (procs.py) for the importlib import mode
 
-# Open MPI's ranks busy-poll while they wait in a collective unless oversubscribed (more ranks than cores), which
-# Open MPI does not see here: the suite's 2 ranks share the 2 cores with the other test worker, and a rank that
-# spins takes the core its peer needs (a 2-rank `harness launch mpi` train: 25.3 -> 16.1 CPU-s, 7.9 -> 2.2 s of
-# it in the kernel). Every process the tests start inherits it (mpirun and horovodrun pass OMPI_MCA_* on).
-os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+import procs  # noqa: E402  (tests/procs.py, on the path just above)
+
+for _name, _value in procs.SUITE_ENV.items():   # every process the tests start inherits them
+    os.environ.setdefault(_name, _value)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +46,9 @@ def pytest_configure(config):
     run in subprocesses. Under pytest-xdist the controller runs no test and imports nothing."""
     config.addinivalue_line("markers", "serial(reason): the test runs with no other test beside it when the suite "
                                        "runs on parallel workers (tests/README.md: its assertions read the clock)")
+    config.addinivalue_line("markers", "waits(reason): the test mostly waits (a peer timeout, a grace period): on "
+                                       "parallel workers its file runs in the one stream of such files, beside "
+                                       f"{CPU_SLOTS} tests that keep a core busy (tests/README.md)")
     if _xdist_controller(config):   # the folder of the workers' lock files (_Turns); they inherit the environment
         folder = tempfile.mkdtemp(prefix="harness-pytest-turns-")
         os.environ["HARNESS_TEST_TURNS"] = folder
@@ -64,31 +66,57 @@ def _xdist_controller(config) -> bool:
     return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
 
 
+# Tests that keep a core busy run at most this many at once (the cores of the machine CI runs on); the stream of
+# `waits` files runs beside them (`make test`: 3 workers, `--dist loadgroup`).
+CPU_SLOTS = 2
+SERIAL, CPU, WAITS = "serial", "cpu", "waits"
+
+
 class _Turns:
-    """Who runs now, when the suite runs on pytest-xdist workers: a test marked `serial` alone, every other test
-    beside any other unmarked one. A readers-writer lock across the workers' processes: flock(2) on one file,
-    shared for an unmarked test, exclusive for a serial one, behind a gate file that a serial test holds while it
-    waits, so that the other workers' next tests queue behind it instead of keeping it waiting for ever. Each wait
-    is bounded by the test being waited for, which pytest-timeout bounds."""
+    """Who runs now, when the suite runs on pytest-xdist workers: a test marked `serial` alone; every other test
+    beside any other unmarked one, and an unmarked one (CPU) also in one of CPU_SLOTS slots, so that a third worker
+    adds a stream of `waits` tests without a third test that needs a core.
+
+    A readers-writer lock across the workers' processes: flock(2) on one file, shared for an unmarked test,
+    exclusive for a serial one, behind a gate file that a serial test holds while it waits, so that the other
+    workers' next tests queue behind it instead of keeping it waiting for ever; then a CPU test takes the first
+    free slot file (flock, polled every 50 ms), after the gate, so that a test waiting for a slot never holds the
+    gate. Each wait is bounded by the tests being waited for, which pytest-timeout bounds."""
 
     def __init__(self, stem: str):
         self._gate = open(stem + ".gate", "a+")
         self._lock = open(stem + ".lock", "a+")
+        self._slots = [open(f"{stem}.cpu{i}", "a+") for i in range(CPU_SLOTS)]
 
     @contextlib.contextmanager
-    def turn(self, alone: bool):
+    def turn(self, kind: str):
+        alone = kind == SERIAL
         fcntl.flock(self._gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             if not alone:
                 fcntl.flock(self._gate, fcntl.LOCK_UN)
+        slot = None
         try:
+            slot = self._take_slot() if kind == CPU else None
             yield
         finally:
+            if slot is not None:
+                fcntl.flock(slot, fcntl.LOCK_UN)
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             if alone:
                 fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    def _take_slot(self):
+        while True:
+            for slot in self._slots:
+                try:
+                    fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return slot
+                except BlockingIOError:
+                    pass
+            time.sleep(0.05)
 
 
 _TURNS = pytest.StashKey()
@@ -96,13 +124,15 @@ _TURNS = pytest.StashKey()
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """On a pytest-xdist worker, a `serial` test's setup, call and teardown run with no other test beside them."""
+    """On a pytest-xdist worker, a test's setup, call and teardown take their turn (`_Turns`): a `serial` test
+    alone, an unmarked one in a CPU slot, a `waits` one beside them."""
     turn = contextlib.nullcontext()
     folder = os.environ.get("HARNESS_TEST_TURNS")
     if folder is not None and hasattr(item.config, "workerinput"):
         if _TURNS not in item.config.stash:
             item.config.stash[_TURNS] = _Turns(os.path.join(folder, "turns"))
-        turn = item.config.stash[_TURNS].turn(alone=item.get_closest_marker("serial") is not None)
+        kind = SERIAL if item.get_closest_marker(SERIAL) else WAITS if item.get_closest_marker(WAITS) else CPU
+        turn = item.config.stash[_TURNS].turn(kind)
     with turn, _cpu_logged(item):
         yield
 
@@ -143,31 +173,38 @@ def cpu_mirrored():
                                           cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
-# The longest files first, so that two workers (`make test TEST_WORKERS=2`: pytest-xdist, one file at a time per
-# worker) do not end on one of them alone; the files that mostly wait (a peer timeout, a late worker: wall about twice their CPU) between
-# those that keep a core busy, so that a wait overlaps another file's work. Wall seconds of one serial run on the
-# 2-core machine, in brackets; every other file follows in collection order.
+# The order the workers take the files in (pytest-xdist, a file at a time per worker, in this order): first the files
+# marked `waits` (one group under `make test`'s `--dist loadgroup`: one worker starts on them at once and runs them
+# beside the others), then the longest files, so that the run does not end on one worker alone. Wall seconds on 2
+# workers (CPU seconds) in brackets; every other file follows in collection order.
 RUN_FIRST = (
-    "cluster/test_faults.py",                # 218 s, half of it waiting for peer timeouts
-    "bench/test_benchmarks_start.py",        # 221 s, CPU
-    "distribute/test_peer_faults.py",        # 139 s, half waiting (a rank 45 s late)
-    "launch/test_fault_tolerance.py",        # 203 s, CPU
-    "launch/test_launcher_stop.py",          # 45 s, a quarter CPU (grace periods)
-    "distribute/test_horovod_backend.py",    # 128 s, CPU
-    "data/test_gcs_bucket.py",               # 100 s
-    "test_ports_inventory.py",               # 120 s, CPU
-    "train/test_faults_named.py",            # 52 s, waiting for watchdog bounds
-    "train/test_tune.py",                    # 88 s, CPU
-    "cluster/test_horovod_hosts.py",         # 52 s
-    "train/test_job.py",                     # 53 s
+    "cluster/test_faults.py",                # waits: 277 s (130), peer timeouts, a worker 25 s late
+    "distribute/test_peer_faults.py",        # waits: 168 s (79), a rank 45 s late
+    "launch/test_launcher_stop.py",          # waits: 61 s (25), grace periods
+    "train/test_faults_named.py",            # waits: 16 s (1), the watchdog's bounds
+    "bench/test_benchmarks_start.py",        # 307 s (289)
+    "launch/test_fault_tolerance.py",        # 305 s (287)
+    "distribute/test_horovod_backend.py",    # 180 s (265)
+    "train/test_tune.py",                    # 198 s (179)
+    "test_ports_inventory.py",               # 150 s (190)
+    "data/test_gcs_bucket.py",               # 167 s (80, and its bucket's process)
+    "cluster/test_horovod_hosts.py",         # 113 s (70)
+    "train/test_job.py",                     # 77 s (57)
 )
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(session, config, items):
     """On pytest-xdist workers, order the tests by RUN_FIRST, then as collected (a stable sort: tests keep their
-    order within a file); a run in one process keeps the collected order."""
+    order within a file); a run in one process keeps the collected order. Under `--dist loadgroup` each file is a
+    group (a worker runs it whole, as `--dist loadfile` does), and every file marked `waits` is in the one group
+    WAITS: one worker runs those one after the other beside the CPU_SLOTS tests of the others."""
     if not hasattr(config, "workerinput"):
         return
+    if config.getvalue("dist") == "loadgroup":
+        for item in items:
+            waits = item.get_closest_marker(WAITS) is not None
+            item.add_marker(pytest.mark.xdist_group(WAITS if waits else item.nodeid.split("::")[0]))
     first = {name: i for i, name in enumerate(RUN_FIRST)}
     tests = pathlib.Path(__file__).resolve().parent
 

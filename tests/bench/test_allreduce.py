@@ -42,7 +42,7 @@ def test_fit_is_undefined_on_one_worker_and_refuses_one_size():
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_"))}
+    env = procs.outer_free()
     env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
                PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))

@@ -17,9 +17,12 @@ import sys
 import time
 
 import pytest
+import procs
 from procs import ended_within, kill_groups, one_line, wait_for_backup
 
 from harness.data import synth
+
+pytestmark = pytest.mark.waits("peer timeouts of 20 s and a worker 25 s late: wall about twice its CPU")
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "distribute" / "scripts" / "cli_worker.py"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -39,7 +42,7 @@ def table_export(tmp_path_factory):
 
 
 def _env(bed, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_"))}
+    env = procs.outer_free()
     env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
                HARNESS_TEST_STEP_DELAY_S="0.2", HARNESS_PEER_TIMEOUT_S=str(BOUND_S),
                PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",

@@ -33,7 +33,7 @@ def table_export(tmp_path_factory):
 
 
 def _bed_env(bed) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_", "PMIX_"))}
+    env = procs.outer_free(("HOROVOD_", "OMPI_", "PMIX_"))
     env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
                PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")

@@ -36,7 +36,7 @@ def table_export(tmp_path_factory):
 
 def _worker_env(tf_config: dict) -> dict:
     """This process's environment without launcher variables, the worktree first on PYTHONPATH, and TF_CONFIG."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_"))}
+    env = procs.outer_free()
     env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), TF_CONFIG=json.dumps(tf_config))
     return env

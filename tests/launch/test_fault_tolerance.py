@@ -18,6 +18,7 @@ import sys
 import time
 
 import psutil
+import procs
 import pytest
 
 from harness.data import synth
@@ -32,7 +33,7 @@ RUN_TIMEOUT_S = 300
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_"))}
+    env = procs.outer_free()
     env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
                PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra)

@@ -12,9 +12,12 @@ import sys
 import time
 
 import psutil
+import procs
 import pytest
 
 from harness.launch.local import GRACE_S
+
+pytestmark = pytest.mark.waits("grace periods before SIGKILL: wall about 2.5 times its CPU")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "launch" / "scripts" / "signal_worker.py"
@@ -24,7 +27,7 @@ STOP_BOUND_S = GRACE_S + 10   # SIGKILL after the grace, plus reaping and the in
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith(("HOROVOD_", "OMPI_"))}
+    env = procs.outer_free()
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), PYTHONUNBUFFERED="1",
                PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     return env

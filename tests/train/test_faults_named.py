@@ -11,6 +11,8 @@ from harness.distribute import environment
 from harness.errors import NonFiniteLossError
 from harness.train import faults, watchdog
 
+pytestmark = pytest.mark.waits("the watchdog's bounds: seconds of wall, almost no CPU")
+
 # As TensorFlow 2.18 words them (seen on the bed: a peer killed, a peer's link down)
 KILLED = ("Graph execution error:\n\nCollective ops is aborted by: Connection reset by peer\nAdditional GRPC error "
           "information from remote target /job:worker/replica:0/task:2 while calling "

@@ -15,10 +15,10 @@ $(STAMP): setup.cfg pyproject.toml tools/install.sh tools/install_horovod.sh
 demo: install
 	$(VENV)/bin/harness demo
 
-# TEST_WORKERS=3: three pytest-xdist workers, a file at a time each, in the order tests/conftest.py gives (RUN_FIRST;
-# xdist would otherwise send the files with the most tests first); the files marked `waits` are one group, run by
-# one worker beside the others, and at most 2 other tests run at once (tests/README.md).
-TEST_WORKERS ?= 0
+# Three pytest-xdist workers, a file at a time each, in the order tests/conftest.py gives (RUN_FIRST; xdist would
+# otherwise send the files with the most tests first); the files marked `waits` are one group, run by one worker
+# beside the others, and at most 2 other tests run at once (tests/README.md). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 3
 test: install
 	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from harness.data import records
 from harness.data.shards import GZIP, Shard, read_buffer_bytes
-from harness.data.tracing import graph_fn
+from harness.tracing import graph_fn
 from harness.errors import NotTFRecordError, TruncatedShardError
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard, read_buffer_bytes
 from harness.data.source import ShardSet
 from harness.data.spec import IMAGE, TIME, DataSpec, validate_spec
-from harness.data.tracing import graph_fn
+from harness.tracing import graph_fn
 from harness.distribute.sharding import RECORD, ShardAssignment, assign_nonempty
 from harness.errors import BatchSizeError, SpecError
 

@@ -34,6 +34,7 @@ import tensorflow as tf
 from harness.choices import CLASSIFICATION_LOSSES, LOSSES as BUILTIN, REGRESSION_LOSSES, TASK_LOSSES
 from harness.data.labels import valid
 from harness.errors import ConfigError, UserCodeError
+from harness.tracing import converted
 
 DICE_SMOOTH = 1.0  # added to the numerator and denominator of each class's Dice ratio (empty classes score 1)
 
@@ -102,6 +103,8 @@ def make_loss(name: str = "crossentropy", *, focal_gamma: float = 2.0, user_fn: 
       ConfigError: an unknown name, or a loss of the other task.
     """
     if user_fn is not None:
+        user_fn = converted(user_fn)  # AutoGraph converts it, as Keras does a loss function (harness.tracing)
+
         def user(labels, logits, class_weights):
             labels, weights = _targets(labels, ignore)
             logits = tf.cast(logits, tf.float32)

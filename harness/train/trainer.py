@@ -9,7 +9,7 @@ the scaled loss is differentiated, the gradients are reduced across replicas or 
 One step, two ways to call it (Keras' `Model.make_train_function` is the model: one step, wrapped in a loop of K):
   - `train_step(batch)`: one step on a batch the host drew (the profiler's trace window, Python iterators);
   - `train_loop(iterator, steps)`: K steps in one `tf.function` call, each drawing its batch with `next(iterator)`
-    inside the function (a `for _ in tf.range(K)` loop), as orbit's `steps_per_loop` and Keras'
+    inside the function (a `tf.while_loop` of K iterations), as orbit's `steps_per_loop` and Keras'
     `steps_per_execution` do; the host waits for the device once per call, for the per-step results. Each step's
     input wait is timed in the graph (`tf.timestamp()` before and after `next(iterator)`), so the input-stall share
     needs no per-step host sync.
@@ -25,6 +25,8 @@ import functools
 
 import tensorflow as tf
 import tf_keras as keras
+
+from harness.tracing import graph_function, user_code
 
 ROWS = ("loss", "input_wait_s", "step_s", "skipped")  # rows of `train_loop`'s result, in order
 
@@ -107,8 +109,10 @@ class Trainer:
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
         self.clip_norm, self.progress = clip_norm, progress
         self.loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
-        self.train_step = tf.function(self._host_fed_step)
-        self.train_loop = tf.function(self._loop)
+        # Traced as written; AutoGraph converts the user's model and loss only (`harness.tracing`).
+        self.train_step = graph_function(self._host_fed_step)
+        self.train_loop = graph_function(self._loop)
+        self._forward = user_code(self._model_and_loss)
         self._k_tensors = {}
 
     # --- the step, written once -------------------------------------------------------------------------------
@@ -121,10 +125,7 @@ class Trainer:
             with tf.control_dependencies([after]):
                 inputs, labels = tf.nest.map_structure(tf.identity, (inputs, labels))
         with tf.GradientTape() as tape:
-            logits = model(inputs, training=True)
-            loss = tf.reduce_sum(self.loss_fn(labels, logits, self.class_weights)) / self.loss_divisor
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            loss = self._forward(inputs, labels)
             scaled = opt.get_scaled_loss(loss) if self.loss_scaling else loss
         grads = self.backend.gradient_tape(tape).gradient(scaled, model.trainable_variables)
         if self.loss_scaling:
@@ -137,6 +138,16 @@ class Trainer:
             applied = opt.apply_gradients(zip(grads, model.trainable_variables))
         with tf.control_dependencies([applied] if applied is not None else []):  # the step ends with its update
             return tf.identity(loss) if finite is None else tf.stack([tf.identity(loss), finite])
+
+    def _model_and_loss(self, inputs, labels):
+        """This replica's loss, float32 scalar: the summed per-example loss over `loss_divisor`, plus the model's
+        regularization losses (`tf.nn.scale_regularization_loss`). Run through `user_code`: the user's model and
+        loss are converted by AutoGraph as under Keras' `fit`."""
+        logits = self.model(inputs, training=True)
+        loss = tf.reduce_sum(self.loss_fn(labels, logits, self.class_weights)) / self.loss_divisor
+        if self.model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
+        return loss
 
     def _step(self, batch, after=None):
         """One step over every replica: `(loss, skipped)` float32 scalars. `loss` is summed over this worker's
@@ -169,13 +180,12 @@ class Trainer:
         wait), the seconds from the step's start to its update, both from `tf.timestamp()` in the graph, and 1
         where the update was skipped.
         """
-        losses = tf.TensorArray(tf.float32, size=steps)
-        skips = tf.TensorArray(tf.float32, size=steps if self.loss_scaling else 0)  # written under loss scaling
-        waits = tf.TensorArray(tf.float64, size=steps)
-        durations = tf.TensorArray(tf.float64, size=steps)
-        done = tf.constant(0.0)
-        for i in tf.range(steps):
-            tf.autograph.experimental.set_loop_options(parallel_iterations=1)  # one step at a time, in order
+        arrays = (tf.TensorArray(tf.float32, size=steps),                                  # loss
+                  tf.TensorArray(tf.float64, size=steps),                                  # input wait
+                  tf.TensorArray(tf.float64, size=steps),                                  # step
+                  tf.TensorArray(tf.float32, size=steps if self.loss_scaling else 0))      # skipped
+
+        def one_step(i, done, arrays):
             with tf.control_dependencies([done]):      # after the previous step's update
                 start = tf.timestamp()
             with tf.control_dependencies([start]):
@@ -198,12 +208,15 @@ class Trainer:
                 end = tf.timestamp()
                 if self.progress is not None:
                     self.progress.finished.assign_add(1)
-            done = loss
-            losses = losses.write(i, loss)
-            if self.loss_scaling:
-                skips = skips.write(i, skipped)
-            waits = waits.write(i, got - start)
-            durations = durations.write(i, end - start)
+            losses, waits, durations, skips = arrays
+            arrays = (losses.write(i, loss), waits.write(i, got - start), durations.write(i, end - start),
+                      skips.write(i, skipped) if self.loss_scaling else skips)
+            return i + 1, loss, arrays
+
+        # one step at a time, in order (parallel_iterations=1)
+        _, _, (losses, waits, durations, skips) = tf.while_loop(
+            lambda i, done, arrays: i < steps, one_step, (tf.constant(0), tf.constant(0.0), arrays),
+            parallel_iterations=1)
         rows = [tf.cast(losses.stack(), tf.float64), waits.stack(), durations.stack()]
         return tf.stack(rows + ([tf.cast(skips.stack(), tf.float64)] if self.loss_scaling else []))
 

@@ -11,7 +11,8 @@ wrapper around `autograph.impl.api._convert_actual`).
 - `graph_fn`: every function the harness hands to tf.data (map, filter, flat_map, interleave). A function that
   needs AutoGraph (a Python `if` on a tensor) fails at the trace ("using a tf.Tensor as a Python bool is not
   allowed"): write it with `tf.cond`/`tf.where`.
-- `graph_function`: the training step's `tf.function`, traced with AutoGraph off (`autograph=False`).
+- `graph_function`: every `tf.function` of the harness (the training step, the validation pass, predict's step,
+  the collectives), traced with AutoGraph off (`autograph=False`).
 - `user_code`: how that step calls the user's model and loss, so that they are converted exactly as under Keras'
   `fit` (whose train function is converted): tf_keras converts a subclassed layer's `call` itself where the
   status AutoGraph leaves is not "disabled" (`tf.__internal__.autograph.tf_convert(self.call,
@@ -34,9 +35,9 @@ graph_fn = tf.autograph.experimental.do_not_convert
 _OUTSIDE = tf.__internal__.autograph.control_status_ctx()
 
 
-def graph_function(fn: Callable) -> Callable:
-    """`tf.function(fn, autograph=False)`: the harness's graph code, traced as written."""
-    return tf.function(fn, autograph=False)
+def graph_function(fn: Callable, **options) -> Callable:
+    """`tf.function(fn, autograph=False, **options)`: the harness's graph code, traced as written."""
+    return tf.function(fn, autograph=False, **options)
 
 
 def user_code(fn: Callable) -> Callable:

@@ -67,6 +67,7 @@ def _reduce_fn(backend, sizes_elements: Sequence[int], rounds: int):
     elements, as the backend's training step reduces them; returns one element of the last reduced gradient
     (each replica's gradient is 1: the sum over N replicas under tf.distribute is N, Horovod's average is 1)."""
     import tensorflow as tf
+    from harness.tracing import graph_function
 
     strategy = backend.strategy
     with strategy.scope():
@@ -80,13 +81,14 @@ def _reduce_fn(backend, sizes_elements: Sequence[int], rounds: int):
             grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
         return grads[0][0]
 
-    @tf.function
-    def run():   # Keras' steps_per_execution pattern: strategy.run inside a tf.range loop
-        scale, out = tf.constant(1.0), tf.constant(0.0)
-        for _ in tf.range(rounds):
-            out = strategy.experimental_local_results(strategy.run(one, args=(scale,)))[0]
-            scale = out * 0.0 + 1.0   # the next round waits for this one's sum
-        return out
+    def round_(i, scale, out):
+        out = strategy.experimental_local_results(strategy.run(one, args=(scale,)))[0]
+        return i + 1, out * 0.0 + 1.0, out   # the next round waits for this one's sum
+
+    @graph_function
+    def run():   # Keras' steps_per_execution pattern: strategy.run inside a loop of `rounds`
+        return tf.while_loop(lambda i, scale, out: i < rounds, round_,
+                             (tf.constant(0), tf.constant(1.0), tf.constant(0.0)))[2]
 
     return run
 

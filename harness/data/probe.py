@@ -122,10 +122,11 @@ def _unbatch_rate(serialized: list, spec, read_batch: int, repeats: int) -> floa
     import tensorflow as tf
 
     from harness.data import pipeline
+    from harness.tracing import graph_fn
 
     source = tf.data.Dataset.from_tensor_slices(serialized)
-    records = source.map(lambda r: pipeline.decode_one(spec, r)).cache().repeat()
-    batches = source.batch(read_batch).map(lambda r: pipeline.decode(spec, r)).cache().repeat()
+    records = source.map(graph_fn(lambda r: pipeline.decode_one(spec, r))).cache().repeat()
+    batches = source.batch(read_batch).map(graph_fn(lambda r: pipeline.decode(spec, r))).cache().repeat()
     per_pass = _elements(len(serialized), COUNT_BATCH)
     return difference(rate_per_core(batches.unbatch().batch(COUNT_BATCH), per_pass, repeats),
                       rate_per_core(records.batch(COUNT_BATCH), per_pass, repeats))
@@ -143,12 +144,13 @@ def drain_fn():
     epochs drain with it."""
     import tensorflow as tf
 
-    @tf.function
+    from harness.tracing import graph_function
+
+    @graph_function
     def drain(iterator, elements):
-        n = tf.constant(0, tf.int64)
-        for _ in tf.range(elements):
-            n += _batch_examples(next(iterator))
-        return n
+        return tf.while_loop(lambda i, n: i < elements,
+                             lambda i, n: (i + 1, n + _batch_examples(next(iterator))),
+                             (tf.constant(0, tf.int64), tf.constant(0, tf.int64)))[1]
     return drain
 
 
@@ -256,6 +258,7 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     import tensorflow as tf
 
     from harness.data import pipeline, stages
+    from harness.tracing import graph_fn
     from harness.data.shards import read_buffer_bytes
     from harness.data.spec import IMAGE
     from harness.errors import ConfigError
@@ -287,8 +290,8 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     # repeated opened the file every n, and batches of COUNT_BATCH (to count them) cost more than the read: 0.16M
     # examples/s per core on the ACES points' one file of 8,316 records, against 0.9M in read batches of 1,191.
     read_batch = stages.read_batch_size(serialized_bytes)
-    files_read = tf.data.Dataset.from_tensor_slices(paths).repeat().flat_map(
-        lambda p: tf.data.TFRecordDataset(p, compression_type=compression, buffer_size=buffer).batch(read_batch))
+    files_read = tf.data.Dataset.from_tensor_slices(paths).repeat().flat_map(graph_fn(
+        lambda p: tf.data.TFRecordDataset(p, compression_type=compression, buffer_size=buffer).batch(read_batch)))
     reader = rate_per_core(files_read, _elements(n, read_batch), repeats)
     if compression:
         read_stage = S(tune_lib.READ, read, file_bytes)
@@ -303,12 +306,14 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     by_read = _elements(n, read_batch)
     src_records = rate_per_core(source.batch(COUNT_BATCH), by_count, repeats)
     src_batches = rate_per_core(source.batch(read_batch), by_read, repeats)
-    p_rec = rate_per_core(source.map(lambda r: tf.io.parse_example(r[None], desc)).batch(COUNT_BATCH), by_count,
+    p_rec = rate_per_core(source.map(graph_fn(lambda r: tf.io.parse_example(r[None], desc))).batch(COUNT_BATCH),
+                          by_count, repeats)
+    pd_rec = rate_per_core(source.map(graph_fn(lambda r: pipeline.decode_one(spec, r))).batch(COUNT_BATCH),
+                           by_count, repeats)
+    p_bat = rate_per_core(source.batch(read_batch).map(graph_fn(lambda r: tf.io.parse_example(r, desc))), by_read,
                           repeats)
-    pd_rec = rate_per_core(source.map(lambda r: pipeline.decode_one(spec, r)).batch(COUNT_BATCH), by_count,
+    pd_bat = rate_per_core(source.batch(read_batch).map(graph_fn(lambda r: pipeline.decode(spec, r))), by_read,
                            repeats)
-    p_bat = rate_per_core(source.batch(read_batch).map(lambda r: tf.io.parse_example(r, desc)), by_read, repeats)
-    pd_bat = rate_per_core(source.batch(read_batch).map(lambda r: pipeline.decode(spec, r)), by_read, repeats)
     parse = {tune_lib.RECORDS: S(tune_lib.PARSE, difference(p_rec, src_records), parsed_bytes),
              tune_lib.BATCHES: S(tune_lib.PARSE, difference(p_bat, src_batches), parsed_bytes)}
     decode = {tune_lib.RECORDS: S(tune_lib.DECODE, difference(pd_rec, p_rec), decoded_bytes),
@@ -316,15 +321,15 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     # After a cache, later epochs shuffle and batch the decoded records: the batch stage is timed on them held
     # in memory (`cache` filled by the untimed first pass), and augment on batches held in memory.
     decoded_records = tf.data.Dataset.from_tensor_slices(serialized).map(
-        lambda r: pipeline.decode_one(spec, r)).cache()
+        graph_fn(lambda r: pipeline.decode_one(spec, r))).cache()
     unbatch = S(tune_lib.UNBATCH, _unbatch_rate(serialized, spec, read_batch, repeats), decoded_bytes, 1)
     # as the training pipeline runs its epochs (`pipeline._epochs`): one shuffle per epoch over the cached records,
     # under a flat_map (~40% more per record than one shuffle over the epochs repeated, on the ACES points), each
     # epoch as long as the export's (the held records repeated), up to EPOCH_RECORDS
     per_epoch = max(1, math.ceil(min(train.records, EPOCH_RECORDS) / n))
-    shuffled = tf.data.Dataset.counter().flat_map(
+    shuffled = tf.data.Dataset.counter().flat_map(graph_fn(
         lambda e: decoded_records.repeat(per_epoch).shuffle(n * per_epoch, seed=e, reshuffle_each_iteration=False)
-        .batch(batch_size))
+        .batch(batch_size)))
     by_epoch = _elements(n * per_epoch, batch_size)
     batched = rate_per_core(shuffled, by_epoch, repeats)
     copies = 1.0

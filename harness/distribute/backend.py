@@ -119,6 +119,7 @@ class TrainingBackend:
         worker: `values` themselves, no collective. What the preemption check runs after each call of K steps
         (`harness.train.preemption`)."""
         import tensorflow as tf
+        from harness.tracing import graph_function
 
         mine = np.asarray(values, np.int32)
         if self.context.num_workers == 1:
@@ -126,7 +127,7 @@ class TrainingBackend:
         if getattr(self, "_sum_fn", None) is None:
             strategy = self.strategy
 
-            @tf.function
+            @graph_function
             def sum_fn(v):
                 per_replica = strategy.run(tf.identity, args=(v,))
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)

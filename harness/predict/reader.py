@@ -14,6 +14,7 @@ from harness.data import pipeline
 from harness.data.records import BYTES, INT64
 from harness.data.shards import Shard, read_buffer_bytes
 from harness.data.spec import DataSpec
+from harness.tracing import graph_fn
 
 
 def keep_description(kept: dict[str, str]) -> dict:
@@ -48,14 +49,14 @@ def ordered_batches(shards: Sequence[Shard], spec: DataSpec, batch_size: int,
 
     def read(position, path, compression):
         ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
-        return ds.batch(batch_size, drop_remainder=False).map(lambda records: (position, records))
+        return ds.batch(batch_size, drop_remainder=False).map(graph_fn(lambda records: (position, records)))
 
     def parse(position, serialized):
         inputs = pipeline.decode(spec, serialized)
         return position, inputs, tf.io.parse_example(serialized, keep) if keep else {}
 
-    ds = files.flat_map(read)
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = files.flat_map(graph_fn(read))
+    ds = ds.map(graph_fn(parse), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.prefetch(tf.data.AUTOTUNE)
 
 

@@ -31,6 +31,7 @@ from harness.distribute.sharding import contiguous_runs, files_with_records
 from harness.errors import ConfigError, MissingFeatureError, MixerError, OutputExistsError
 from harness.predict import model as model_lib, reader, upload, writer
 from harness.predict.options import CLASSIFICATION, CSV, PredictOptions
+from harness.tracing import graph_function, user_code
 
 MANIFEST = "predict.json"
 
@@ -312,9 +313,11 @@ def _step_fn(job: Job):
     softmax = not model_lib.applies_softmax(model)
     probabilities = job.task == CLASSIFICATION and len(job.band_names) > 1
 
-    @tf.function(reduce_retracing=True)
+    # Traced as written; AutoGraph converts the user's model only (`harness.tracing`).
+    forward = user_code(lambda inputs: model(inputs, training=False))
+
     def step(inputs):
-        y = tf.cast(model(inputs, training=False), tf.float32)
+        y = tf.cast(forward(inputs), tf.float32)
         if y.shape.rank == (3 if job.image else 1):
             y = y[..., None]
         if job.image:
@@ -327,6 +330,7 @@ def _step_fn(job: Job):
             out += [p[..., c] for c in range(g.channels)]
         return out
 
+    step = graph_function(step, reduce_retracing=True)
     object.__setattr__(job, "_step", step)
     return step
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 from harness.data import pipeline
 from harness.data.spec import IMAGE, DataSpec
 from harness.predict import model as model_lib
+from harness.tracing import graph_function, user_code
 
 PAYLOAD = "SERIALIZED_TF_TENSORS"
 
@@ -51,14 +52,16 @@ class ServingModule(tf.Module):
         tile = [None, geometry.input_side, geometry.input_side] if self._image else [None]
         dense = {b: tf.TensorSpec(tile, tf.float32, name=b) for b in self._bands}
         strings = {b: tf.TensorSpec([None], tf.string, name=b) for b in self._bands}
-        self.grpc = tf.function(self._dense, input_signature=[dense])
-        self.serialized = tf.function(self._serialized, input_signature=[strings])
+        # Traced as written; AutoGraph converts the user's model only (`harness.tracing`).
+        self._forward = user_code(lambda x: self.model(x, training=False))
+        self.grpc = graph_function(self._dense, input_signature=[dense])
+        self.serialized = graph_function(self._serialized, input_signature=[strings])
 
     def _dense(self, inputs):
         flat = {b: tf.reshape(tf.cast(inputs[b], tf.float32), [tf.shape(inputs[b])[0], -1]) if self._image
                 else tf.cast(inputs[b], tf.float32) for b in self._bands}
         x = pipeline.stack_bands(self._spec, flat)
-        y = tf.cast(self.model(x, training=False), tf.float32)
+        y = tf.cast(self._forward(x), tf.float32)
         g = self._geometry
         if self._image:
             if y.shape.rank == 3:

@@ -44,13 +44,14 @@ def _decode(words: np.ndarray, length: int) -> Any:
 
 def _gather_collective(obj: Any, strategy, context: WorkerContext) -> list:
     import tensorflow as tf
+    from harness.tracing import graph_function
 
     words = _encode(obj)
 
     def all_gather(value):
         def replica_fn():
             return tf.distribute.get_replica_context().all_gather(value, axis=0)
-        out = tf.function(lambda: strategy.run(replica_fn))()
+        out = graph_function(lambda: strategy.run(replica_fn))()
         return strategy.experimental_local_results(out)[0].numpy()
 
     lengths = all_gather(tf.constant([len(words)], tf.int32))

@@ -299,6 +299,7 @@ class Controller:
         if self.context.num_workers == 1:
             return value  # one process: nothing to agree on
         import tensorflow as tf
+        from harness.tracing import graph_function
 
         backend = self.trainer.backend
         value = tf.constant(value, tf.float32)
@@ -306,7 +307,7 @@ class Controller:
             return float(backend.mean_over_ranks(value))
         strategy = backend.strategy
 
-        @tf.function  # a strategy run outside a function warns of its eager overhead
+        @graph_function  # a strategy run outside a function warns of its eager overhead
         def mean_over_workers():
             per_replica = strategy.run(lambda: tf.identity(value))
             return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)

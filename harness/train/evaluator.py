@@ -3,7 +3,7 @@ workers, replicas and ranks.
 
 Validation does not use training's equal-steps rule (`drop_remainder=True`, every worker the steps of the one with
 fewest records), which leaves up to a batch per worker unscored. The validation pipeline keeps its last, partial
-batch and the whole pass runs in one `tf.function` call (`for batch in dataset`):
+batch and the whole pass runs in one `tf.function` call (a `tf.while_loop` over `get_next_as_optional`):
   - under tf.distribute, the distributed dataset's iterator agrees across workers on whether any worker still has
     data (`get_next_as_optional`, tf.distribute's partial-batch handling: tensorflow.org/tutorials/distribute/input,
     "Partial batches"); a worker or replica without data that step gets an empty batch, which scores nothing;
@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Callable
 
 import tensorflow as tf
+
+from harness.tracing import graph_function, user_code
 
 
 class Evaluator:
@@ -34,7 +36,9 @@ class Evaluator:
     def __init__(self, *, backend, model, loss_fn, metrics, before_evaluate: Callable[[], None] | None = None):
         self.backend, self.strategy, self.model = backend, backend.strategy, model
         self.loss_fn, self.metrics, self.before_evaluate = loss_fn, metrics, before_evaluate
-        self._pass = tf.function(self._whole_pass)
+        # Traced as written; AutoGraph converts the user's model and loss only (`harness.tracing`).
+        self._pass = graph_function(self._whole_pass)
+        self._replica_fn = user_code(self._replica_step)
 
     def _replica_step(self, inputs, labels):
         logits = self.model(inputs, training=False)
@@ -45,12 +49,20 @@ class Evaluator:
     def _whole_pass(self, iterator, totals, counts):
         """Sums over the whole of `iterator` (to its end): `(totals, counts)`: float64 `[2]` loss sum and records, and the
         metric's counts (`metrics.shape`, `metrics.dtype`), over this worker's replicas (every worker's under tf.distribute)."""
-        for batch in iterator:
-            per_replica = self.strategy.run(self._replica_step, args=batch)
-            step_totals, step_counts = (self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
-                                        for v in per_replica)
-            totals += step_totals
-            counts += step_counts
+        # AutoGraph's own rewrite of `for batch in iterator` (`_tf_iterator_for_stmt`): draw an optional, add the
+        # batch's sums where it holds a value, stop at the first that does not.
+        def one_batch(_, totals, counts):
+            batch = iterator.get_next_as_optional()
+
+            def add():
+                per_replica = self.strategy.run(self._replica_fn, args=batch.get_value())
+                step_totals, step_counts = (self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None)
+                                            for v in per_replica)
+                return totals + step_totals, counts + step_counts
+            has_value = batch.has_value()
+            return (has_value,) + tuple(tf.cond(has_value, add, lambda: (totals, counts)))
+
+        _, totals, counts = tf.while_loop(lambda more, *_: more, one_batch, (tf.constant(True), totals, counts))
         return totals, counts
 
     def evaluate(self, dataset) -> dict:

@@ -1,6 +1,6 @@
-"""The training step is traced as written; AutoGraph converts the user's model and loss only (`harness.tracing`):
-a subclassed model and a loss that branch on a tensor in Python train as under Keras, and no harness function is
-converted."""
+"""The training step and the validation pass are traced as written; AutoGraph converts the user's model and loss
+only (`harness.tracing`): a subclassed model and a loss that branch on a tensor in Python train and score as under
+Keras, and no harness function is converted."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -75,6 +75,14 @@ def test_user_model_and_loss_that_branch_on_tensors_train_as_written(converted_m
     out = run.trainer.run_loop(iter(ds), 3)
     assert out.shape == (3, 3) and np.all(np.diff(out[0]) < 0)    # loss falls step after step
     assert changed() == {taken}
+    # validation: the whole pass in one traced call, the user's model and loss converted there too
+    dataset = strategy.distribute_datasets_from_function(
+        lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(3))           # batches of 3, 3, 2
+    got = run.evaluate(dataset)
+    logits = model(x).numpy()
+    expected_val = np.mean([float(tf.reduce_sum(branchy_loss(y[i:i + 3], logits[i:i + 3]))) for i in (0, 3, 6)]) * 3 / 8
+    assert got["val_records"] == 8 and got["val_loss"] == pytest.approx(expected_val, rel=1e-5)
+    assert got["val_accuracy"] == pytest.approx(np.mean(logits.argmax(1) == y))
     # AutoGraph converted the user's code (the model's call and the loss), never the harness's
     assert converted_modules and all(not name.startswith("harness.") for name in converted_modules), converted_modules
     assert any(name.endswith("Branchy.call") for name in converted_modules)

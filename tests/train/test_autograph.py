@@ -87,3 +87,24 @@ def test_user_model_and_loss_that_branch_on_tensors_train_as_written(converted_m
     assert converted_modules and all(not name.startswith("harness.") for name in converted_modules), converted_modules
     assert any(name.endswith("Branchy.call") for name in converted_modules)
     assert any(name.endswith("branchy_loss") for name in converted_modules)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_built_model_is_traced_once_per_step_function(optimizer):
+    """The optimizer's slots are made before the first call, so the K-step loop and the one-step call are traced
+    once each (a first call that creates variables traces twice)."""
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input([4]), keras.layers.Dense(3)])
+        opt = keras.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else keras.optimizers.Adam(0.01)
+    run = build(strategy, model, opt, global_batch_size=8, metrics=metrics.Classification(3))
+    x, y = np.ones([8, 4], np.float32), np.zeros([8], np.int32)
+    ds = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
+    run.trainer.run_loop(ds, 2)
+    run.trainer.run_loop(ds, 5)
+    run.train_step((x, y))
+    run.train_step((x, y))
+    assert run.trainer.train_loop.experimental_get_tracing_count() == 1
+    assert run.trainer.train_step.experimental_get_tracing_count() == 1
+    slots = 1 if optimizer == "sgd" else 2   # momentum; Adam's two moments
+    assert len(opt.variables) == 1 + 2 * slots   # the iteration count, then the slots of the kernel and the bias

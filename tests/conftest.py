@@ -201,7 +201,7 @@ def pytest_collection_modifyitems(session, config, items):
     WAITS: one worker runs those one after the other beside the CPU_SLOTS tests of the others."""
     if not hasattr(config, "workerinput"):
         return
-    if config.getvalue("dist") == "loadgroup":
+    if config.getvalue("loadgroup"):   # xdist sets it on the workers (their `dist` is "no")
         for item in items:
             waits = item.get_closest_marker(WAITS) is not None
             item.add_marker(pytest.mark.xdist_group(WAITS if waits else item.nodeid.split("::")[0]))
@@ -214,6 +214,28 @@ def pytest_collection_modifyitems(session, config, items):
         except ValueError:
             return len(first)
     items.sort(key=rank)
+
+
+_WORKERS_OF_FILE: dict = {}   # on the xdist controller: test file -> the workers that ran its tests
+
+
+def pytest_runtest_logreport(report):
+    """On the pytest-xdist controller, which worker ran each file's tests (`report.node`: the worker's gateway)."""
+    node = getattr(report, "node", None)
+    if node is not None and report.when == "call":
+        _WORKERS_OF_FILE.setdefault(report.nodeid.split("::")[0], set()).add(node.gateway.id)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail a parallel run in which a file's tests ran on two workers: `--dist loadgroup` then split the groups
+    (each file, and the `waits` files together) and every module fixture was built once per worker. pytest 9.2
+    with pytest-xdist 3.8 did that silently (setup.cfg pins pytest below 9.2)."""
+    split = {path: sorted(workers) for path, workers in _WORKERS_OF_FILE.items() if len(workers) > 1}
+    if split and session.config.getvalue("dist") == "loadgroup":
+        print(f"\n--dist loadgroup split {len(split)} test file(s) over workers, e.g. "
+              f"{dict(list(split.items())[:3])}: the groups of tests/conftest.py did not hold (pytest, pytest-xdist "
+              "versions)", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_finish(session):

@@ -179,6 +179,8 @@ def baseline(before: dict, after: dict, batch: int) -> dict:
 
 
 def main(argv=None) -> int:
+    # SIGTERM (a job's timeout, `kill`) unwinds like Ctrl-C: each `with Bed(...)` tears its namespaces down
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hosts", default="2,3,4", help="host counts, comma-separated")
     p.add_argument("--caps", default="10,100,1000", help="link caps in Mbit/s, comma-separated")

@@ -14,9 +14,10 @@ A value the user already exported wins.
 It also spares `import tensorflow` an import it cannot use: TensorFlow's GCE cluster resolver and its TPU client
 (tensorflow/python/distribute/cluster_resolver/gce_cluster_resolver.py, tensorflow/python/tpu/client/client.py)
 each import `googleapiclient.discovery` and then `oauth2client`, and without oauth2client (deprecated since 2017,
-installed by nothing the harness needs) treat the client as absent. Earth Engine users have googleapiclient (earthengine-api needs it), so every process paid for that
-import: 0.2-0.3 CPU-s of a 2.6-2.9 s `import harness, tensorflow` (5 runs each, 2 cores), and google.api_core's
-FutureWarning about the Python version on every command. Where oauth2client is absent, that import, from those two
+installed by nothing the harness needs) treat the client as absent. Earth Engine users have googleapiclient
+(earthengine-api needs it), so every process paid for that import: 0.2-0.3 CPU-s of a 2.6-2.9 s
+`import harness, tensorflow` (5 runs each, 2 cores), and google.api_core's FutureWarning about the Python version
+on every command. Where oauth2client is absent, that import, from those two
 modules, fails as it would without googleapiclient; every other import of googleapiclient is untouched.
 """
 import importlib.util

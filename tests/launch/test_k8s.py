@@ -16,6 +16,7 @@ import sys
 import jsonschema
 import pytest
 import yaml
+from shared_data import SHARED_DATA
 
 from harness import exit_codes
 from harness.distribute import environment
@@ -23,7 +24,8 @@ from harness.errors import ConfigError
 from harness.launch import k8s
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SHARED_K8S = pathlib.Path(os.environ.get("HARNESS_SHARED_K8S", ROOT.parent / "shared" / "k8s"))
+# beside the exports: HARNESS_SHARED_DATA's sibling `k8s` (the README's set-up names only HARNESS_SHARED_DATA)
+SHARED_K8S = pathlib.Path(os.environ.get("HARNESS_SHARED_K8S", SHARED_DATA.parent / "k8s"))
 CRDS = {("kubeflow.org/v1", "TFJob"): "kubeflow.org_tfjobs.yaml",
         ("kubeflow.org/v2beta1", "MPIJob"): "kubeflow.org_mpijobs.yaml"}
 CORE_MODELS = {("v1", "Service"): "V1Service", ("batch/v1", "Job"): "V1Job",

@@ -1,7 +1,7 @@
 """The harness training loop against Keras `Model.fit` on one model, precision, batch and dataset: the harness/fit
 ratio that `benchmarks/gpu_check.sh` prints for the U-Net with mixed_float16.
 
-Both sides build the built-in model (`harness.train.models.builtin_model`: the U-Net for image exports) under the
+Both sides build the built-in model (`harness.train.model.builtin.builtin_model`: the U-Net for image exports) under the
 same strategy, with Adam 1e-3 and the policy of --precision, and read the same dataset: the harness's own input
 pipeline (`harness.train.inputs.prepare`, as `harness train` builds it). The harness side is `Trainer.fit` at
 `steps_per_loop: auto`; the Keras side is `model.compile(..., steps_per_execution=N); model.fit(ds,
@@ -15,8 +15,6 @@ then the ratios of the medians.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import statistics
@@ -36,7 +34,7 @@ SMOKE = dict(batch=4, steps=2, epochs=2, rounds=1)
 def _setup(args):
     from harness.distribute.backend import TrainingBackend
     from harness.distribute.strategy import make_strategy
-    from harness.train import precision
+    from harness.train.model import precision
     from harness.train.inputs import prepare
     from harness.train.options import TrainOptions
 
@@ -51,10 +49,10 @@ def _setup(args):
 def _model(backend, policy, inputs, *, wrap: bool):
     import tf_keras as keras
 
-    from harness.train import models, precision
+    from harness.train.model import builtin, precision
 
     with backend.scope():
-        model = models.builtin_model(inputs.spec.kind, tuple(inputs.spec.input_shape), inputs.num_classes,
+        model = builtin.builtin_model(inputs.spec.kind, tuple(inputs.spec.input_shape), inputs.num_classes,
                                      mean=inputs.mean, variance=inputs.variance)
         optimizer = keras.optimizers.Adam(1e-3)
         return model, precision.wrap_optimizer(optimizer, policy) if wrap else optimizer
@@ -62,17 +60,16 @@ def _model(backend, policy, inputs, *, wrap: bool):
 
 def harness_rate(args, backend, policy, inputs) -> tuple[float, int]:
     """(examples/s, the K that auto chose) of the harness's trainer, built as `harness train` builds it."""
-    from harness.train import factory
-    from harness.train.controller import Controller, Schedule
+    from harness.train.loop import factory
+    from harness.train.loop.controller import EpochEnd, Schedule
 
     model, optimizer = _model(backend, policy, inputs, wrap=True)
     batch = inputs.plan.global_batch_size
     ends = []
-    trainer = factory.make_trainer(backend, model, optimizer, inputs.plan)
-    controller = Controller(trainer, Schedule(epochs=args.epochs, steps_per_epoch=args.steps),
-                            context=backend.context, on_epoch_end=[lambda *_: ends.append(time.perf_counter())])
-    with contextlib.redirect_stdout(io.StringIO()):
-        controller.fit(iter(backend.distribute(inputs.dataset_fn(True))))
+    controller = factory.build_run(backend, model, optimizer, inputs.plan,
+                                   Schedule(epochs=args.epochs, steps_per_epoch=args.steps), epoch_lines=False,
+                                   actions=[EpochEnd(lambda *_: ends.append(time.perf_counter()))]).controller
+    controller.fit(iter(backend.distribute(inputs.dataset_fn(True))))
     k = min(controller.steps_per_loop or 1, args.steps)   # a call never crosses an epoch's end
     return batch * args.steps * (len(ends) - 1) / (ends[-1] - ends[0]), k
 

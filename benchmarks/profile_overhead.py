@@ -11,8 +11,6 @@ the loop; the first segment of each kind is warm-up. Prints the median of each a
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import statistics
 import sys
@@ -63,22 +61,23 @@ def main(argv=None) -> int:
     import tensorflow as tf
     import tf_keras as keras
 
-    from harness.train.synthetic import Shapes, synthetic_batches
+    from harness.train.loop.synthetic import Shapes, synthetic_batches
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession
-    from harness.train import models
+    from harness.train.model import builtin
     from harness.distribute.backend import TrainingBackend
-    from harness.train import factory
-    from harness.train.controller import Controller, Schedule
+    from harness.train.loop import factory
+    from harness.train.loop.controller import Schedule
 
     strategy, context = make_strategy("single")
     backend = TrainingBackend(strategy, context)
     shapes = Shapes("image", (args.patch, args.patch, 4), 4)
     with strategy.scope():
-        model = models.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes)
+        model = builtin.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes)
         optimizer = keras.optimizers.Adam(1e-3)
-    trainer = factory.make_trainer(backend, model, optimizer, factory.synthetic_batch(backend, args.batch))
-    controller = Controller(trainer, Schedule(epochs=1, steps_per_epoch=args.steps, warmup_steps=0), context=context)
+    run = factory.build_run(backend, model, optimizer, factory.synthetic_batch(backend, args.batch),
+                            Schedule(epochs=1, steps_per_epoch=args.steps, warmup_steps=0), epoch_lines=False)
+    controller = run.controller
     batches = synthetic_batches(strategy, shapes, args.batch)
     rates = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,8 +92,7 @@ def main(argv=None) -> int:
                 else:
                     controller.timer = NullTimer()
                 t = time.perf_counter()
-                with contextlib.redirect_stdout(io.StringIO()):
-                    controller.fit(batches)
+                controller.fit(batches)
                 rate = args.steps * args.batch / (time.perf_counter() - t)
                 if session is not None:
                     session.sampler.stop()

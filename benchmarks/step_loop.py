@@ -30,9 +30,7 @@ and range over rounds and the ratios of medians, with the load average before an
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import json
 import os
 import signal
@@ -101,31 +99,30 @@ def build_model(inputs, strategy):
     """The built-in model of the data (pixel classifier or U-Net) and Adam 1e-3, under the strategy's scope."""
     import tf_keras as keras
 
-    from harness.train import models
+    from harness.train.model import builtin
 
     with strategy.scope():
-        model = models.builtin_model(inputs.spec.kind, inputs.spec.input_shape, inputs.num_classes,
+        model = builtin.builtin_model(inputs.spec.kind, inputs.spec.input_shape, inputs.num_classes,
                                      mean=inputs.mean, variance=inputs.variance)
         return model, keras.optimizers.Adam(1e-3)
 
 
 def harness_run(case: Case, backend, steps_per_loop="auto", train_iterator=None) -> float:
-    """examples/s (global) of the harness's trainer (built by `harness.train.factory`, as `harness train` builds
+    """examples/s (global) of the harness's trainer (built by `harness.train.loop.factory`, as `harness train` builds
     it) on the harness pipeline (what `harness train` runs), or on `train_iterator(inputs)` when given."""
-    from harness.train import factory
-    from harness.train.controller import Controller, Schedule
+    from harness.train.loop import factory
+    from harness.train.loop.controller import EpochEnd, Schedule
 
     inputs = prepare(case, backend, case.epochs, steps_per_loop)
     plan = inputs.plan
     model, optimizer = build_model(inputs, backend.strategy)
-    trainer = factory.make_trainer(backend, model, optimizer, plan)
     clock = EpochClock()
-    controller = Controller(trainer, Schedule(epochs=case.epochs, steps_per_epoch=plan.steps_per_epoch,
-                                              steps_per_loop=inputs.options.loop_steps),
-                            context=backend.context, on_epoch_end=[clock.mark])
+    controller = factory.build_run(backend, model, optimizer, plan,
+                                   Schedule(epochs=case.epochs, steps_per_epoch=plan.steps_per_epoch,
+                                            steps_per_loop=inputs.options.loop_steps),
+                                   actions=[EpochEnd(clock.mark)], epoch_lines=False).controller
     iterator = train_iterator(inputs) if train_iterator else iter(inputs.datasets(backend)[0])
-    with contextlib.redirect_stdout(io.StringIO()):
-        controller.fit(iterator)
+    controller.fit(iterator)
     return clock.examples_per_s(plan.steps_per_epoch * plan.global_batch_size)
 
 
@@ -215,18 +212,17 @@ def harness_overhead_us(steps: int, epochs: int, steps_per_loop, backend) -> flo
     """µs per step of the harness loop on the one-weight model, batch 1."""
     import tf_keras as keras
 
-    from harness.train import factory
-    from harness.train.controller import Controller, Schedule
+    from harness.train.loop import factory
+    from harness.train.loop.controller import EpochEnd, Schedule
 
     strategy = backend.strategy
     with strategy.scope():
         model, optimizer = one_weight_model(), keras.optimizers.SGD(0.01)
-    trainer = factory.make_trainer(backend, model, optimizer, factory.synthetic_batch(backend, 1))
     clock = EpochClock()
-    controller = Controller(trainer, Schedule(epochs=epochs, steps_per_epoch=steps, steps_per_loop=steps_per_loop),
-                            context=backend.context, on_epoch_end=[clock.mark])
-    with contextlib.redirect_stdout(io.StringIO()):
-        controller.fit(iter(strategy.experimental_distribute_dataset(_tiny_dataset())))
+    controller = factory.build_run(backend, model, optimizer, factory.synthetic_batch(backend, 1),
+                                   Schedule(epochs=epochs, steps_per_epoch=steps, steps_per_loop=steps_per_loop),
+                                   actions=[EpochEnd(clock.mark)], epoch_lines=False).controller
+    controller.fit(iter(strategy.experimental_distribute_dataset(_tiny_dataset())))
     return 1e6 / clock.examples_per_s(steps)
 
 

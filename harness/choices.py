@@ -1,7 +1,7 @@
 """Every fixed list of names a flag, a YAML key or a library function accepts: each written here once.
 
 `harness.cli` builds its `choices=` and help texts from these tuples, and the library modules that implement them
-(`harness.train.losses`, `optim`, `precision`, `metrics`, `control`, `harness.data.pipeline`, ...) import the same
+(`harness.train.model.losses`, `optim`, `precision`, `metrics`, `control`, `harness.data.pipeline`, ...) import the same
 tuples to check a value and to name the valid ones in their errors. A module that maps a name to its
 implementation keeps its table, keyed by these names; `tests/test_choices.py` checks that every table covers
 exactly its list and that every flag offers exactly it. Adding a loss, optimizer or metric therefore means adding
@@ -70,25 +70,25 @@ ALLREDUCE_ALGORITHMS = ("ring", "hierarchical", "tree")
 
 # --- training -----------------------------------------------------------------------------------------------------
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
-"""The Keras dtype policy (`--precision`, `harness.train.precision`).
+"""The Keras dtype policy (`--precision`, `harness.train.model.precision`).
   auto: mixed_float16 on GPUs of compute capability >= 7.0, mixed_bfloat16 on TPUs and bfloat16 CPUs, else float32.
   float32: everything in float32.
   mixed_float16: float16 compute, float32 variables, dynamic loss scaling.
   mixed_bfloat16: bfloat16 compute, float32 variables (no loss scaling needed)."""
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
-"""The optimizer (`--optimizer`, `harness.train.optim.make_optimizer`).
+"""The optimizer (`--optimizer`, `harness.train.model.optim.make_optimizer`).
   adam: tf_keras Adam (`--weight-decay` decoupled when given).
-  adamw: tf_keras AdamW, decoupled weight decay (Loshchilov & Hutter 2019; default 0.004, Keras' own).
+  adamw: tf_keras AdamW, decoupled weight decay (Loshchilov & Hutter 2019; default `optim.ADAMW_WEIGHT_DECAY`, Keras' own).
   sgd: tf_keras SGD with `--momentum` and `--nesterov`."""
 
 SCHEDULES = ("constant", "cosine", "step", "exponential")
-"""The learning rate after warm-up (`--schedule`, `harness.train.optim.ScheduleConfig.at`).
+"""The learning rate after warm-up (`--schedule`, `harness.train.model.optim.ScheduleConfig.at`).
   constant: the peak. cosine: decays to 0 at the last step (Loshchilov & Hutter 2017, no restarts).
   step: × decay_rate every decay period. exponential: × decay_rate^(steps / decay period)."""
 
 LR_SCALINGS = ("none", "linear", "sqrt")
-"""How the peak learning rate follows the global batch (`--scale-lr`, `harness.train.optim.peak_learning_rate`).
+"""How the peak learning rate follows the global batch (`--scale-lr`, `harness.train.model.optim.peak_learning_rate`).
   none: not scaled. linear: × global / base batch (Goyal et al. 2017, arXiv:1706.02677 §2.1).
   sqrt: × its square root (Krizhevsky 2014, arXiv:1404.5997)."""
 
@@ -97,7 +97,7 @@ CLASS_WEIGHTS = ("none", "balanced")
   none: every class weighs 1. balanced: n / (classes × count of the class) in a sample (scikit-learn's)."""
 
 CLASSIFICATION_LOSSES = ("crossentropy", "focal", "dice", "crossentropy+dice")
-"""Built-in losses of task classification (`--loss`, `harness.train.losses.make_loss`); the first is the default.
+"""Built-in losses of task classification (`--loss`, `harness.train.model.losses.make_loss`); the first is the default.
   crossentropy: sparse softmax cross-entropy. focal: Lin et al. 2017 (gamma `--focal-gamma`).
   dice: soft Dice (Milletari et al. 2016). crossentropy+dice: their sum."""
 
@@ -112,7 +112,7 @@ LOSSES = CLASSIFICATION_LOSSES + REGRESSION_LOSSES
 
 # --- metrics ------------------------------------------------------------------------------------------------------
 TASK_METRICS = {"classification": ("accuracy", "mean_iou"), "regression": ("rmse", "mae", "r2")}
-"""The scalar validation metrics of each task (`harness.train.metrics`; logged as `val_<name>`).
+"""The scalar validation metrics of each task (`harness.train.model.metrics`; logged as `val_<name>`).
   accuracy: correct / counted pixels. mean_iou: mean Jaccard index over the classes present.
   rmse, mae: root mean squared and mean absolute error. r2: coefficient of determination."""
 
@@ -121,7 +121,7 @@ PER_CLASS_METRICS = ("precision", "recall", "f1", "iou")
 
 MONITORS = {task: ("loss", "val_loss", *(f"val_{name}" for name in names)) for task, names in TASK_METRICS.items()}
 """What `--monitor` can name, per task: the training loss and, with validation data, the validation loss and
-metrics (`harness.train.control`)."""
+metrics (`harness.train.lifecycle.early_stopping`)."""
 
 EPOCH_METRICS = tuple(dict.fromkeys(name for names in MONITORS.values() for name in names))
 """Every scalar loss or metric an epoch's logs can hold, in MONITORS order (TensorBoard scalars)."""

@@ -31,6 +31,11 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
+# The ports the harness fixes by default (each the one home of its number).
+TF_SERVER_PORT = 2222         # a worker's gRPC port in an Indexed Job's TF_CONFIG, a TFJob's `tfjob-port`
+DATA_SERVICE_PORT = 5050      # `harness data-service dispatcher --port`
+TENSORBOARD_PORT = 6006       # TensorBoard's own default; it tries the next 99 when taken
+
 # Modes: the commands a user runs (README). Each is run by tests/test_ports_inventory.py.
 TRAIN = "harness train"
 PROFILE = "harness train --profile"
@@ -56,7 +61,7 @@ FROM_FLAG = "--port"                  # the command's --port (0: an ephemeral on
 EPHEMERAL = "ephemeral"               # bound to port 0: the kernel's pick from net.ipv4.ip_local_port_range
 RANDOM_1024 = "random >= 1024"        # Horovod's find_port: a random free port in 1024-65535
 FIRST_FREE_1024 = "first free >= 1024"  # Open MPI's TCP BTL: the first free from btl_tcp_port_min_v4 (1024)
-TENSORBOARD_PORTS = "6006-6105"       # TensorBoard: 6006, else the first free of the next 99 (no --port given)
+TENSORBOARD_PORTS = f"{TENSORBOARD_PORT}-{TENSORBOARD_PORT + 99}"  # TensorBoard: 6006, else the next 99 free
 
 # Processes (roles), as `role()` names them from a command line.
 WORKER = "worker"                     # `harness train` (a rank, a TF_CONFIG task, a single process)
@@ -228,7 +233,7 @@ def _port_matches(kind: str, socket: Socket, ephemeral: tuple[int, int]) -> bool
     if kind == RANDOM_1024 or kind == FIRST_FREE_1024:
         return socket.port >= 1024 and socket.port not in socket.told
     if kind == TENSORBOARD_PORTS:
-        return 6006 <= socket.port <= 6105
+        return TENSORBOARD_PORT <= socket.port <= TENSORBOARD_PORT + 99
     raise ValueError(f"unknown port kind {kind!r}")
 
 

@@ -181,11 +181,11 @@ RUN_FIRST = (
     "cluster/test_faults.py",                # waits: 277 s (130), peer timeouts, a worker 25 s late
     "distribute/test_peer_faults.py",        # waits: 168 s (79), a rank 45 s late
     "launch/test_launcher_stop.py",          # waits: 61 s (25), grace periods
-    "train/test_faults_named.py",            # waits: 16 s (1), the watchdog's bounds
+    "train/lifecycle/test_peers.py",         # waits: 16 s (1), the watchdog's bounds
     "bench/test_benchmarks_start.py",        # 307 s (289)
     "launch/test_fault_tolerance.py",        # 305 s (287)
     "distribute/test_horovod_backend.py",    # 180 s (265)
-    "train/test_tune.py",                    # 198 s (179)
+    "train/measure/test_tune.py",            # 198 s (179)
     "test_ports_inventory.py",               # 150 s (190)
     "data/test_gcs_bucket.py",               # 167 s (80, and its bucket's process)
     "cluster/test_horovod_hosts.py",         # 113 s (70)

@@ -114,7 +114,7 @@ def test_tasks_and_kinds_are_the_specs():
 def test_every_loss_of_a_task_is_built_and_distinct(task):
     import tensorflow as tf
 
-    from harness.train import losses
+    from harness.train.model import losses
 
     labels = tf.constant([0, 1, 2, 1], tf.int32) if task == "classification" else tf.constant([0.5, -1., 2., 0.])
     logits = tf.constant([[2., .5, -1.], [0., 1., 0.], [.3, .3, 2.], [1., -1., 0.]]) if task == "classification" \
@@ -131,7 +131,7 @@ def test_every_loss_of_a_task_is_built_and_distinct(task):
 
 
 def test_every_optimizer_is_built_as_its_own_class():
-    from harness.train import optim
+    from harness.train.model import optim
     from harness.train.options import TrainOptions
 
     built = {name: type(optim.make_optimizer(TrainOptions(data=("x",), optimizer=name), 1e-3)).__name__
@@ -142,7 +142,7 @@ def test_every_optimizer_is_built_as_its_own_class():
 
 
 def test_every_schedule_has_its_own_curve():
-    from harness.train import optim
+    from harness.train.model import optim
 
     curves = {kind: tuple(round(optim.ScheduleConfig(peak=1.0, total_steps=10, kind=kind, decay_steps=3,
                                                      decay_rate=0.5).at(step), 12) for step in range(10))
@@ -153,7 +153,7 @@ def test_every_schedule_has_its_own_curve():
 
 
 def test_every_scaling_is_distinct():
-    from harness.train import optim
+    from harness.train.model import optim
 
     peaks = {s: optim.peak_learning_rate(0.1, s, 400, 100) for s in choices.LR_SCALINGS}
     assert peaks == {"none": pytest.approx(0.1), "linear": pytest.approx(0.4), "sqrt": pytest.approx(0.2)}
@@ -162,7 +162,7 @@ def test_every_scaling_is_distinct():
 def test_every_precision_is_a_keras_policy():
     import tf_keras as keras
 
-    from harness.train import precision
+    from harness.train.model import precision
 
     for name in choices.PRECISIONS[1:]:
         assert precision.resolve_precision(name) == (name, "requested")
@@ -199,7 +199,7 @@ def test_every_cache_mode_is_decided(tmp_path):
 
 
 def test_the_metrics_computed_are_the_metrics_listed():
-    from harness.train import metrics
+    from harness.train.model import metrics
 
     confusion = metrics.from_confusion(np.array([[3, 1], [0, 2]]))
     scalars = {k[4:] for k, v in confusion.items() if isinstance(v, float)}
@@ -212,14 +212,15 @@ def test_the_metrics_computed_are_the_metrics_listed():
 
 @pytest.mark.parametrize("task", choices.TASKS)
 def test_every_monitor_is_accepted_and_its_logs_are_written(task, tmp_path):
-    from harness.train import control, summaries
+    from harness.train.lifecycle import early_stopping
+    from harness.train.report import tensorboard
     from harness.train.options import TrainOptions
 
     for monitor in choices.MONITORS[task]:
-        control.check(TrainOptions(data=("x",), validation_data=("y",), monitor=monitor), task)
-        assert monitor in summaries.SCALARS
+        early_stopping.check(TrainOptions(data=("x",), validation_data=("y",), monitor=monitor), task)
+        assert monitor in tensorboard.SCALARS
     with pytest.raises(ConfigError, match=re.escape(f"choose one of {list(choices.MONITORS[task])!r}")):
-        control.check(TrainOptions(data=("x",), validation_data=("y",), monitor="val_bogus"), task)
+        early_stopping.check(TrainOptions(data=("x",), validation_data=("y",), monitor="val_bogus"), task)
 
 
 def test_launch_tables_cover_the_kinds():

@@ -2,6 +2,7 @@
 distribute → errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy
 import cannot hide an upward one."""
 import ast
+import re
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "harness"
@@ -56,9 +57,9 @@ def test_cli_dispatches_to_functions_not_strings():
         assert callable(handler) and handler.__module__.startswith("harness.commands."), argv
 
 
-# --- the trainer split (orbit's Controller / StandardTrainer) and its one factory -------------------------------
+# --- the loop and its one constructor (orbit's Controller / StandardTrainer) -----------------------------------
 ROOT = PACKAGE.parent
-BUILT_BY_FACTORY = {"Trainer", "Evaluator"}
+BUILT_BY_BUILD_RUN = {"Controller", "Trainer", "Evaluator"}
 
 
 def _calls(path: pathlib.Path):
@@ -69,32 +70,133 @@ def _calls(path: pathlib.Path):
             yield (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None), node.lineno
 
 
-def test_train_shows_the_split_in_its_file_names():
-    names = {p.name for p in (PACKAGE / "train").iterdir()}
-    assert {"trainer.py", "evaluator.py", "controller.py", "factory.py"} <= names
-    assert "loop.py" not in names   # the one class doing both jobs is gone
+def test_train_shows_its_jobs_in_its_rooms():
+    """`harness/train/` holds the job and its inputs; each of its jobs is a room (issue 42)."""
+    rooms = {p.name: {f.name for f in p.glob("*.py")} for p in (PACKAGE / "train").iterdir() if p.is_dir()
+             and not p.name.startswith("_")}
+    assert set(rooms) == {"loop", "model", "lifecycle", "measure", "report"}, set(rooms)
+    assert {"trainer.py", "evaluator.py", "controller.py", "factory.py"} <= rooms["loop"]
+    assert {"losses.py", "metrics.py", "optim.py", "precision.py", "builtin.py", "user.py"} <= rooms["model"]
+    assert {"backup.py", "resume.py", "preemption.py", "watchdog.py", "peers.py", "guard.py"} <= rooms["lifecycle"]
+    top = {p.name for p in (PACKAGE / "train").glob("*.py")}
+    assert top == {"__init__.py", "job.py", "options.py", "inputs.py", "demo.py"}, top
 
 
-def test_only_the_factory_builds_a_trainer_or_an_evaluator():
+def test_only_build_run_constructs_a_controller_trainer_or_evaluator():
     wrong = []
     for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]):
-        if path == PACKAGE / "train" / "factory.py":
+        if path == PACKAGE / "train" / "loop" / "factory.py":
             continue
-        source = path.read_text()
-        if "LoopConfig" in source and path != pathlib.Path(__file__).resolve():
-            wrong.append(f"{path.relative_to(ROOT)}: LoopConfig")
         wrong += [f"{path.relative_to(ROOT)}:{line}: {name}(...)" for name, line in _calls(path)
-                  if name in BUILT_BY_FACTORY]
+                  if name in BUILT_BY_BUILD_RUN]
     assert not wrong, "\n".join(wrong)
 
 
-def test_benchmarks_and_bench_train_run_the_factory_trainer():
-    """Every benchmark that trains, and `harness bench train`, takes its trainer from `harness.train.factory`."""
-    users = [p for p in [*(ROOT / "benchmarks").glob("*.py"), PACKAGE / "bench" / "train.py"]
-             if "harness.train.controller" in p.read_text() or "Controller(" in p.read_text()]
-    assert PACKAGE / "bench" / "train.py" in users and len(users) >= 4, users
+def test_every_loop_user_gets_its_run_from_build_run():
+    """Every benchmark that trains, `harness bench train`, the probes and `harness train` build their loop with
+    `build_run` (a `Schedule` is what each gives it)."""
+    users = [p for p in [*(ROOT / "benchmarks").glob("*.py"), *PACKAGE.rglob("*.py")]
+             if "Schedule" in {name for name, _ in _calls(p)} and p.parent.name != "loop"]
+    assert {PACKAGE / "bench" / "train.py", PACKAGE / "train" / "job.py",
+            PACKAGE / "train" / "measure" / "probe.py"} <= set(users) and len(users) >= 6, users
     for path in users:
-        modules = {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)}
-        names = {alias.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
-                 and node.module == "harness.train" for alias in node.names}
-        assert "harness.train.factory" in modules or "factory" in names, path
+        called = {name for name, _ in _calls(path)}
+        assert "build_run" in called or "make_run" in called, path
+    assert not [p for p in PACKAGE.rglob("*.py") if "per_example_cross_entropy" in p.read_text()]
+
+
+# "Which backend is this?" has one home: harness/distribute/ (the backend's methods, the context's properties).
+BACKEND_CHECK = re.compile(r"Backend\.HOROVOD|[=!]= *[\"']horovod[\"']|[\"']horovod[\"'] *[=!]=|backend\.name *[=!]="
+                           r"|isinstance\([^)]*HorovodBackend")
+
+
+def test_which_backend_is_asked_only_in_distribute():
+    wrong = [f"harness/{path.relative_to(PACKAGE)}:{i}: {line.strip()}"
+             for path in sorted(PACKAGE.rglob("*.py")) if path.relative_to(PACKAGE).parts[0] != "distribute"
+             for i, line in enumerate(path.read_text().splitlines(), 1) if BACKEND_CHECK.search(line)]
+    assert not wrong, "\n".join(wrong)
+    assert BACKEND_CHECK.search('if backend.name == "horovod":') and BACKEND_CHECK.search("c.backend is Backend.HOROVOD")
+
+
+# Names and numbers with one home: the HARNESS_* variables in harness/distribute/environment.py, the ports the
+# harness fixes in harness/ports.py.
+CONSTANTS = {"HARNESS_": PACKAGE / "distribute" / "environment.py", "port": PACKAGE / "ports.py"}
+
+
+def _literals(path: pathlib.Path):
+    from harness import ports
+
+    fixed = {ports.TF_SERVER_PORT, ports.DATA_SERVICE_PORT, ports.TENSORBOARD_PORT}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"HARNESS_[A-Z0-9_]+",
+                                                                                           node.value):
+            yield "HARNESS_", node.value, node.lineno
+        elif isinstance(node, ast.Constant) and type(node.value) is int and node.value in fixed:
+            yield "port", node.value, node.lineno
+
+
+def test_variable_names_and_ports_only_in_their_module():
+    wrong = [f"harness/{path.relative_to(PACKAGE)}:{line}: {value!r} (its home: {CONSTANTS[kind].name})"
+             for path in sorted(PACKAGE.rglob("*.py")) for kind, value, line in _literals(path)
+             if path != CONSTANTS[kind]]
+    assert not wrong, "\n".join(wrong)
+
+
+# --- each command's parser beside its handler, its defaults read from the options it fills -----------------------
+def _subparser(*names):
+    import argparse
+
+    from harness.cli import build_parser
+
+    parser = build_parser()
+    for name in names:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return parser
+
+
+def _same(got, want) -> bool:
+    """`got` (a parser's default, or the word its help names) is `want` (the dataclass field's default): the same
+    value, number or sequence; "none" or None for an empty sequence."""
+    if isinstance(want, (list, tuple)):
+        return list(got) == list(want) if isinstance(got, (list, tuple)) else (not want and got in (None, "none"))
+    if isinstance(got, str) and isinstance(want, (int, float)) and not isinstance(want, bool):
+        try:
+            return float(got) == want
+        except ValueError:
+            return False
+    return got == want or (isinstance(got, str) and got == str(want))
+
+
+def test_parser_defaults_are_the_options_defaults():
+    """A flag's default (or the "default X" its help names, where the flag leaves the value to a `--config`) is
+    the default of the options dataclass field it fills: one home for each default."""
+    import argparse
+
+    from harness.bench.train import BenchTrainOptions
+    from harness.commands.args import defaults
+    from harness.launch.k8s import K8sOptions
+    from harness.predict.options import PredictOptions
+    from harness.train.options import TrainOptions
+
+    wrong, compared = [], 0
+    for names, options in ((("bench", "train"), BenchTrainOptions), (("predict",), PredictOptions),
+                           (("launch", "k8s"), K8sOptions), (("train",), TrainOptions), (("tune",), TrainOptions)):
+        fields = defaults(options)
+        for action in _subparser(*names)._actions:
+            if action.dest not in fields:
+                continue
+            want = fields[action.dest]
+            if action.default is argparse.SUPPRESS:   # the value comes from --config, else the dataclass
+                said = re.search(r"\bdefault:? ([^\s;,:)]+)", action.help or "")
+                if said is None or want is None:
+                    continue
+                got = said.group(1)
+            else:
+                got = action.default
+            ok = _same(got, want)
+            compared += 1
+            if not ok:
+                wrong.append(f"harness {' '.join(names)} {action.option_strings[0]}: {got!r}, the options' {want!r}")
+    assert not wrong, "\n".join(wrong)
+    assert compared >= 60, compared
+    assert not _same("1e-2", 0.001) and not _same("auto", "tf") and _same("none", ()) and _same("0", 0.0)

@@ -1,7 +1,7 @@
 """`harness bench train`: training throughput on synthetic batches (the compute ceiling) or on real shards, profiled.
 
 As tf_cnn_benchmarks' and Horovod's synthetic benchmarks: with `--data synthetic` one random batch per replica is
-generated once on the replica's device and fed to every step (`harness.train.synthetic`, which `harness train
+generated once on the replica's device and fed to every step (`harness.train.loop.synthetic`, which `harness train
 --profile`'s input-cost probe uses too), so no input pipeline runs and the figure is what the
 model, the precision and the all-reduce allow. With `--data PATH` the harness input pipeline feeds the same model
 (`--like PATH` gives a synthetic run the shapes of real shards); the gap between the two is the input pipeline's
@@ -96,12 +96,14 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     """
     from harness.distribute import resources
     from harness.distribute.backend import make_backend
+    from harness.distribute.context import one_process_per_replica
     from harness.profile.session import ProfileSession, default_window
     from harness.profile.trace import parse_step_window
-    from harness.train import factory, models, optim, precision
-    from harness.train.controller import Controller, Schedule
+    from harness.train.loop import factory
+    from harness.train.model import builtin, optim, precision
+    from harness.train.loop.controller import Schedule
     from harness.train.options import TrainOptions
-    from harness.train.synthetic import Shapes, synthetic_batches
+    from harness.train.loop.synthetic import Shapes, synthetic_batches
 
     backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas)
     strategy, context = backend.strategy, backend.context
@@ -115,7 +117,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     global_batch = batch.global_batch_size
     with strategy.scope():
         moments = dict(mean=real.mean, variance=real.variance) if real else {}
-        model = models.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes, **moments)
+        model = builtin.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes, **moments)
         defaults = TrainOptions(data=tuple(options.data))   # `harness train`'s optimizer and learning rate
         optimizer = precision.wrap_optimizer(optim.make_optimizer(defaults, defaults.learning_rate), policy)
     total = options.warmup + options.steps
@@ -124,11 +126,11 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     session = ProfileSession(context=context, strategy=strategy, output=options.output, trace_steps=window,
                              logdir=options.profile_dir, warmup_steps=options.warmup,
                              interval_s=None if options.no_sampling else options.sample_interval)
-    trainer = factory.make_trainer(backend, model, optimizer, real.plan if real and not synthetic else batch)
-    controller = Controller(trainer, Schedule(epochs=1, steps_per_epoch=total, warmup_steps=options.warmup),
-                            context=context, **session.controller_kwargs())   # K: auto, as `harness train`
+    run = factory.build_run(backend, model, optimizer, real.plan if real and not synthetic else batch,
+                            Schedule(epochs=1, steps_per_epoch=total, warmup_steps=options.warmup),
+                            **session.controller_kwargs())   # K: auto, as `harness train`
     # Horovod: one replica per process, each its own seed (under tf.distribute the replica ids differ already)
-    seed = options.seed + (context.rank if backend.name == "horovod" else 0)
+    seed = options.seed + (context.rank if one_process_per_replica(backend.name) else 0)
     iterator = (synthetic_batches(strategy, shapes, options.per_replica_batch_size, seed) if synthetic
                 else iter(backend.distribute(real.dataset_fn(True))))
     if context.is_chief:
@@ -137,7 +139,7 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
               f"{options.per_replica_batch_size} = {global_batch} per step, {policy}, {options.warmup} warm-up + "
               f"{options.steps} timed steps", flush=True)
     with session:
-        controller.fit(iterator)
+        run.controller.fit(iterator)
     facts = (dict(real.worker_facts(context.rank), synthetic=False) if real and not synthetic
              else {"synthetic": True, "cpu_count": resources.detect(context.local_size).cpus})
     config_out = dataclasses.asdict(options)

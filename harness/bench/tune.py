@@ -20,10 +20,10 @@ from harness.data.probe import (COUNT_BATCH, NEGLIGIBLE, PROBE_RECORDS, REPEATS,
 def compute_rate(options, label: Optional[str], *, steps: int, warmup: int) -> float:
     """The step's examples/s on synthetic batches shaped like the data (`harness.bench.train.run` with
     `--data synthetic --like DATA`, the run's batch, precision and strategy; no trace, no sampling): `steps` timed
-    steps, then, where they lasted less than `harness.train.probe.PROBE_SECONDS`, again with as many as fill it
+    steps, then, where they lasted less than `harness.train.measure.probe.PROBE_SECONDS`, again with as many as fill it
     (at most PROBE_MAX_STEPS): 20 steps of the ACES points' step gave 289k examples/s, 200 gave 546-722k (the
     calls of auto K need steps to amortize their start)."""
-    from harness.train.probe import probe_steps
+    from harness.train.measure.probe import probe_steps
 
     rate = _synthetic_rate(options, label, steps=steps, warmup=warmup)
     if rate <= 0:

@@ -5,6 +5,10 @@ import json
 import os
 import sys
 
+from harness import ports
+from harness.choices import DATA_KINDS, DTYPES
+from harness.commands.args import NON_NEGATIVE, POSITIVE, command
+
 
 def inspect(args) -> int:
     """`harness inspect PATH... [--mixer M] [--kernel-margin K] [--records N] [--json]`."""
@@ -67,3 +71,52 @@ def data_service(args) -> int:
     # dispatcher journals as it goes).
     sys.stdout.flush()
     os._exit(0)
+
+
+def add_parsers(sub) -> None:
+    """`harness inspect`, `harness synth`, `harness reshard` and `harness data-service dispatcher|worker`."""
+    p = command(sub, "inspect", inspect,
+                "Print the schema, patch shape, per-shard record counts and a ready-to-use config")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--mixer", help="mixer.json when not beside the shards as <prefix>-mixer.json")
+    p.add_argument("--kernel-margin", type=NON_NEGATIVE, default=None,
+                   help="kernel size k of the export (stored patch = patchDimensions + k); default: from mixer.json, "
+                        "else 0")
+    p.add_argument("--records", type=POSITIVE, default=8, help="records read per shard to infer the schema")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = command(sub, "synth", synth,
+                "Write a synthetic export laid out exactly as Earth Engine writes it")
+    p.add_argument("output", help="folder to write into")
+    p.add_argument("--kind", choices=DATA_KINDS, default="image", help="patches (image) or points (table)")
+    p.add_argument("--prefix", default="export", help="file name prefix")
+    p.add_argument("--shards", type=POSITIVE, default=4, help="files (at most --records)")
+    p.add_argument("--records", type=POSITIVE, default=16, help="records (patches or rows) in all")
+    p.add_argument("--bands", nargs="+", default=["B2", "B3", "B4", "B8"], help="band names")
+    p.add_argument("--label", default="landcover", help="label feature name ('' for none)")
+    p.add_argument("--classes", type=POSITIVE, default=4, help="label classes")
+    p.add_argument("--patch-size", type=POSITIVE, default=64, help="patchDimensions P (without margin), pixels")
+    p.add_argument("--kernel-size", type=NON_NEGATIVE, default=0,
+                   help="kernelSize k: 0 or 1 store no margin, an even k a stored patch of P + k (k/2 per side)")
+    p.add_argument("--dtype", choices=DTYPES, default="float", help="band storage")
+    p.add_argument("--uncompressed", action="store_true", help="write .tfrecord without GZIP")
+    p.add_argument("--seed", type=int, default=0, help="random fields and classes")
+
+    p = command(sub, "reshard", reshard,
+                "Rewrite (GZIP) shards into uncompressed shards balanced over a multiple of the workers, in order")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="shards: a folder, a glob, or paths")
+    p.add_argument("--output", required=True, help="folder for the new shards")
+    p.add_argument("--workers", type=int, required=True, help="training workers the output is balanced over")
+    p.add_argument("--shards-per-worker", type=int, default=1, help="more files per worker: more parallel reads")
+    p.add_argument("--prefix", help="output name prefix (default: the source's)")
+    p.add_argument("--mixer", help="mixer.json when not beside the shards (default: <prefix>-mixer.json there)")
+
+    ds = sub.add_parser("data-service", help="tf.data service servers for --data-service")
+    dsub = ds.add_subparsers(dest="role", required=True)
+    p = command(dsub, "dispatcher", data_service, "Start a tf.data service dispatcher")
+    p.add_argument("--port", type=NON_NEGATIVE, default=ports.DATA_SERVICE_PORT, help="port to listen on")
+    p.add_argument("--work-dir", help="journal folder (fault-tolerant dispatcher); default: none, not fault-tolerant")
+    p = command(dsub, "worker", data_service, "Start a tf.data service worker")
+    p.add_argument("--dispatcher", required=True, help="HOST:PORT of the dispatcher")
+    p.add_argument("--port", type=NON_NEGATIVE, default=0, help="0: any free port")
+    p.add_argument("--worker-address", help="HOST:PORT the dispatcher gives consumers (default localhost:PORT)")

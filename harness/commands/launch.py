@@ -1,8 +1,13 @@
 """`harness launch local|k8s|mpi|horovod`: start a command as several workers, or write the manifests that do."""
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
+
+from harness.choices import HOROVOD_CONTROLLERS, K8S_KINDS, LOCAL_NETWORKS, MPI_LAUNCHERS
+from harness.commands.args import command, defaults
+from harness.launch.k8s import K8sOptions
 
 
 def _command(args) -> list[str]:
@@ -82,3 +87,77 @@ def _launch(line: list[str], args) -> int:
     print(f"launching: {shown}", file=sys.stderr, flush=True)
     run(line, timeout_s=args.timeout)
     return 0
+
+
+def add_parsers(sub) -> None:
+    """`harness launch local|k8s|mpi|horovod`."""
+    launch = sub.add_parser("launch", help="Start a command as several workers")
+    lsub = launch.add_subparsers(dest="launcher", required=True)
+    p = command(lsub, "local", local,
+                "N workers on this machine, each with its TF_CONFIG; output prefixed by worker")
+    p.add_argument("--workers", type=int, required=True, help="worker processes to start")
+    p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before all workers are stopped (default: none, wait)")
+    p.add_argument("--network", choices=LOCAL_NETWORKS, default="private",
+                   help="private (default): the workers in a network namespace with loopback only, open to no other "
+                        "host and reaching none; host: this host's network (their ports open to other hosts)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
+    p = command(lsub, "k8s", k8s,
+                "Write Kubernetes manifests (TFJob, MPIJob, or Indexed Job + headless Service) for a command")
+    D = defaults(K8sOptions)   # each default below is the library's
+    p.add_argument("--kind", choices=K8S_KINDS, required=True,
+                   help="Kubeflow TFJob or MPIJob, or a plain Indexed Job with a headless Service")
+    p.add_argument("--workers", type=int, required=True, help="training pods")
+    p.add_argument("--gpus-per-worker", type=int, default=D["gpus_per_worker"],
+                   help="nvidia.com/gpu per pod (mpijob: MPI slots too)")
+    p.add_argument("--image", required=True, help="container image built from the Dockerfile")
+    p.add_argument("--name", default=D["name"], help="job name (DNS label)")
+    p.add_argument("--namespace", help="default: kubectl's current namespace")
+    p.add_argument("--port", type=int, default=D["port"], help="workers' gRPC port (tfjob, indexed-job)")
+    p.add_argument("--volume-claim", default=D["volume_claim"],
+                   help="ReadWriteMany PersistentVolumeClaim for data and output ('' for none)")
+    p.add_argument("--mount-path", default=D["mount_path"], help="where the claim is mounted in every pod")
+    p.add_argument("--volume-claim-size", help="also write the claim, e.g. 500Gi (ReadWriteMany)")
+    p.add_argument("--storage-class", help="storage class of that claim (one offering ReadWriteMany)")
+    p.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8 (default: a request of 3 per GPU)")
+    p.add_argument("--memory", help="memory request and limit per pod, e.g. 32Gi (default: a request of 12Gi/GPU)")
+    p.add_argument("--restart-policy", default=None,
+                   help="tfjob: ExitCode (default: retry 138/130/137/143, fail on 2) | OnFailure | Never | Always; "
+                        "indexed-job, mpijob: OnFailure (default) | Never")
+    p.add_argument("--max-restarts", type=int, default=D["max_restarts"],
+                   help="faults the job survives, each restarting the pods (sizes --backoff-limit)")
+    p.add_argument("--backoff-limit", type=int, default=None,
+                   help="the job's backoffLimit (default: workers x max-restarts + 1)")
+    p.add_argument("--mpi-launcher", choices=MPI_LAUNCHERS, default=D["mpi_launcher"], help="mpijob only")
+    p.add_argument("--gang", action="store_true",
+                   help="gang scheduling (tfjob, mpijob): all pods bound at once or none (Volcano, scheduler-plugins)")
+    p.add_argument("--queue", help="--gang: the PodGroup's queue (Volcano)")
+    p.add_argument("--priority-class", help="--gang: the PodGroup's priority class")
+    p.add_argument("--scheduler-name",
+                   help="the pods' schedulerName, e.g. volcano (default: the operator's or cluster's)")
+    p.add_argument("--no-network-policy", action="store_true",
+                   help="leave out the NetworkPolicy that admits ingress to the job's pods from its own pods only "
+                        "(a cluster that enforces none, or has its own)")
+    p.add_argument("--overrides", help="YAML with your own settings: sections manifest, pod, container")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train ...")
+    p = command(lsub, "mpi", mpi,
+                "N ranks under mpirun (-bind-to none -map-by slot, exported environment), e.g. for --backend horovod")
+    rank_launch_args(p)
+    p.add_argument("--mpirun-args", help="further mpirun arguments, one quoted string")
+    p.add_argument("--export", action="append", metavar="NAME",
+                   help="also export this variable to every rank (repeatable); see README, Horovod and MPI")
+    p = command(lsub, "horovod", horovod, "N ranks under horovodrun (Gloo or MPI)")
+    rank_launch_args(p)
+    p.add_argument("--controller", choices=HOROVOD_CONTROLLERS, default="gloo", help="horovodrun's rendezvous")
+    p.add_argument("--horovodrun-args", help="further horovodrun arguments, one quoted string")
+
+
+def rank_launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--np", type=int, required=True, help="number of ranks (processes) in all")
+    p.add_argument("-H", "--hosts", help="host:slots,... (default: this host)")
+    p.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before the launcher and ranks are killed (default: none, wait)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="command", help="-- harness train --backend horovod ...")

@@ -1,7 +1,9 @@
 """`harness tune`: probe the input pipeline's stages on your data, decide its levers, write a run config."""
 from __future__ import annotations
 
-from harness.commands.train import _NOT_OPTIONS
+from harness.commands.args import POSITIVE, command
+from harness.commands.train import _NOT_OPTIONS, train_args
+
 
 _TUNE_ONLY = ("write", "workers", "probe_records", "compute_steps")
 _DATA_KEYS = ("label", "bands", "task", "ignore_label", "class_names")  # `merge_options` moves them to `data:`
@@ -27,3 +29,15 @@ def tune(args) -> int:
         f.write(tune_lib.config_text(decision, train, data))
     print(f"config: {args.write} (harness train --config {args.write})")
     return 0
+
+
+def add_parsers(sub) -> None:
+    """`harness tune`."""
+    p = command(sub, "tune", tune,
+                "Probe each input stage on your data, decide the pipeline's levers and write a config for train")
+    train_args(p)
+    p.add_argument("--write", default="tune.yaml", metavar="FILE", help="the run config written")
+    p.add_argument("--workers", type=POSITIVE, default=1, help="training workers, one per host (each reads its share)")
+    p.add_argument("--probe-records", type=POSITIVE, default=256, help="records each stage's probe reads")
+    p.add_argument("--compute-steps", type=POSITIVE, default=20,
+                   help="timed steps on synthetic batches, at least (more where they last under 2 s)")

@@ -28,6 +28,7 @@ import urllib.parse
 import urllib.request
 from typing import Iterable, Optional
 
+from harness.distribute import environment
 from harness.errors import HarnessError
 
 STORAGE_API = "https://www.googleapis.com/storage/v1/b/"   # gcs_file_system.cc's kGcsUriBase + "b/"
@@ -51,7 +52,7 @@ def is_gcs(path) -> bool:
 
 
 def _probe_seconds(environ) -> float:
-    text = environ.get("HARNESS_GCS_PROBE_S", "")
+    text = environ.get(environment.GCS_PROBE, "")
     try:
         return float(text) if text else PROBE_S
     except ValueError:

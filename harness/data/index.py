@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.data import records
+from harness.distribute import environment
 from harness.data.shards import GZIP, Shard, read_buffer_bytes
 from harness.tracing import graph_fn
 from harness.errors import NotTFRecordError, TruncatedShardError
@@ -41,7 +42,7 @@ class ShardStats:
 
 def cache_dir() -> str:
     """`$HARNESS_CACHE_DIR`, else `~/.cache/harness`."""
-    return os.environ.get("HARNESS_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "harness")
+    return os.environ.get(environment.CACHE_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "harness")
 
 
 def file_identity(path: str) -> str:

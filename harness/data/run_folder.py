@@ -6,7 +6,7 @@ import os
 
 from harness.errors import ModelFileError
 
-MODEL_FILE = "model.keras"  # the final model in a run folder (harness.train.checkpoint.save_model writes it)
+MODEL_FILE = "model.keras"  # the final model in a run folder (harness.train.lifecycle.backup.save_model writes it)
 
 
 def model_path(source: str) -> str:

@@ -397,7 +397,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
             if per_pass < batch_size:
                 raise BatchSizeError(f"{per_pass} records < per-replica batch {batch_size}: no batch")
             dropped = per_pass % batch_size
-        # else the whole pass: the last batch partial, every record scored once (harness.train.evaluator)
+        # else the whole pass: the last batch partial, every record scored once (harness.train.loop.evaluator)
     batch = (BATCHED_BY_KEEP if keep == KEEP_BATCHES else
              REBATCH if read_batch is not None and not by_record else BATCH)
     augment = o.augment and training

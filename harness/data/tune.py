@@ -57,7 +57,7 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
-from harness.data.stages import MEMORY_CACHE_MAX_RECORDS
+from harness.data.stages import MEMORY_CACHE_FRACTION, MEMORY_CACHE_MAX_RECORDS
 from harness.errors import ConfigError
 
 READ, INFLATE, PARSE, DECODE, UNBATCH, AUGMENT, BATCH = ("read", "inflate", "parse", "decode", "unbatch", "augment",
@@ -65,9 +65,6 @@ READ, INFLATE, PARSE, DECODE, UNBATCH, AUGMENT, BATCH = ("read", "inflate", "par
 STAGES = (READ, INFLATE, PARSE, DECODE, UNBATCH, AUGMENT, BATCH)
 RECORDS, BATCHES = "records", "batches"  # parse placements (choices.PARSE_PLACEMENTS without "auto")
 MEMORY, FILE, NONE = "memory", "file", "none"  # cache kinds (choices.CACHE_MODES)
-# A memory cache may take this fraction of the worker's memory (as stages.MEMORY_CACHE_FRACTION, and tf.data's
-# autotune ram_budget default: half of the available RAM).
-MEMORY_CACHE_FRACTION = 0.5
 # A file cache may take this fraction of the free disk under cache_dir.
 DISK_CACHE_FRACTION = 0.5
 # Prefetched batches may take at most this fraction of the worker's memory.

@@ -7,7 +7,7 @@ branches on the backend; it asks a `TrainingBackend` for
   - `distribute(dataset_fn)`: the per-worker datasets as the strategy wants them;
   - `loss_divisor(plan)`: what a replica divides its summed per-example loss by;
   - `gradient_tape(tape)`, `sum_over_ranks(t)`, `mean_over_ranks(t)`, `ranks_summed`: what the trainer's step asks
-    (`harness.train.trainer.Trainer`): the tape that reduces gradients, and sums over the processes that
+    (`harness.train.loop.trainer.Trainer`): the tape that reduces gradients, and sums over the processes that
     `strategy.reduce` does not span (Horovod's ranks);
   - `control_plane()`: object collectives (gather, broadcast) for statistics and self-checks;
   - `agree_steps`, `prepare_restore`, `broadcast_backup`, `epoch_end_callbacks`: the points where Horovod's ranks
@@ -113,11 +113,18 @@ class TrainingBackend:
         by_rank = {int(r[0]): r[1:] for r in rows}
         return np.stack([by_rank[w] for w in range(self.context.num_workers)])
 
+    def mean_over_workers(self, value: float) -> float:
+        """The mean of `value` over every worker (every rank under Horovod), the same on all: one `allgather`.
+        Every worker must call it at the same point (the controller's auto K: every worker must choose the same)."""
+        if self.context.num_workers == 1:
+            return float(value)
+        return float(np.mean(self.allgather([value])[:, 0]))
+
     def sum_over_workers(self, values: Sequence[int]) -> np.ndarray:
         """int32 `[n]` `values` summed over every worker, on every worker: one all-reduce of n integers (a
         `strategy.reduce` inside a `tf.function` traced once; every worker must call it at the same point). One
         worker: `values` themselves, no collective. What the preemption check runs after each call of K steps
-        (`harness.train.preemption`)."""
+        (`harness.train.lifecycle.preemption`)."""
         import tensorflow as tf
         from harness.tracing import graph_function
 

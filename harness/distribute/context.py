@@ -29,6 +29,12 @@ class Backend(enum.Enum):
     HOROVOD = "horovod"            # one process per device, Horovod allreduce
 
 
+def one_process_per_replica(backend: str) -> bool:
+    """Whether `--backend NAME` runs one process per replica, the ranks of an MPI or Gloo job (Horovod), rather than
+    one process per worker driving its local replicas (tf.distribute, "tf")."""
+    return backend == Backend.HOROVOD.value
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerContext:
     """This process's place in the job.
@@ -72,6 +78,13 @@ class WorkerContext:
     def replicas_in_sync(self) -> int:
         """Replicas over all workers: `num_workers x replicas_per_worker`."""
         return self.num_workers * self.replicas_per_worker
+
+    @property
+    def chief_writes_alone(self) -> bool:
+        """Whether only the chief saves (backups, models): under Horovod a save holds no collective, so ranks other
+        than 0 skip it and their hosts need not see the output folder; under tf.distribute every worker saves (a
+        save is a collective) and a non-chief's copy goes to a temporary folder."""
+        return self.backend is Backend.HOROVOD
 
     @property
     def is_chief(self) -> bool:

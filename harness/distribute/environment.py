@@ -22,6 +22,7 @@ import json
 import os
 from typing import Mapping, Optional
 
+from harness import ports
 from harness.errors import ClusterConfigError
 
 TF_CONFIG = "TF_CONFIG"
@@ -140,7 +141,7 @@ PORT = "HARNESS_PORT"
 # Optional "host:port,..." (one per index) in place of the DNS names, for clusters that need other addresses
 # (host networking) and for tests on one machine.
 WORKER_ADDRESSES = "HARNESS_WORKER_ADDRESSES"
-DEFAULT_PORT = 2222
+DEFAULT_PORT = ports.TF_SERVER_PORT
 
 
 def indexed_job_tf_config(environ: Optional[Mapping[str, str]] = None) -> Optional[TFConfig]:
@@ -177,13 +178,20 @@ def indexed_job_tf_config(environ: Optional[Mapping[str, str]] = None) -> Option
     return TFConfig(cluster={WORKER: addresses}, task_type=WORKER, task_index=index)
 
 
+# Where fetched and converted data is kept (`harness.data.index.cache_dir`), and the seconds a gs:// read may take
+# before it is named stuck (`harness.data.gcs`).
+CACHE_DIR = "HARNESS_CACHE_DIR"
+GCS_PROBE = "HARNESS_GCS_PROBE_S"
+
+
 # Seconds a worker waits for its peers to arrive before failing with a named error (see strategy.wait_for_workers).
 WORKER_WAIT = "HARNESS_WORKER_WAIT_S"
 DEFAULT_WORKER_WAIT_S = 120.0
+K8S_WORKER_WAIT_S = 900.0   # on a cluster, scheduling and image pulls take minutes (`harness launch k8s` sets it)
 
 
 # Seconds a running worker tolerates without step progress (a peer lost, a worker stuck) before it ends the run
-# with a named ClusterFault (harness.train.watchdog); a TensorFlow error naming a lost peer ends it at once.
+# with a named ClusterFault (harness.train.lifecycle.watchdog); a TensorFlow error naming a lost peer ends it at once.
 PEER_TIMEOUT = "HARNESS_PEER_TIMEOUT_S"
 DEFAULT_PEER_TIMEOUT_S = 60.0
 # Horovod's Gloo rendezvous and collectives time out after this (Horovod's default 30 s); the harness sets it to
@@ -204,7 +212,7 @@ def read_worker_wait_s(environ: Optional[Mapping[str, str]] = None) -> float:
 
 def read_peer_timeout_s(environ: Optional[Mapping[str, str]] = None) -> float:
     """`HARNESS_PEER_TIMEOUT_S` (default 60 s): the most seconds a running worker waits without step progress
-    before it ends the run naming the lost or stuck peer (`harness.train.watchdog`).
+    before it ends the run naming the lost or stuck peer (`harness.train.lifecycle.watchdog`).
 
     Raises:
       ClusterConfigError: if it is not a positive number.

@@ -146,7 +146,7 @@ def make_plan(file_counts: Sequence[tuple[str, int]], *, workers: int, replicas_
       replicas_per_worker: local replicas per worker.
       global_batch_size, per_replica_batch_size: exactly one.
       evaluation: plan a validation pass instead: every worker reads all its records, the last batch partial
-        (`harness.train.evaluator`); steps_per_epoch is the longest worker's batches, nothing is dropped and a set
+        (`harness.train.loop.evaluator`); steps_per_epoch is the longest worker's batches, nothing is dropped and a set
         smaller than one batch is fine.
 
     Raises:

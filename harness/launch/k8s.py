@@ -67,11 +67,12 @@ import yaml
 
 from harness import exit_codes, redact
 from harness.choices import K8S_KINDS, MPI_LAUNCHERS
+from harness.distribute import environment
 from harness.errors import ConfigError
 from harness.launch import mpi
 
 KINDS = K8S_KINDS
-PORT = 2222
+PORT = environment.DEFAULT_PORT
 TF_CONTAINER = "tensorflow"      # the training-operator finds the TF container and its port by these names
 TF_PORT_NAME = "tfjob-port"
 USER, UID = "harness", 1000      # the Dockerfile's non-root user
@@ -95,7 +96,7 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 BASE_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 # tf.distribute pods wait this long for their peers (harness.distribute.strategy.wait_for_workers): on a cluster,
 # scheduling and image pulls take minutes, more than the 120 s default meant for one machine.
-WAIT_ENV = {"HARNESS_WORKER_WAIT_S": "900"}
+WAIT_ENV = {environment.WORKER_WAIT: f"{environment.K8S_WORKER_WAIT_S:g}"}
 # The MPIJob launcher's own variables, exported to the ranks with the others of its container (NCCL off the
 # interfaces that are not routed between pods; Horovod docs/mpi.rst).
 LAUNCHER_ENV = {"NCCL_SOCKET_IFNAME": mpi.NCCL_SOCKET_IFNAME}
@@ -403,8 +404,8 @@ def launcher_env_names(o: K8sOptions) -> list[str]:
 
 
 def indexed_job(o: K8sOptions) -> list[dict]:
-    env = {**WAIT_ENV, "HARNESS_K8S_JOB": o.name, "HARNESS_K8S_SERVICE": o.name, "HARNESS_NUM_WORKERS": str(o.workers),
-           "HARNESS_PORT": str(o.port)}
+    env = {**WAIT_ENV, environment.K8S_JOB: o.name, environment.K8S_SERVICE: o.name,
+           environment.NUM_WORKERS: str(o.workers), environment.PORT: str(o.port)}
     container = _container(o, "harness", list(o.command), gpus=o.gpus_per_worker, env=env,
                            ports=[{"name": "grpc", "containerPort": o.port, "protocol": "TCP"}])
     template = _template(o, [container])
@@ -549,8 +550,9 @@ def to_yaml(objects: Sequence[dict], options: K8sOptions) -> str:
         header += (f"# Gang-scheduled: all {pods} pods are bound at once or none (minAvailable {pods}); needs Volcano "
                    "or scheduler-plugins\n# and the operator started with its gang-scheduling flag.\n")
     else:
-        header += (f"# Not gang-scheduled (--gang): pods start one by one and wait up to {WAIT_ENV['HARNESS_WORKER_WAIT_S']}"
-                   " s for their peers\n# (HARNESS_WORKER_WAIT_S, printed in their logs), holding their GPUs.\n")
+        header += (f"# Not gang-scheduled (--gang): pods start one by one and wait up to "
+                   f"{WAIT_ENV[environment.WORKER_WAIT]} s for their peers\n# ({environment.WORKER_WAIT}, printed in "
+                   "their logs), holding their GPUs.\n")
     if options.network_policy:
         header += ("# NetworkPolicy: the job's pods admit connections from the job's own pods only (TensorFlow's "
                    "server runs\n# what it is sent, from anyone); enforced only where the network plugin "

@@ -34,6 +34,7 @@ from typing import Mapping, Optional, Sequence
 from harness import ports
 from harness.choices import HOROVOD_CONTROLLERS
 from harness.distribute import environment
+from harness.distribute.context import one_process_per_replica
 from harness.errors import ConfigError, PreemptedError, WorkerFailedError
 from harness.launch import stopping
 
@@ -123,7 +124,7 @@ def horovod_backend_error(command: Sequence[str]) -> Optional[str]:
             backend = words[i + 1]
         elif word.startswith("--backend="):
             backend = word.partition("=")[2]
-    if backend == "horovod":
+    if backend is not None and one_process_per_replica(backend):
         return None
     given = "without --backend" if backend is None else f"with --backend {backend}"
     copies = f"{name} {given} under MPI would train one independent copy per rank (tf.distribute in each)"

@@ -1,7 +1,7 @@
 """The profile report: every step of every worker, per-worker and job summaries, the verdict and advice.
 
 A worker's part (`worker_part`) holds its steps (`StepTime`s: input wait, compute, examples, warm-up flag), its
-utilization samples and its trace check; the chief gathers the parts (`harness.profile.gather`) and builds the
+utilization samples and its trace check; the chief gathers the parts (`harness.distribute.gather`) and builds the
 report (`build_report`), writes `report.json` and the timeline plot (`write_report`) and prints `format_table`.
 
 Figures (warm-up steps excluded, counted apart):
@@ -15,7 +15,7 @@ Figures (warm-up steps excluded, counted apart):
                       the trace window (`trace.profiler_input_analysis`; tensorflow.org/guide/profiler, section
                       "Input Pipeline Analyzer"), compared with the traced stall share, not the whole run's;
   input cost          1 - real / synthetic examples/s: the run's rate against a short probe of the same model,
-                      batch and loop on synthetic batches on the device (`harness.train.probe`, `harness train
+                      batch and loop on synthetic batches on the device (`harness.train.measure.probe`, `harness train
                       --profile`), both from the median call of K steps (`timing.median_call_rate`: the calls
                       `auto` times before choosing K and the trace window's are not K-step calls); None without
                       a probe.
@@ -193,7 +193,7 @@ def advice(summary: dict, workers: Sequence[dict], facts: dict) -> list[str]:
 def build_report(parts: Sequence[dict], *, kind: str, config: dict, replicas_in_sync: int,
                  trace_logdir: Optional[str] = None, probe: Optional[dict] = None) -> dict:
     """The whole report from every worker's part (ordered by rank); `probe`: the chief's synthetic probe
-    (`harness.train.probe.synthetic_probe`), for the input cost."""
+    (`harness.train.measure.probe.synthetic_probe`), for the input cost."""
     from harness.profile.trace import missing_traces, tensorboard_command
 
     parts = sorted(parts, key=lambda p: p["rank"])

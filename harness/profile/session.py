@@ -2,9 +2,9 @@
 window for the `Controller`, then the gather to the chief and the report.
 
     profiler = ProfileSession(context=context, strategy=strategy, output=out, trace_steps=(10, 20), total_steps=n)
-    controller = Controller(trainer, schedule, context=..., **profiler.controller_kwargs())
+    run = build_run(backend, model, optimizer, plan, schedule, **profiler.controller_kwargs())
     with profiler:                      # starts sampling; stops it on exit
-        controller.fit(...)
+        run.controller.fit(...)
     report = profiler.finish(kind="train", config={...}, facts={...})   # the report on the chief, None elsewhere
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from typing import Callable, Optional
 
 from harness.profile import report as report_lib
-from harness.profile.gather import gather_to_chief
+from harness.distribute.gather import gather_to_chief
 from harness.profile.sampler import DEFAULT_INTERVAL_S, UtilizationSampler
 from harness.profile.trace import ProfileWindow, profiler_device_idle, profiler_input_analysis
 from harness.profile.timing import StepTimer
@@ -60,8 +60,8 @@ class ProfileSession:
         return [self.window] if self.window else []
 
     def controller_kwargs(self) -> dict:
-        """`Controller(..., **session.controller_kwargs())`: the timer and the step hooks."""
-        return {"timer": self.timer, "step_hooks": self.hooks}
+        """`build_run(..., **session.controller_kwargs())`: the timer and the trace window's action."""
+        return {"timer": self.timer, "actions": self.hooks}
 
     def start(self) -> "ProfileSession":
         """Start sampling (`finish` stops it)."""

@@ -40,7 +40,7 @@ class Inputs:
       num_classes: classes of the label (declared, else the largest label + 1 in a shuffled sample, nodata left
         out); for regression the outputs per pixel (1 unless declared).
       mean, variance: per-band statistics `[bands]` of a sample, for the model's Normalization layer
-        (`harness.train.models.band_moments`): with group_delivery "time" `[bands per group]` over every time
+        (`harness.train.model.builtin.band_moments`): with group_delivery "time" `[bands per group]` over every time
         step, with group_delivery "dict" a dict `{group: [bands of the group]}`.
       class_weights: `[num_classes]` loss weights, or None.
       pipelines: the `PipelinePlan` of every input pipeline this process built, by `(training,
@@ -114,7 +114,7 @@ class Inputs:
         Args:
           start_step: the global step training continues after (a resume's): the training pipelines begin at its
             epoch and skip the batches of that epoch already trained on (each replica draws one per step).
-          seed: the seed of the epochs' order (`harness.train.resume.data_seed`); None: `options.seed`.
+          seed: the seed of the epochs' order (`harness.train.lifecycle.resume.data_seed`); None: `options.seed`.
         """
         steps = self.plan.steps_per_epoch
         self.start.update(first_epoch=start_step // steps,
@@ -225,7 +225,7 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
     import numpy as np
     import tensorflow as tf
 
-    from harness.train import models
+    from harness.train.model import builtin
 
     every_file = ShardAssignment(files=tuple(train.files_with_records), policy=FILE, input_pipeline_id=0,
                                  num_input_pipelines=1)
@@ -235,7 +235,7 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
         assignment=every_file).take(SAMPLE_BATCHES)
     declared = options.num_classes or spec.num_classes or len(spec.class_names) or None
     try:
-        mean, variance = models.band_moments(sample, batches=SAMPLE_BATCHES)
+        mean, variance = builtin.band_moments(sample, batches=SAMPLE_BATCHES)
         labels = tf.concat([y for _, y in sample], axis=0).numpy()
     except tf.errors.InvalidArgumentError as e:
         raise scan.named_error(e, spec, declared or 0, list(train.shards)) from e

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from harness.choices import BACKENDS, CACHE_MODES, CLASS_WEIGHTS, PARSE_PLACEMENTS, PRECISIONS, STRATEGIES
+from harness.distribute.context import one_process_per_replica
 from harness.errors import ConfigError
 
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
@@ -41,6 +42,9 @@ def _check_option_types(options: "TrainOptions") -> None:
             raise ConfigError(f"train.{field.name}: expected {want}, got {value!r} ({type(value).__name__})")
 
 
+DEFAULT_PER_REPLICA_BATCH_SIZE = 32   # when neither --global-batch-size nor --per-replica-batch-size is given
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainOptions:
     """Everything `harness train` needs besides the data spec. Field names match the command-line flags and the
@@ -70,14 +74,14 @@ class TrainOptions:
     data_service: str | None = None
     backend: str = "tf"
     check_sharding: bool = False
-    steps_per_loop: int | str = "auto"   # steps per tf.function call, or "auto" (`harness.train.controller`)
-    model: str | None = None            # MODULE:FUNCTION or path/to/file.py:FUNCTION (harness.train.user_model)
+    steps_per_loop: int | str = "auto"   # steps per tf.function call, or "auto" (`harness.train.loop.controller`)
+    model: str | None = None            # MODULE:FUNCTION or path/to/file.py:FUNCTION (harness.train.model.user)
     model_args: dict | None = None      # keyword arguments for the model function
     init_from: str | None = None        # MODEL.keras or a run folder holding model.keras
-    optimizer: str = "adam"             # adam | adamw | sgd (harness.train.optim)
+    optimizer: str = "adam"             # adam | adamw | sgd (harness.train.model.optim)
     momentum: float | None = None       # sgd
     nesterov: bool = False              # sgd
-    weight_decay: float | None = None   # decoupled; adamw's default 0.004
+    weight_decay: float | None = None   # decoupled; adamw's default optim.ADAMW_WEIGHT_DECAY
     schedule: str = "constant"          # constant | cosine | step | exponential, after warm-up
     warmup_steps: int | None = None
     warmup_epochs: float | None = None
@@ -90,7 +94,7 @@ class TrainOptions:
                                         # None: crossentropy (classification), mse (regression)
     focal_gamma: float = 2.0
     monitor: str | None = None          # a key of the epoch logs: keeps the best epoch's model (best/model.keras)
-    early_stopping: int | None = None   # patience in epochs (harness.train.control)
+    early_stopping: int | None = None   # patience in epochs (harness.train.lifecycle.early_stopping)
     min_delta: float = 0.0
     brightness: float = 0.0             # training inputs x U(1 - b, 1 + b) per example (harness.data.pipeline)
     contrast: float = 0.0               # image bands around their mean x U(1 - c, 1 + c)
@@ -99,10 +103,10 @@ class TrainOptions:
     parallel_reads: int | None = None   # files read at once; None: one per CPU
     map_parallelism: int | None = None  # calls in flight of each parallel map; None: AUTOTUNE
     prefetch: int | None = None         # batches; None: AUTOTUNE
-    tune: bool = False                  # decide the four levers and the cache before training (harness.train.tune)
+    tune: bool = False                  # the four levers and the cache decided before training (measure.tune)
 
     def __post_init__(self):
-        from harness.train import optim
+        from harness.train.model import optim
 
         optim.refuse_built(self.optimizer, "optimizer")  # an object, before the type check calls it "not a string"
         optim.refuse_built(self.schedule, "schedule")
@@ -114,11 +118,11 @@ class TrainOptions:
                 raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         if self.class_weights not in CLASS_WEIGHTS:
             _weights(self.class_weights)
-        if self.backend == "horovod" and (self.strategy != "auto" or self.cpu_replicas != 1):
+        if one_process_per_replica(self.backend) and (self.strategy != "auto" or self.cpu_replicas != 1):
             raise ConfigError("--strategy and --cpu-replicas choose a tf.distribute strategy; --backend horovod runs "
                               "one replica per process (start more processes: mpirun -np / horovodrun -np)")
         if self.global_batch_size is None and self.per_replica_batch_size is None:
-            object.__setattr__(self, "per_replica_batch_size", 32)
+            object.__setattr__(self, "per_replica_batch_size", DEFAULT_PER_REPLICA_BATCH_SIZE)
         for name in ("brightness", "contrast"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")

@@ -212,9 +212,9 @@ def test_cli_reads_the_gradients_from_the_reports_model(tmp_path):
     report = _report(tmp_path / "report.json")
     done = _cli("--report", str(report), "--max-gpus", "4")
     assert done.returncode == 0, done.stderr
-    # the harness U-Net for 16x16x4, 4 classes (harness/train/models.py): bytes and tensors from its weights
-    from harness.train import models
-    model = models.builtin_model("image", (16, 16, 4), 4)
+    # the harness U-Net for 16x16x4, 4 classes (harness/train/builtin.py): bytes and tensors from its weights
+    from harness.train.model import builtin
+    model = builtin.builtin_model("image", (16, 16, 4), 4)
     nbytes = sum(int(w.shape.num_elements()) * w.dtype.size for w in model.trainable_weights)
     assert f"gradient {nbytes / 1e6:.2f} MB in {len(model.trainable_weights)} tensors" in done.stdout
 

@@ -143,8 +143,8 @@ def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
     procs.run([bin_dir / argv[0], *argv[1:]], env=env, timeout=300)
     argv = shlex.split(predict)
     out = procs.run([bin_dir / argv[0], *argv[1:]], env=env, timeout=300)
-    from harness.train import models
-    weights = models.builtin_model("image", (16, 16, 4), 4).trainable_weights
+    from harness.train.model import builtin
+    weights = builtin.builtin_model("image", (16, 16, 4), 4).trainable_weights
     nbytes = sum(int(w.shape.num_elements()) * w.dtype.size for w in weights)
     line = next(ln for ln in out.splitlines() if ln.startswith("gradient profile:"))
     assert line.startswith(f"gradient profile: {len(weights)} tensors, {nbytes:,} bytes, median of "), line

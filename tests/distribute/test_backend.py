@@ -154,7 +154,7 @@ def test_single_device_runs_under_the_default_strategy():
     still answers."""
     import tensorflow as tf
 
-    from harness.train.synthetic import Shapes, synthetic_batches
+    from harness.train.loop.synthetic import Shapes, synthetic_batches
     from harness.distribute.strategy import replica_devices, strategy_name
 
     backend = make_backend("tf", strategy="single")

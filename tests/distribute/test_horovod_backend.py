@@ -166,7 +166,7 @@ def test_mpirun_control_plane_collectives_beside_horovod_thread():
 
 def test_loss_scale_applied_once_under_horovod():
     """Kernel [[0, 0]], x = 1, label 0, SGD lr 1, fixed scale 8 → [[0.5, -0.5]] on both ranks (see
-    tests/train/test_precision.py); scaled twice or never unscaled would multiply or divide it by 8, dividing by
+    tests/train/model/test_precision.py); scaled twice or never unscaled would multiply or divide it by 8, dividing by
     the global batch instead of the rank's would halve it."""
     by_rank = results(run(horovodrun(2, sys.executable, SCRIPTS / "hvd_loss_scale.py", "8")), "HVD_LOSS_SCALE", 2)
     for r in by_rank.values():
@@ -273,22 +273,22 @@ def test_launched_by_mpi_reads_the_launcher_table():
 
 def test_non_chief_horovod_rank_neither_writes_nor_restores(tmp_path):
     import tf_keras as keras
-    from harness.train import checkpoint
+    from harness.train.lifecycle import backup as backups
 
     def backup(rank, folder):
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
         opt = keras.optimizers.Adam()
         opt.build(model.trainable_variables)
         ctx = WorkerContext(rank, 2, rank, 1, "worker", rank, Backend.HOROVOD)
-        return checkpoint.Backup(str(folder), ctx, model=model, optimizer=opt), model, ctx
+        return backups.Backup(str(folder), ctx, model=model, optimizer=opt), model, ctx
 
     chief, model0, ctx0 = backup(0, tmp_path / "out")
     chief.save(4)
-    assert checkpoint.save_model(model0, str(tmp_path / "out"), ctx0).endswith("model.keras")
+    assert backups.save_model(model0, str(tmp_path / "out"), ctx0).endswith("model.keras")
     other, model1, ctx1 = backup(1, tmp_path / "out")
     assert other.restore() == 0  # rank 0's state arrives by broadcast
     other.save(4)
-    assert checkpoint.save_model(model1, str(tmp_path / "elsewhere"), ctx1) is None
+    assert backups.save_model(model1, str(tmp_path / "elsewhere"), ctx1) is None
     other.close()
     assert not (tmp_path / "elsewhere").exists()
     assert sorted(os.listdir(tmp_path / "out" / "backup")) == ["checkpoint", "ckpt-4.data-00000-of-00001",

@@ -191,11 +191,11 @@ def test_fractional_label_mid_shard_is_not_rounded_silently(tmp_path):
 
 def test_a_sigint_that_tensorflow_swallows_still_ends_the_run():
     """SIGINT whose KeyboardInterrupt is lost (as inside TensorFlow code that catches it): the request stays and
-    the loop's next check raises it (harness.train.interrupt); after the block the handler and the flag are as
+    the loop's next check raises it (harness.train.lifecycle.interrupt); after the block the handler and the flag are as
     before. Where SIGINT is ignored (a background job) it stays ignored."""
     import os
 
-    from harness.train import interrupt
+    from harness.train.lifecycle import interrupt
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -228,7 +228,7 @@ def test_a_worker_leaving_on_a_cluster_fault_ignores_the_launchers_sigterm(fault
     its atexit work undone: tests/launch/test_fault_tolerance.py's launch-local case, one records file missing).
     Bad input (a permanent error) leaves the previous handler."""
     from harness import errors
-    from harness.train import interrupt
+    from harness.train.lifecycle import interrupt
 
     before = signal.getsignal(signal.SIGTERM)
     try:

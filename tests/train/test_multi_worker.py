@@ -58,7 +58,7 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes(table_export,
     assert events
     # --scale-lr linear on 2 workers: peak = 1e-2 x global 64 / base 32; the rate of every step in TensorBoard is
     # the closed form of the schedule (a function of the global step).
-    from harness.train.optim import ScheduleConfig
+    from harness.train.model.optim import ScheduleConfig
     cfg = results[0]["learning_rate"]
     assert results[1]["learning_rate"] == cfg
     assert cfg == {"peak": 0.02, "total_steps": 32, "warmup_steps": 4, "kind": "cosine", "decay_steps": 16,

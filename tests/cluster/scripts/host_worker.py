@@ -16,14 +16,14 @@ import harness  # noqa: F401  (selects Keras 2 before TensorFlow is imported)
 import numpy as np
 import tensorflow as tf
 
-from harness.train import results
-from harness.train.trainer import Trainer
+from harness.train.report import run_summary
+from harness.train.loop.trainer import Trainer
 
 FAULT_WORKER = pathlib.Path(__file__).resolve().parents[2] / "launch" / "scripts" / "fault_worker.py"
 records = []
 params = []
 _next_batch = Trainer._next_batch
-_weights_digest = results.weights_digest
+_weights_digest = run_summary.weights_digest
 
 
 def _keep(*tensors):
@@ -46,7 +46,7 @@ def counted_digest(model):
 
 
 Trainer._next_batch = recorded_next_batch   # fault_worker wraps this one with its own count
-results.weights_digest = counted_digest
+run_summary.weights_digest = counted_digest
 sys.argv = [str(FAULT_WORKER), *sys.argv[1:]]
 ran = runpy.run_path(str(FAULT_WORKER), run_name="__main__")
 print("HOST " + json.dumps({"rank": ran["rank"], "hostname": socket.gethostname(),

@@ -13,7 +13,7 @@ import harness  # noqa: F401  (selects Keras 2 before TensorFlow is imported)
 import tensorflow as tf
 
 from harness.cli import main
-from harness.train.trainer import Trainer
+from harness.train.loop.trainer import Trainer
 
 delay = float(os.environ.get("HARNESS_TEST_STEP_DELAY_S", "0"))
 stall_rank = int(os.environ.get("HARNESS_TEST_STALL_RANK", "-1"))

@@ -1,6 +1,6 @@
 """One training step of a one-weight model on each of 2 Horovod ranks, through the harness's Trainer and seams.
 
-Launched by tests/distribute/test_horovod_backend.py. As tests/train/test_precision.py: kernel [[0, 0]], x = 1,
+Launched by tests/distribute/test_horovod_backend.py. As tests/train/model/test_precision.py: kernel [[0, 0]], x = 1,
 label 0, SGD lr 1, mixed_float16 with a fixed loss scale; the gradient [[-0.5, 0.5]] must be scaled once,
 averaged over the ranks and unscaled once, giving [[0.5, -0.5]] on every rank. Prints `HVD_LOSS_SCALE {json}`.
 """
@@ -16,9 +16,10 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from harness.distribute import horovod  # noqa: E402
-from harness.train import precision  # noqa: E402
+from harness.train.model import precision
 from harness.distribute.backend import HorovodBackend  # noqa: E402
-from harness.train import factory  # noqa: E402
+from harness.train.loop import factory
+from harness.train.loop.controller import Schedule
 
 scale = float(sys.argv[1]) if len(sys.argv) > 1 else 8.0
 strategy, context = horovod.init()
@@ -28,7 +29,8 @@ model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2, use_bias=Fals
 opt = precision.wrap_optimizer(keras.optimizers.SGD(1.0), "mixed_float16", initial_scale=scale, dynamic=False)
 per_rank = 1
 backend = HorovodBackend(strategy, context)
-trainer = factory.make_trainer(backend, model, opt, factory.synthetic_batch(backend, per_rank))
+trainer = factory.build_run(backend, model, opt, factory.synthetic_batch(backend, per_rank),
+                            Schedule(epochs=1, steps_per_epoch=1)).trainer
 batch = (tf.ones([per_rank, 1]), tf.zeros([per_rank], tf.int32))
 loss = float(trainer.train_step(batch)[0])
 print("HVD_LOSS_SCALE " + json.dumps({"rank": context.rank, "size": context.num_workers, "loss": loss,

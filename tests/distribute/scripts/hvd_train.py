@@ -21,7 +21,9 @@ import tf_keras  # noqa: E402
 from harness.cli import build_parser  # noqa: E402
 from harness.distribute import environment  # noqa: E402
 from harness.commands.train import options_from_args  # noqa: E402
-from harness.train import job, models, results, user_model  # noqa: E402
+from harness.train import job
+from harness.train.model import builtin, user as user_model
+from harness.train.report import run_summary
 
 built, writes = [], {"backup": 0, "model": 0, "files": []}
 
@@ -41,7 +43,7 @@ def counting(fn, key):
 
 
 def counting_summary(fn):
-    """`results.write_summary`, the job's one writer of summary.json (through tf.io.gfile: gs:// outputs), noted."""
+    """`run_summary.write_summary`, the job's one writer of summary.json (through tf.io.gfile: gs:// outputs), noted."""
     def wrapper(summary, output, *args, **kwargs):
         writes["files"].append("summary.json")
         return fn(summary, output, *args, **kwargs)
@@ -57,11 +59,11 @@ def capture_checked(fn):
 
 
 user_model.check_model = capture_checked(user_model.check_model)
-models.pixel_classifier = capture(models.pixel_classifier)
-models.unet = capture(models.unet)
+builtin.pixel_classifier = capture(builtin.pixel_classifier)
+builtin.unet = capture(builtin.unet)
 tf.train.CheckpointManager.save = counting(tf.train.CheckpointManager.save, "backup")
 tf_keras.Model.save = counting(tf_keras.Model.save, "model")
-results.write_summary = counting_summary(results.write_summary)  # the job's summary.json (harness.train.results)
+run_summary.write_summary = counting_summary(run_summary.write_summary)  # the job's summary.json (harness.train.report.run_summary)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # tests/: call_counts
 import call_counts  # noqa: E402

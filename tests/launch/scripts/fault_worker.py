@@ -29,7 +29,7 @@ from harness.commands.train import options_from_args
 from harness.distribute import environment
 from harness.errors import ClusterFault, HarnessError
 from harness.train import job
-from harness.train.trainer import Trainer
+from harness.train.loop.trainer import Trainer
 
 delay = float(os.environ.get("HARNESS_TEST_STEP_DELAY_S", "0"))
 records_dir = os.environ.get("HARNESS_TEST_RECORDS_DIR")

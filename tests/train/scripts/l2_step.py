@@ -26,7 +26,8 @@ import tf_keras as keras  # noqa: E402
 from harness.distribute.context import WorkerContext  # noqa: E402
 from harness.distribute.backend import HorovodBackend, TrainingBackend  # noqa: E402
 from harness.distribute.batch import batch_sizes  # noqa: E402
-from harness.train import factory  # noqa: E402
+from harness.train.loop import factory
+from harness.train.loop.controller import Schedule
 
 if mode != "horovod":
     strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if n == 1 else
@@ -47,7 +48,8 @@ share = 12 // ranks  # Horovod: each rank its own rows, divided by its own batch
 backend = (HorovodBackend if mode == "horovod" else TrainingBackend)(strategy, context)
 plan = batch_sizes(workers=context.num_workers, replicas_per_worker=strategy.num_replicas_in_sync,
                    global_batch_size=12)   # the loss divisor: 12 (tf.distribute), the rank's share (Horovod)
-trainer = factory.make_trainer(backend, model, opt, plan, clip_norm=clip_norm)
+trainer = factory.build_run(backend, model, opt, plan, Schedule(epochs=1, steps_per_epoch=1),
+                            clip_norm=clip_norm).trainer
 if mode == "horovod":
     batch = (tf.constant(x[context.rank * share:(context.rank + 1) * share]),
              tf.constant(y[context.rank * share:(context.rank + 1) * share]))

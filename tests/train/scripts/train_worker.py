@@ -43,8 +43,8 @@ def main():
     if os.environ.get("HARNESS_TEST_SEED_BY_RANK"):  # each worker's sample of the records differs
         kwargs["seed"] = 100 + context.rank
     if os.environ.get("HARNESS_TEST_OTHER_DIGEST") and context.rank == 1:  # the weights-differ test
-        from harness.train import results
-        results.weights_digest = lambda model: "f" * 64
+        from harness.train.report import run_summary
+        run_summary.weights_digest = lambda model: "f" * 64
     output = os.path.join(base, f"worker{context.rank}") if os.environ.get("HARNESS_TEST_OUTPUT_PER_WORKER") else base
     options = job.TrainOptions(data=tuple(rest[:split]), output=output, **kwargs)
     summary = job.run(options, data_config=data_config, distribution=(strategy, context))

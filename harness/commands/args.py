@@ -1,0 +1,97 @@
+"""What every command's parser shares: the help formatter, the one way a subcommand is added, and the argparse
+types of the flags (a bad value is a one-line usage error, exit 2)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Callable
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only where it informs: not for None (a value derived or absent, which the help text
+    describes instead), not for required options, not where the help already names its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.required or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def command(sub, name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+    p.set_defaults(handler=handler)
+    return p
+
+
+def at_least(minimum: int):
+    """An argparse `type` for an integer count >= minimum: a bad value is a one-line usage error (exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+POSITIVE, NON_NEGATIVE = at_least(1), at_least(0)
+
+
+def auto_or_positive(text: str):
+    """An argparse `type`: `auto` or an integer >= 1."""
+    return "auto" if text == "auto" else POSITIVE(text)
+
+
+auto_or_positive.__name__ = "auto or integer >= 1"
+
+
+BYTE_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+
+
+def byte_sizes(text: str) -> list[int]:
+    """An argparse `type`: comma-separated byte counts with an optional K/M/G suffix (powers of 1024), e.g.
+    `4096,1M,16M`; a bad one is a usage error (exit 2)."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip().upper().removesuffix("B").removesuffix("I")
+        unit = part[-1:] if part[-1:] in "KMG" else ""
+        try:
+            value = int(float(part[:len(part) - len(unit)]) * BYTE_UNITS[unit])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected byte counts such as 4096,1M,16M, got {text!r}") from None
+        if value < 4:
+            raise argparse.ArgumentTypeError(f"a size must be >= 4 bytes (one float32), got {part!r}")
+        sizes.append(value)
+    return sizes
+
+
+def json_object(text: str) -> dict:
+    """An argparse `type` for a JSON object (`--model-args '{"depth": 4}'`): anything else is a usage error."""
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"depth\": 4}}', got {text!r}")
+    return value
+
+
+json_object.__name__ = "JSON object"
+
+
+def defaults(options_class) -> dict:
+    """`{field: default}` of an options dataclass (fields without a default left out): where a parser's defaults
+    and its help's "default X" come from, so the flag and the library agree (`tests/test_layout.py` compares them)."""
+    out = {}
+    for f in dataclasses.fields(options_class):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out

@@ -1,0 +1,1 @@
+"""Measuring a run: the input-cost `probe`, `--profile` (`profiling`), `--tune` (`tune`)."""

@@ -200,3 +200,24 @@ def test_parser_defaults_are_the_options_defaults():
     assert not wrong, "\n".join(wrong)
     assert compared >= 60, compared
     assert not _same("1e-2", 0.001) and not _same("auto", "tf") and _same("none", ()) and _same("0", 0.0)
+
+
+# harness/train's rooms run one way too: the model's parts, then what a run reports, the loop, then the run's life
+# and the measuring around the loop (never each other); the job, its options and inputs use any of them.
+TRAIN_ROOMS = [{"model"}, {"report"}, {"loop"}, {"lifecycle", "measure"}]
+TRAIN_ROOM = {name: i for i, names in enumerate(TRAIN_ROOMS) for name in names}
+
+
+def test_train_rooms_import_one_way():
+    wrong = []
+    for path in sorted((PACKAGE / "train").rglob("*.py")):
+        rel = path.relative_to(PACKAGE / "train")
+        if len(rel.parts) < 2:
+            continue   # job, options, inputs, demo
+        mine = rel.parts[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness.train."):
+                target = node.module.split(".")[2]
+                if target != mine and TRAIN_ROOM.get(target, len(TRAIN_ROOMS)) >= TRAIN_ROOM[mine]:
+                    wrong.append(f"harness/train/{rel}:{node.lineno} imports harness.train.{target}")
+    assert not wrong, "\n".join(wrong)

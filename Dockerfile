@@ -11,8 +11,8 @@ ARG UBUNTU=ubuntu22.04
 
 # --- build: compilers, CUDA toolkit and NCCL headers for Horovod's extension ----------------------------------------
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-devel-${UBUNTU} AS build
-ARG TF_VERSION=2.18.1
-ARG TF_KERAS_VERSION=2.18.0
+ARG TF_VERSION=2.21.0
+ARG TF_KERAS_VERSION=2.21.0
 # GPU architectures Horovod's CUDA kernels are compiled for: V100, A100, A10/RTX 30, L4/RTX 40, H100/H200.
 ARG CUDA_CC_LIST=70,80,86,89,90
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

@@ -34,6 +34,6 @@ $PIP install -q --upgrade pip wheel "setuptools<81"
 # `mpi` (mpi4py) always goes with Horovod, which is always installed (below).
 $PIP install -q -e "$HERE[${EXTRAS:+$EXTRAS,}mpi]"
 # Keras 2 for TF 2.18 (see setup.cfg): --no-deps, or it pulls the full `tensorflow` wheel.
-$PIP install -q --no-deps "tf-keras>=2.18,<2.19"
+$PIP install -q --no-deps "tf-keras>=2.21,<2.22"
 # Horovod 0.28.1 built from its sdist against this TF, with MPI and Gloo; cached wheel (see the script).
 bash "$HERE/tools/install_horovod.sh" "$VENV"

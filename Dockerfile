@@ -1,4 +1,4 @@
-# GPU image of harness: CUDA 12.5 and cuDNN 9 (the build TensorFlow 2.18 is made for), TensorFlow 2.18.1 and tf-keras,
+# GPU image of harness: CUDA 12.5 and cuDNN 9 (the build TensorFlow 2.21 is made for), TensorFlow 2.21.0 and tf-keras,
 # Open MPI, NCCL, Horovod 0.28.1 built with NCCL GPU operations (and MPI + Gloo controllers), and the harness.
 # It installs through tools/install.sh, the script `make install` and CI run, so the image gets what CI tests.
 #

@@ -138,12 +138,26 @@ def mark_tensorboard_run(logdir: str) -> None:
         log.warning("no TensorBoard event file in %s (TensorBoard will not list this trace): %s", logdir, e)
 
 
-# (module, what it is): what `tensorboard --logdir` needs to show a trace
+# (module, what it is): what `tensorboard --logdir` needs to show a trace; "PROFILER." is the profile plugin's own
+# package: `xprof` (tensorboard-plugin-profile >= 2.20 is a passthrough to it, whose submodules do not import under
+# the old name), else `tensorboard_plugin_profile`.
 VIEWER_MODULES = (
     ("tensorboard.default", "TensorBoard (it imports pkg_resources: setuptools<81)"),
-    ("tensorboard_plugin_profile.profile_plugin", "TensorBoard's profile plugin (it imports etils.epath)"),
-    ("tensorboard_plugin_profile.convert.raw_to_tool_data", "the profile plugin's converter"),
+    ("PROFILER.profile_plugin", "TensorBoard's profile plugin (it imports etils.epath)"),
+    ("PROFILER.convert.raw_to_tool_data", "the profile plugin's converter"),
 )
+
+
+def profiler_module(name: str):
+    """The profile plugin's module `name` (`convert.raw_to_tool_data`, `protobuf.overview_page_pb2`): from `xprof`
+    where it is installed (tensorboard-plugin-profile 2.20 and later), else from `tensorboard_plugin_profile`.
+
+    Raises:
+      ImportError: neither has it."""
+    try:
+        return importlib.import_module(f"xprof.{name}")
+    except ImportError:
+        return importlib.import_module(f"tensorboard_plugin_profile.{name}")
 
 
 def viewer_problems() -> list[str]:
@@ -155,7 +169,10 @@ def viewer_problems() -> list[str]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # pkg_resources' deprecation warning
-                importlib.import_module(module)
+                if module.startswith("PROFILER."):
+                    profiler_module(module.removeprefix("PROFILER."))
+                else:
+                    importlib.import_module(module)
         except Exception as e:  # ImportError, or what a half-installed package raises on import
             problems.append(f"{what} does not import: {type(e).__name__}: {e} (pip install 'harness[profile]')")
     entry_points = metadata.entry_points()
@@ -190,12 +207,8 @@ def missing_traces(results: list[dict], workers: int) -> list[str]:
 
 
 def _converter():
-    """tensorboard-plugin-profile's `xspace_to_tool_data` (module `xprof` in its newer releases)."""
-    try:
-        from tensorboard_plugin_profile.convert import raw_to_tool_data
-    except ImportError:
-        from xprof.convert import raw_to_tool_data  # type: ignore[no-redef]
-    return raw_to_tool_data
+    """The profile plugin's `raw_to_tool_data` (`xspace_to_tool_data`), `profiler_module`'s."""
+    return profiler_module("convert.raw_to_tool_data")
 
 
 _PERCENT = re.compile(r"([\d.]+)\s*%\s*of the total step time")
@@ -211,14 +224,19 @@ def profiler_input_analysis(xplane: str) -> dict:
     """
     try:
         convert = _converter()
-        data, _ = convert.xspace_to_tool_data([xplane], "input_pipeline_analyzer^", {})
+        # XProf (tensorboard-plugin-profile >= 2.20) names the tool "input_pipeline_analyzer"; the plugin before it
+        # "input_pipeline_analyzer^" (the caret: its JSON form for TensorBoard)
+        name = "input_pipeline_analyzer" if convert.__name__.startswith("xprof") else "input_pipeline_analyzer^"
+        data, _ = convert.xspace_to_tool_data([xplane], name, {})
     except Exception as e:  # ImportError, or the converter's own failures: report, never fail the run
         return {"error": f"input_pipeline_analyzer failed on {xplane}: {type(e).__name__}: {e}"}
     if not data:
         return {"error": f"input_pipeline_analyzer returned nothing for {xplane}"}
-    tables = json.loads(data)
-    props = (tables[0] or {}).get("p", {}) if tables else {}
-    rows = (tables[0] or {}).get("rows", []) if tables else []
+    tables = [t for t in json.loads(data) if isinstance(t, dict)]
+    # The step table: the one whose properties hold the conclusion (XProf puts another table before it; the
+    # plugin before XProf had it first).
+    steps = next((t for t in tables if "input_conclusion" in t.get("p", {})), tables[0] if tables else {})
+    props, rows = steps.get("p", {}), steps.get("rows", [])
     conclusion = props.get("input_conclusion", "")
     m = _PERCENT.search(conclusion)
     step_ms, input_ms = _float(props.get("steptime_ms_average")), _float(props.get("infeed_time_ms_avg"))
@@ -243,7 +261,7 @@ def profiler_device_idle(xplane: str) -> dict:
     """
     try:
         convert = _converter()
-        from tensorboard_plugin_profile.protobuf import overview_page_pb2
+        overview_page_pb2 = profiler_module("protobuf.overview_page_pb2")
 
         # The JSON the converter makes for TensorBoard leaves device_idle_time_percent out: parse the proto.
         raw, ok = convert._pywrap_profiler.xspace_to_tools_data([xplane], "overview_page")

@@ -75,17 +75,21 @@ def test_own_port_taken_fails_at_once_and_the_peer_within_the_wait():
     assert WAIT_S <= s1 < STARTUP_S + 2 * WAIT_S, s1
 
 
-def _in_constructor(proc: subprocess.Popen, timeout: float = STARTUP_S) -> None:
-    """Wait until `proc` is in the strategy constructor: its gRPC server logs "Started server with target" (on
-    stderr, whatever TF_CPP_MIN_LOG_LEVEL) just before the constructor connects to the cluster's leader."""
+def _in_constructor(proc: subprocess.Popen, port: int, timeout: float = STARTUP_S) -> None:
+    """Wait until `proc` is in the strategy constructor: its gRPC server listens on its own `port` (TF_CONFIG's
+    address), which it starts just before the constructor connects to the cluster's leader. (TF 2.18 also logged
+    "Started server with target" on stderr; TF 2.21 does not.)"""
     seen = []
     threading.Thread(target=lambda: seen.extend(proc.stderr), daemon=True).start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        if any("Started server with target" in line for line in seen):
-            time.sleep(1.0)   # connecting
-            return
-        time.sleep(0.1)
+        try:
+            socket.create_connection(("localhost", port), timeout=0.5).close()
+        except OSError:
+            time.sleep(0.1)
+            continue
+        time.sleep(1.0)   # connecting
+        return
     pytest.fail(f"worker never reached the strategy constructor (exit {proc.poll()}):\n{''.join(seen)[-3000:]}")
 
 
@@ -104,7 +108,7 @@ def test_sigterm_ends_a_worker_blocked_in_the_strategy_constructor():
     squatter = socket.create_server(("", ports[0]))   # answers for worker 0, which never comes
     w1 = _start(ports, 1, wait_s=300)
     try:
-        _in_constructor(w1)
+        _in_constructor(w1, ports[1])
         took = _ends_after(w1, lambda: os.killpg(w1.pid, signal.SIGTERM))   # as `harness launch local` stops it
     finally:
         _kill(w1)

@@ -90,7 +90,9 @@ def test_versions_are_pinned_within_setup_cfg():
     setup = (ROOT / "setup.cfg").read_text()
     tf_range = re.search(r"tensorflow\[and-cuda\](\S+)", setup).group(1)
     assert args(build)["TF_VERSION"] in SpecifierSet(tf_range)
-    assert args(build)["TF_KERAS_VERSION"] in SpecifierSet(">=2.18,<2.19")
+    keras_range = re.search(r'"tf-keras([^"]+)"', (ROOT / "tools" / "install.sh").read_text()).group(1)
+    assert args(build)["TF_KERAS_VERSION"] in SpecifierSet(keras_range)   # the range install.sh installs
+    assert SpecifierSet(keras_range).contains(args(build)["TF_VERSION"])  # tf-keras is released with each TF
     assert "HVD_VERSION=0.28.1" in (ROOT / "tools" / "install_horovod.sh").read_text()
 
 

@@ -105,11 +105,22 @@ class TrainingBackend:
         below 2**53 are exact). Every worker must call it at the same point."""
         import tensorflow as tf
 
+        from harness.tracing import graph_function
+
         mine = np.asarray([self.context.rank, *values], np.float64)
         if self.context.num_workers == 1:
             return mine[None, 1:]
-        per_replica = self.strategy.run(lambda: tf.constant(mine)[None])
-        rows = self.strategy.gather(per_replica, axis=0).numpy()  # one row per replica, workers' replicas in turn
+        if getattr(self, "_gather_fn", None) is None:
+            strategy = self.strategy
+
+            def gather_fn(row):
+                per_replica = strategy.run(lambda r: r[None], args=(row,))
+                return strategy.gather(per_replica, axis=0)   # one row per replica, workers' replicas in turn
+            # One function for every length (reduce_retracing): an eager `gather` builds a function per call, which
+            # TF 2.21 warns of as retracing on every multi-worker run. Every worker calls with the same lengths in
+            # the same order, so every worker traces alike.
+            self._gather_fn = graph_function(gather_fn, reduce_retracing=True)
+        rows = self._gather_fn(tf.constant(mine)).numpy()
         by_rank = {int(r[0]): r[1:] for r in rows}
         return np.stack([by_rank[w] for w in range(self.context.num_workers)])
 

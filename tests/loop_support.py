@@ -17,7 +17,6 @@ class Run:
     trainer: object
     controller: Controller
     evaluator: object
-    on_epoch_end: tuple = ()
 
     def fit(self, iterator, backup=None, **kwargs):
         """`controller.fit`; with `backup`, the controller writes it at each epoch end."""

@@ -19,6 +19,9 @@ installed by nothing the harness needs) treat the client as absent. Earth Engine
 `import harness, tensorflow` (5 runs each, 2 cores), and google.api_core's FutureWarning about the Python version
 on every command. Where oauth2client is absent, that import, from those two
 modules, fails as it would without googleapiclient; every other import of googleapiclient is untouched.
+
+And it imports TensorFlow (tf_keras, Keras 3, Horovod's TensorFlow module) with the cyclic garbage collector off,
+their objects frozen after (`harness.heavy_imports`): about 1 CPU-s less for every process that imports them.
 """
 import importlib.util
 import os
@@ -54,3 +57,7 @@ class _NoClientWithoutOauth2client:
 
 if "tensorflow" not in sys.modules and importlib.util.find_spec("oauth2client") is None:
     sys.meta_path.insert(0, _NoClientWithoutOauth2client)
+
+from harness import heavy_imports  # noqa: E402  (TensorFlow's import without the cyclic collector: its docstring)
+
+heavy_imports.install()

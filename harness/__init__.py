@@ -1,8 +1,8 @@
 """harness: distributed training of TensorFlow models on Google Earth Engine TFRecord exports.
 
-Importing the package selects Keras 2 (`tf-keras`) for `tf.keras` before TensorFlow is imported anywhere: Keras 3's
-`fit` fails under MultiWorkerMirroredStrategy with TF 2.18-2.21 and Horovod does not average Keras 3 gradients
-(see setup.cfg). It also turns off TensorFlow's Cloud Storage read block (`GCS_READ_CACHE_BLOCK_SIZE_MB=0`, read
+Importing the package selects Keras 2 (`tf-keras`) for `tf.keras` before TensorFlow is imported anywhere, so that code
+written against `tf.keras` keeps the Keras it was written for; a Keras 3 model (`import keras`) trains as well
+(`harness.keras_kinds`). It also turns off TensorFlow's Cloud Storage read block (`GCS_READ_CACHE_BLOCK_SIZE_MB=0`, read
 by tsl/platform/cloud/gcs_file_system.cc when its file system starts; TensorFlow's default is 64 MiB): every open
 gs:// file allocates and zero-fills one block, page faults and all, and each read is copied once more out of it
 (tensorflow/tensorflow#30327), so 64 MiB blocks cost the client 1.6x the CPU per example of a local read of ~15 MB

@@ -161,15 +161,21 @@ class TrainingBackend:
         return initial_step
 
     def epoch_end_callbacks(self, model) -> list:
-        """Nothing to align: tf.distribute aggregates non-trainable state when it saves."""
-        return []
+        """Nothing for tf-keras's state (tf.distribute reads on-read variables as their mean when it saves); for a
+        model whose replicas keep copies of their own (`_per_replica_copies`: Keras 3's BatchNormalization), an
+        `align_model_state` at every epoch end, before the backup and the final save."""
+        if model is None or self.strategy.num_replicas_in_sync == 1 or not _per_replica_copies(model):
+            return []
+        return [lambda epoch, logs: self.align_model_state(model)]
 
     def align_model_state(self, model) -> None:
         """Give every replica the model state that is saved: each on-read variable with MEAN aggregation (a Keras
         BatchNormalization's moving mean and variance, updated by each replica from its own batches) set to its
-        mean over all replicas and workers (its read in cross-replica context, an all-reduce). Called before each
-        evaluation, so that every replica scores with the statistics of the saved model, not its own. Every worker
-        must call it at the same point."""
+        mean over all replicas and workers (its read in cross-replica context, an all-reduce); each mirrored float
+        variable with aggregation NONE (Keras 3's BatchNormalization statistics: each replica updates its own copy,
+        and reading or saving gives replica 0's) set on every replica to the mean of the copies. Called before each
+        evaluation, backup and save, so that every replica scores with the statistics of the saved model, not its
+        own. Every worker must call it at the same point."""
         import tensorflow as tf
 
         with self.strategy.scope():
@@ -177,6 +183,42 @@ class TrainingBackend:
                 if (getattr(v, "synchronization", None) == tf.VariableSynchronization.ON_READ
                         and getattr(v, "aggregation", None) == tf.VariableAggregation.MEAN):
                     v.assign(v.read_value())
+        per_replica = _per_replica_copies(model)
+        if per_replica and self.strategy.num_replicas_in_sync > 1:
+            self.strategy.run(_replica_mean_of(per_replica))
+
+
+
+def tf_variable(v):
+    """The `tf.Variable` of a model's variable: itself (tf-keras), or the one a Keras 3 variable holds (`.value`)."""
+    import tensorflow as tf
+
+    return v if isinstance(v, tf.Variable) else v.value
+
+
+def _per_replica_copies(model) -> list:
+    """The `tf.Variable`s of the model's float non-trainable Keras 3 variables with aggregation NONE, which each
+    replica updates in its own copy (BatchNormalization's statistics; tf-keras's are on-read variables with MEAN
+    aggregation)."""
+    import tensorflow as tf
+
+    keras3 = [v.value for v in model.non_trainable_variables if not isinstance(v, tf.Variable)]
+    return [v for v in keras3 if v.dtype.is_floating and v.aggregation == tf.VariableAggregation.NONE]
+
+
+def _replica_mean_of(variables):
+    """A function for `strategy.run` that sets each replica's copy of `variables` (mirrored variables with
+    aggregation NONE: Keras 3's BatchNormalization statistics, each replica updating its own copy) to their mean
+    over every replica and worker (one all-reduce)."""
+    import tensorflow as tf
+
+    @tf.function
+    def mean():
+        means = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN,
+                                                                [tf.identity(v) for v in variables])
+        for v, m in zip(variables, means):
+            v.assign(m)
+    return mean
 
 
 class HorovodBackend(TrainingBackend):

@@ -157,8 +157,10 @@ def sum_over_ranks(tensor):
 
 def average_model_state(model) -> None:
     """Replace each non-trainable floating-point variable of `model` by its mean over the ranks (collective)."""
+    from harness.distribute.backend import tf_variable
+
     hvd = _hvd()
-    for i, v in enumerate(model.non_trainable_variables):
+    for i, v in enumerate(map(tf_variable, model.non_trainable_variables)):
         if v.dtype.is_floating:
             v.assign(hvd.allreduce(v, op=hvd.Average, name=f"harness.model_state.{i}"))
 

@@ -25,7 +25,7 @@ class LoadedModel:
     """A Keras model and what its run says of it.
 
     Attributes:
-      model: the `tf_keras.Model`.
+      model: the Keras model (Keras 3 or tf-keras, as saved: `harness.keras_kinds.of_file`).
       path: the `.keras` file it was loaded from.
       sha256: hex digest of that file (a re-run with another model is another run).
       spec: the run's `DataSpec` from `summary.json` (`spec`), or None for a bare model.
@@ -44,13 +44,13 @@ def load(path: str) -> LoadedModel:
     Raises:
       ModelFileError (a PredictError): if the model file is missing; PredictError: if it cannot be loaded.
     """
-    import tf_keras as keras
+    from harness import keras_kinds
 
     model_path = find_model(path, flag="--model")
     with tf.io.gfile.GFile(model_path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     try:
-        model = keras.models.load_model(model_path, compile=False)
+        model = keras_kinds.load_model(model_path, flag="--model")   # with the Keras that saved it
     except (OSError, ValueError, TypeError) as e:
         raise PredictError(f"{model_path}: cannot load the Keras model: {e}") from e
     summary = os.path.join(os.path.dirname(model_path), "summary.json")

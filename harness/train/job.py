@@ -32,10 +32,10 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         section of a config, see `DataSpec.from_config`).
       distribution: `(strategy, context)` already built by `make_strategy` (or `horovod.init`); built from
         `options` when None. The strategy must exist before any other TensorFlow op runs.
-      model_fn: `fn(ModelInputs, **options.model_args) -> tf_keras.Model` of logits (float32 last layer), a user's
+      model_fn: `fn(ModelInputs, **options.model_args) -> keras.Model` (Keras 3 or tf-keras) of logits (float32 last layer), a user's
         own model (`harness.train.model.user`), called under the strategy's scope once per worker; else
         `options.model` (`MODULE:FUNCTION`), else the built-in U-Net / pixel classifier.
-      callbacks: tf_keras callbacks (`harness.train.loop.keras_callbacks.KerasCallbacks`: those that write files on
+      callbacks: Keras callbacks of the model's kind (`harness.train.loop.keras_callbacks.KerasCallbacks`: those that write files on
         the chief only; ModelCheckpoint, BackupAndRestore and EarlyStopping refused for the harness's own flags).
     Raises:
       HarnessError subclasses for bad input, cluster or batch configuration, or a non-finite loss.
@@ -52,6 +52,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     from harness.train.loop.controller import Schedule, StopTraining
     from harness.train.loop.factory import build_run
     from harness.train.measure import profiling
+    from harness import keras_kinds as kinds
     from harness.train.model import losses, metrics, optim, precision, user as user_model
     from harness.train.report import tensorboard
 
@@ -63,8 +64,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     # Every worker prints its own: the CPUs and memory are each host's (and each process's affinity mask).
     resources = resources_lib.detect(context.local_size)
     print(f"resources: {resources.describe()}", flush=True)
-    # Refused before any data is read: a folder private to each host, an import failure or a Keras 3 function, a
-    # loss of the other task, a --monitor the task has not, a callback the harness does itself.
+    # Refused before any data is read: a folder private to each host, an import failure, a loss of the other task, a --monitor the task has not, a callback the harness does itself.
     shared_output.check(options.output, backend)
     builder = user_model.resolve(options, model_fn)
     declared = spec.to_config() if spec is not None else (data_config or {})  # task and nodata: declared, not inferred
@@ -80,8 +80,10 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
 
     with backend.scope():
         model = builder.build(inputs, policy, say)
-        schedule = optim.make_schedule(optim.schedule_config(options, plan))  # of optimizer.iterations only
-        optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
+        kind = kinds.of_model(model)   # Keras 3 or tf-keras: the optimizer, schedule and loss scale are made in it
+        kinds.check_same(kind, getattr(loss_fn, "keras_object", None), f"--loss {options.loss}")
+        schedule = optim.make_schedule(optim.schedule_config(options, plan), kind)  # of optimizer.iterations only
+        optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule, kind), policy)
         stopper = early_stopping.make(options, model, context, backups.save_model)  # its state is backed up
         data_seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="data_seed")  # the epochs' order
         fingerprint = backups.Fingerprint.of(plan, spec, policy, context)
@@ -96,7 +98,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     def probe_run(probe_schedule, timer):  # the input-cost probes': a fresh model and optimizer, the same step
         with backend.scope():
             fresh = builder.build(inputs, policy)
-            fresh_optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule), policy)
+            fresh_optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule, kind), policy)
         return build_run(backend, fresh, fresh_optimizer, plan, probe_schedule, timer=timer, epoch_lines=False,
                          **loop_args)
 
@@ -163,7 +165,7 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
     digest = run_summary.weights_digest(model)
     workers_digests = check_same_weights(backend, digest)
     model_path = backups.save_model(model, options.output, context)
-    summary = {"policy": policy, "context": str(context), "plan": plan.to_dict(),
+    summary = {"policy": policy, "keras": loop.trainer.kind, "context": str(context), "plan": plan.to_dict(),
                "weights_sha256": digest, "workers_weights_sha256": workers_digests,
                "initial_step": initial_step, "final_step": history[-1]["step"] if history else initial_step,
                "preemption_check": preemption.stats(), "data_seed": seed,

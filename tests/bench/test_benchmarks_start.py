@@ -97,6 +97,15 @@ RUNS = {
                 "hand-written pipeline alone")},
             "points ratio": _RATIO.format(a="harness auto", b="fit spe=1") + r" \(target >= 1.0",
             "unet": r"^== U-Net: 32 records, 2 steps of global batch 16 per epoch",
+            **{f"row {n}": _STEP_ROW.format(name=re.escape(n)) for n in (
+                "harness auto, Keras 3 model", "fit spe=1, Keras 3 model", "harness auto, no BatchNorm",
+                "harness auto, Keras 3, no BatchNorm")},
+            "keras3 fit ratio": _RATIO.format(a=re.escape("harness auto, Keras 3 model"),
+                                              b=re.escape("fit spe=1, Keras 3 model")) + r" \(target >= 1.0",
+            "keras3 step ratio": _RATIO.format(a=re.escape("harness auto, Keras 3, no BatchNorm"),
+                                               b=re.escape("harness auto, no BatchNorm")) + r" \(target >= 0.95",
+            "keras3 ratio": _RATIO.format(a=re.escape("harness auto, Keras 3 model"), b="harness auto") +
+                            r"  \(with BatchNormalization",
             "overhead": r"^== per-step overhead: one-weight model, batch 1, 20 steps per epoch",
             "overhead row": _STEP_ROW.format(name="fit spe=128"),
             "done": r"^done \[load average"}),
@@ -106,7 +115,8 @@ RUNS = {
             "mirrored points": r"^== mirrored, points: 256 records, 4 steps of global batch 64 per epoch, 2 epochs, "
                                r"MirroredStrategy with 2 replica",
             "mirrored unet": r"^== mirrored, U-Net: 32 records",
-            "mirrored ratio": _RATIO.format(a="harness auto", b="fit spe=1")})],
+            "mirrored ratio": _RATIO.format(a="harness auto", b="fit spe=1"),
+            "mirrored keras3 ratio": _RATIO.format(a=re.escape("harness auto, Keras 3 model"), b="harness auto")})],
 }
 SHELL_ONLY = {"gpu_check.sh": "needs a GPU and a GPU build of TensorFlow (it stops at once without one): its "
                               "syntax is checked with bash -n; it runs on the GPU machine"}

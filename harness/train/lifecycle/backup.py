@@ -95,9 +95,16 @@ class Backup:
 
     def variables(self) -> list[tf.Variable]:
         """Every variable the backup holds (model, optimizer with its slots, step counter and loss scale, global
-        step), in an order that is the same in every process that built the same objects."""
+        step), in an order that is the same in every process that built the same objects; a Keras 3 variable as
+        the `tf.Variable` it holds (`.value`)."""
         _ = self.checkpoint.save_counter  # a restore creates it: create it everywhere, so every rank lists it
-        return [t for t in tf.train.TrackableView(self.checkpoint).descendants() if isinstance(t, tf.Variable)]
+        found = []
+        for t in tf.train.TrackableView(self.checkpoint).descendants():
+            if isinstance(t, tf.Variable):
+                found.append(t)
+            elif isinstance(getattr(t, "value", None), tf.Variable):   # a Keras 3 variable
+                found.append(t.value)
+        return found
 
     def latest_step(self) -> int:
         """The global step this worker's restore would continue from, read without restoring (no collective):

@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 AUTO_TARGET_S = 0.25      # auto: one call lasts about this long (seconds), within orbit's usual 0.1-1 s
 AUTO_MEASURED_CALLS = 3   # auto: calls of one step timed after warm-up before K is chosen
 AUTO_MAX_STEPS = 1000
-LOSS_SCALE_FLOOR = 1.0    # tf_keras' dynamic loss scale never goes below 1 (LossScaleOptimizer's DynamicLossScale)
 SKIPPED_AT_FLOOR_LIMIT = 10  # consecutive skipped updates, the scale at its floor, before the run is stopped
 
 StepsPerLoop = Union[int, Callable[[int], int], None]
@@ -154,7 +153,8 @@ class Controller:
             workers see the same reduced loss, so all stop at the same step). The check runs once per call: the
             error names the call's first non-finite step, and the call's later steps have run.
           LossScaleError: at least `SKIPPED_AT_FLOOR_LIMIT` consecutive updates skipped and the loss scale halved
-            down to its floor (1: no lower scale is left to try, so the overflow is not the scale's).
+            down to its floor (`trainer.loss_scale_floor`, `harness.keras_kinds.LOSS_SCALE_FLOOR`: tf-keras's
+            1, below which it cannot go; float16's smallest normal for Keras 3: a lower scale cannot help).
           StopTraining: raised by an action (early stopping) or for a callback's `model.stop_training` (carries
             the epochs run).
           what an action raises (a preemption's `PreemptedError`, a Ctrl-C's `InterruptedError`).
@@ -255,12 +255,12 @@ class Controller:
             for skip in skips:
                 self._skipped_run = self._skipped_run + 1 if skip else 0
             scale = self.trainer.loss_scale() if self._skipped_run >= SKIPPED_AT_FLOOR_LIMIT else None
-            if scale is not None and scale <= LOSS_SCALE_FLOOR:
+            if scale is not None and scale <= self.trainer.loss_scale_floor:
                 raise LossScaleError(
                     f"the last {self._skipped_run} updates were skipped (gradients not finite) with the loss scale "
                     f"at its floor {scale:g}, at step {step + len(losses)} (epoch {epoch + 1}): "
                     f"{self.steps_run - self.updates_skipped} of {self.steps_run} steps run applied an update; the "
-                    "gradients overflow even unscaled: check the loss and its inputs, lower the learning rate, or "
+                    "gradients overflow at the lowest scale that can help: check the loss and its inputs, lower the learning rate, or "
                     "train with --precision float32")
         return False
 

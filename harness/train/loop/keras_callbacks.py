@@ -1,5 +1,6 @@
-"""The user's tf_keras callbacks (`harness.train.job.run(options, callbacks=[...])`), driven by the controller as
-Keras' `fit` drives them; those the harness does itself under distribution are refused with the flag that does it.
+"""The user's Keras callbacks (`harness.train.job.run(options, callbacks=[...])`), of the model's kind (Keras 3 or
+tf-keras: `harness.keras_kinds`), driven by the controller as Keras' `fit` drives them; those the harness does
+itself under distribution are refused with the flag that does it.
 """
 from __future__ import annotations
 
@@ -12,18 +13,24 @@ REPLACED = {"ModelCheckpoint": "--monitor METRIC (keeps OUTPUT/best/model.keras;
                                      "--warmup-steps/--warmup-epochs (a function of the step, continued on resume)",
             "ReduceLROnPlateau": "--schedule cosine|step|exponential (a function of the step; decided before the "
                                  "run, the same on every worker)"}
-WRITERS = ("CSVLogger", "TensorBoard")  # tf_keras callbacks that only write files: the chief's alone
+WRITERS = ("CSVLogger", "TensorBoard")  # Keras callbacks that only write files: the chief's alone
+
+
+def _keras_own(cb) -> bool:
+    """Whether `cb`'s class is one of Keras' own (tf-keras or Keras 3), not the user's."""
+    return type(cb).__module__.split(".")[0] in ("tf_keras", "keras")
 
 
 def _overrides(cb, *names: str) -> bool:
-    """Whether `cb`'s class defines one of the tf_keras `Callback` hooks `names` itself."""
-    import tf_keras as keras
+    """Whether `cb`'s class defines one of the Keras `Callback` hooks `names` itself (against its own kind's base)."""
+    from harness import keras_kinds as kinds
 
-    return any(getattr(type(cb), n, None) is not getattr(keras.callbacks.Callback, n) for n in names)
+    base = kinds.module(kinds.of(cb) or kinds.TF_KERAS).callbacks.Callback
+    return any(getattr(type(cb), n, None) is not getattr(base, n) for n in names)
 
 
 class KerasCallbacks:
-    """tf_keras callbacks (`harness.train.job.run(options, callbacks=[...])`) driven by the harness's controller
+    """Keras callbacks of the model's kind (`harness.train.job.run(options, callbacks=[...])`) driven by the harness's controller
     (`harness.train.loop.controller.Controller`) as Keras' `fit` drives them:
       - `set_model` on construction; `model.optimizer` is the harness's optimizer while training (the model is not
         compiled: Keras' `compile` would build its own train function);
@@ -41,32 +48,37 @@ class KerasCallbacks:
         the prefix, as Keras' evaluate gives them). The evaluation is one call over the whole validation set, so
         `on_test_batch_begin`/`on_test_batch_end` are not called: a callback that implements them is named once.
 
-    Callbacks that write files (tf_keras `CSVLogger`, `TensorBoard`, or any with `harness_writes = True`) run on
+    Callbacks that write files (Keras' `CSVLogger`, `TensorBoard`, or any with `harness_writes = True`) run on
     the chief only; the rest on every worker, so that a callback that changes training state does so everywhere.
 
     Raises (on construction):
-      UserCodeError: a Keras 3 callback, an object that is not a tf_keras Callback, or a tf_keras callback the
-        harness does itself (`REPLACED`, naming the flag to use).
+      UserCodeError: an object that is not a Keras Callback, a callback of the other Keras than the model's
+        (`harness.keras_kinds.check_same`), or a Keras callback the harness does itself (`REPLACED`, naming
+        the flag to use).
     """
 
     def __init__(self, callbacks, model, context, optimizer=None):
+        from harness import keras_kinds as kinds
+
         check_callbacks(callbacks)
+        kind = kinds.of_model(model)
         chosen = []
         for cb in callbacks:
             name = type(cb).__name__
-            writes = getattr(cb, "harness_writes", name in WRITERS and type(cb).__module__.startswith("tf_keras"))
+            kinds.check_same(kind, cb, f"callback {name}")
+            writes = getattr(cb, "harness_writes", name in WRITERS and _keras_own(cb))
             if writes and not context.is_chief:
                 continue
             chosen.append(cb)
         self.callbacks, self.model, self.optimizer = chosen, model, optimizer
         before = [type(cb).__name__ for cb in chosen if _overrides(cb, "on_train_batch_begin", "on_batch_begin")
-                  and not type(cb).__module__.startswith("tf_keras")]
+                  and not _keras_own(cb)]
         self.every_step = before[0] if before else None
         self.batch_hooks = any(_overrides(cb, "on_train_batch_end", "on_batch_end") or
                                (name_of(cb) == "TensorBoard" and getattr(cb, "update_freq", "epoch") != "epoch")
                                for cb in chosen)
         test_batch = [type(cb).__name__ for cb in chosen if _overrides(cb, "on_test_batch_begin", "on_test_batch_end")
-                      and not type(cb).__module__.startswith("tf_keras")]
+                      and not _keras_own(cb)]
         if test_batch:
             import logging
             logging.getLogger(__name__).warning(
@@ -98,7 +110,8 @@ class KerasCallbacks:
         """After step `global_step` (1-based), `batch` its index in the epoch (0-based)."""
         if not self.batch_hooks:
             return
-        self.model._train_counter.assign(global_step)
+        if hasattr(self.model, "_train_counter"):   # tf-keras's step for its callbacks; Keras 3's read the
+            self.model._train_counter.assign(global_step)   # optimizer's step counter
         for cb in self.callbacks:
             cb.on_train_batch_end(batch, dict(logs))
 
@@ -131,18 +144,16 @@ def check_callbacks(callbacks) -> None:
     """Refuse what `KerasCallbacks` cannot run, before any data is read.
 
     Raises:
-      UserCodeError: a Keras 3 callback (`check_flavour`), not a tf_keras Callback, or one of `REPLACED`.
+      UserCodeError: not a Keras Callback (of either kind), or one of `REPLACED`.
     """
-    import tf_keras as keras
-
     from harness.errors import UserCodeError
-    from harness.train.model.user import check_flavour
+    from harness import keras_kinds as kinds
 
     for cb in callbacks:
-        name = type(cb).__name__
-        check_flavour(cb, what=f"callback {name}")
-        if not isinstance(cb, keras.callbacks.Callback):
-            raise UserCodeError(f"callback {name}: not a tf_keras.callbacks.Callback")
-        if name in REPLACED and type(cb).__module__.startswith("tf_keras"):
+        name, kind = type(cb).__name__, kinds.of(cb)
+        if kind is None or not isinstance(cb, kinds.module(kind).callbacks.Callback):
+            raise UserCodeError(f"callback {name}: not a Keras callback (keras.callbacks.Callback of Keras 3 or "
+                                "tf_keras)")
+        if name in REPLACED and _keras_own(cb):
             raise UserCodeError(f"callback {name}: the harness does this itself under distribution; use "
                                 f"{REPLACED[name]}")

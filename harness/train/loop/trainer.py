@@ -15,18 +15,25 @@ One step, two ways to call it (Keras' `Model.make_train_function` is the model: 
     needs no per-step host sync.
 
 Skipped updates: under loss scaling (`mixed_float16`) the loss-scale optimizer applies no update in a step whose
-gradients are not finite, and halves its scale (tf_keras `LossScaleOptimizer`, tensorflow.org/guide/mixed_precision).
+gradients are not finite, and halves its scale (`LossScaleOptimizer`, tensorflow.org/guide/mixed_precision).
 Every step reports whether its update was skipped (the same test on the reduced gradients the optimizer makes), so
 the controller can count them.
+
+A Keras 3 model (`harness.keras_kinds`): the step sums the gradients over the replicas itself and hands the sum
+to the optimizer, whose own sum is turned off (`kinds.no_second_sum`), so Keras 3's LossScaleOptimizer tests the
+summed gradients on every replica alike (on its own it tests each replica's share before the sum: an overflow on one
+replica applied NaN weights or deadlocked the workers), and `--clip-norm` clips the sum. The tape differentiates
+with respect to each Keras 3 variable's `tf.Variable` (`.value`), which Horovod's tape needs. A skipped update
+advances the optimizer's step counter, as tf-keras's does (Keras 3's does not), so the schedule follows the step.
 """
 from __future__ import annotations
 
 import functools
 
 import tensorflow as tf
-import tf_keras as keras
 
 from harness.tracing import graph_function, user_code
+from harness import keras_kinds as kinds
 
 ROWS = ("loss", "input_wait_s", "step_s", "skipped")  # rows of `train_loop`'s result, in order
 
@@ -62,6 +69,16 @@ def clip_after_reduction(grads, clip_norm: float):
     return tf.clip_by_global_norm(reduced, clip_norm)[0]
 
 
+def _sum_over_replicas(grads) -> list:
+    """`grads` summed over the replicas in sync (`None` gradients, of unused weights, left as they are)."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+    out = list(grads)
+    for i, g in zip(present, summed):
+        out[i] = g
+    return out
+
+
 def _all_finite(grads) -> tf.Tensor:
     """float32 scalar: 1 when every gradient is finite, else 0 (`None` gradients, of unused weights, count as
     finite, as the loss-scale optimizer counts them)."""
@@ -74,8 +91,10 @@ class Trainer:
 
     Args:
       backend: the `harness.distribute.backend.TrainingBackend` (its strategy, gradient tape and cross-rank sum).
-      model: Keras model, built under `backend.scope()`; maps inputs to logits `[batch, ..., classes]` float32.
-      optimizer: Keras optimizer, already wrapped by `precision.wrap_optimizer` when loss scaling is needed.
+      model: Keras model (Keras 3 or tf-keras: `harness.keras_kinds.of_model`), built under `backend.scope()`; maps
+        inputs to logits `[batch, ..., classes]` float32.
+      optimizer: Keras optimizer of the model's kind, already wrapped by `precision.wrap_optimizer` when loss
+        scaling is needed.
       loss_fn: `fn(labels, logits, class_weights) -> [batch]` float32 per-example loss (`harness.train.model.losses`).
       loss_divisor: what each replica divides its summed loss by (`backend.loss_divisor(plan)`).
       global_batch_size: examples per step over all replicas (examples/s).
@@ -83,6 +102,9 @@ class Trainer:
       clip_norm: clip the gradients to this global norm after the cross-replica reduction and loss unscaling
         (`clip_after_reduction`); None: no clipping.
       progress: a `StepProgress` the K-step loop counts its batches and steps in, or None.
+    Raises:
+      UserCodeError: `model` is not a Keras model of either kind.
+      RuntimeError: a Keras 3 whose optimizer sums gradients where `keras_kinds.no_second_sum` cannot turn it off.
     """
 
     def __init__(self, *, backend, model, optimizer, loss_fn, loss_divisor: int, global_batch_size: int,
@@ -92,12 +114,17 @@ class Trainer:
         self.loss_fn, self.loss_divisor, self.global_batch_size = loss_fn, loss_divisor, global_batch_size
         self.class_weights = None if class_weights is None else tf.constant(class_weights, tf.float32)
         self.clip_norm, self.progress = clip_norm, progress
+        self.kind = kinds.of_model(model)
+        keras = kinds.module(self.kind)
+        if self.kind == kinds.KERAS3:
+            kinds.no_second_sum(optimizer)   # the step sums the gradients itself
         self.loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+        self.loss_scale_floor = kinds.LOSS_SCALE_FLOOR[self.kind]
         # The optimizer's slots (momentum, Adam's moments) made now, not inside the first call: a `tf.function` whose
         # first call creates variables is traced twice (once to create them, once as it runs), ~0.3 CPU-s per step
         # function on a small MLP. Only when every layer has its weights: a layer that a subclassed model first calls
         # inside the trace (one branch of a Python `if`) makes them there, and the optimizer must see them too.
-        if all(layer.built for layer in model.submodules if isinstance(layer, keras.layers.Layer)):
+        if all(layer.built for layer in _layers(model, self.kind)):
             with self.strategy.scope():
                 optimizer.build(model.trainable_variables)
         # Traced as written; AutoGraph converts the user's model and loss only (`harness.tracing`).
@@ -111,10 +138,12 @@ class Trainer:
         """One replica's step: its loss, float32 scalar; under loss scaling `[loss, finite]` float32 (`finite`: 1
         when its gradients were finite). Without loss scaling the step has no finiteness test at all: every op in
         the step costs a few µs per step on a CPU (benchmarks/step_loop.py overhead case)."""
-        model, opt = self.model, self.optimizer
         if after is not None:  # start once `after` has run (the input-wait timestamp of `_loop`)
             with tf.control_dependencies([after]):
                 inputs, labels = tf.nest.map_structure(tf.identity, (inputs, labels))
+        if self.kind == kinds.KERAS3:
+            return self._keras3_replica_step(inputs, labels)
+        model, opt = self.model, self.optimizer
         with tf.GradientTape() as tape:
             loss = self._forward(inputs, labels)
             scaled = opt.get_scaled_loss(loss) if self.loss_scaling else loss
@@ -129,6 +158,24 @@ class Trainer:
             applied = opt.apply_gradients(zip(grads, model.trainable_variables))
         with tf.control_dependencies([applied] if applied is not None else []):  # the step ends with its update
             return tf.identity(loss) if finite is None else tf.stack([tf.identity(loss), finite])
+
+    def _keras3_replica_step(self, inputs, labels):
+        """`_replica_step` for a Keras 3 model: the gradients summed here, then tested, clipped and applied."""
+        model, opt = self.model, self.optimizer
+        with tf.GradientTape() as tape:
+            loss = self._forward(inputs, labels)
+            scaled = opt.scale_loss(loss) if self.loss_scaling else loss
+        variables = model.trainable_variables
+        grads = self.backend.gradient_tape(tape).gradient(scaled, [v.value for v in variables])
+        grads = _sum_over_replicas(grads)   # still scaled: Keras 3's LossScaleOptimizer unscales in `apply`
+        finite = _all_finite(grads) if self.loss_scaling else None
+        if self.clip_norm is not None:     # the scaled gradients' norm is the scale times the unscaled one's
+            limit = self.clip_norm * tf.cast(opt.dynamic_scale, tf.float32) if self.loss_scaling else self.clip_norm
+            grads = tf.clip_by_global_norm(grads, limit)[0]
+        opt.apply(grads, variables)
+        if finite is not None:   # a skipped update counts as a step, as in tf-keras (Keras 3 leaves it uncounted)
+            opt.iterations.assign_add(tf.cast(1.0 - finite, opt.iterations.dtype))
+        return tf.stack([tf.identity(loss), finite]) if finite is not None else tf.identity(loss)
 
     def _model_and_loss(self, inputs, labels):
         """This replica's loss, float32 scalar: the summed per-example loss over `loss_divisor`, plus the model's
@@ -234,7 +281,17 @@ class Trainer:
 
     def loss_scale(self) -> float | None:
         """The loss-scale optimizer's current scale, or None without loss scaling."""
-        return float(self.optimizer.loss_scale.numpy()) if self.loss_scaling else None
+        if not self.loss_scaling:
+            return None
+        scale = self.optimizer.dynamic_scale if self.kind == kinds.KERAS3 else self.optimizer.loss_scale
+        return float(scale.numpy())
+
+
+def _layers(model, kind: str) -> list:
+    """Every layer of `model`, nested ones too (tf-keras's `submodules`, Keras 3's `_flatten_layers`)."""
+    if kind == kinds.KERAS3:
+        return list(model._flatten_layers(include_self=False))
+    return [m for m in model.submodules if isinstance(m, kinds.module(kind).layers.Layer)]
 
 
 def in_graph(iterator) -> bool:

@@ -35,6 +35,7 @@ from harness.choices import CLASSIFICATION_LOSSES, LOSSES as BUILTIN, REGRESSION
 from harness.data.labels import valid
 from harness.errors import ConfigError, UserCodeError
 from harness.tracing import converted
+from harness import keras_kinds as kinds
 
 DICE_SMOOTH = 1.0  # added to the numerator and denominator of each class's Dice ratio (empty classes score 1)
 
@@ -103,7 +104,7 @@ def make_loss(name: str = "crossentropy", *, focal_gamma: float = 2.0, user_fn: 
       ConfigError: an unknown name, or a loss of the other task.
     """
     if user_fn is not None:
-        user_fn = converted(user_fn)  # AutoGraph converts it, as Keras does a loss function (harness.tracing)
+        original, user_fn = user_fn, converted(user_fn)  # AutoGraph converts it, as Keras does a loss function (harness.tracing)
 
         def user(labels, logits, class_weights):
             labels, weights = _targets(labels, ignore)
@@ -116,6 +117,7 @@ def make_loss(name: str = "crossentropy", *, focal_gamma: float = 2.0, user_fn: 
                                     "shape), so that the harness can leave the nodata pixels out")
             return per_example(_weighed(out, weights))
         user.origin = name
+        user.keras_object = original   # its Keras kind is checked against the model's (`kinds.check_same`)
         return user
     if name not in TASK_LOSSES.get(task, ()):
         raise ConfigError(f"--loss must be one of {TASK_LOSSES.get(task, BUILTIN)} for task {task} or "
@@ -160,23 +162,22 @@ def checked_user_loss(losses, labels, origin: str):
 
 
 def load_user_loss(text: str) -> Callable:
-    """`MODULE:FUNCTION` as a `fn(labels, logits)`: a function, or a tf_keras `Loss` object (its unreduced `call`,
-    whatever its reduction).
+    """`MODULE:FUNCTION` as a `fn(labels, logits)`: a function, or a Keras `Loss` object of either kind (its unreduced
+    `call`, whatever its reduction). Its Keras kind, where it has one, is checked against the model's once the model
+    is built (`harness.keras_kinds.check_same`).
 
     Raises:
-      UserCodeError: from `harness.train.model.user.load_function` (import failure, Keras 3 module).
+      UserCodeError: from `harness.train.model.user.load_function` (import failure); a class given.
     """
-    import tf_keras as keras
-
-    from harness.train.model.user import check_flavour, load_function
+    from harness.train.model.user import load_function
 
     fn = load_function(text, flag="--loss")
     if isinstance(fn, type):
         raise UserCodeError(f"--loss {text}: {fn.__name__} is a class; give an instance (e.g. `loss = "
                             f"{fn.__name__}(from_logits=True)` in your module) or a function")
-    check_flavour(fn, what=f"--loss {text}")
-    if isinstance(fn, keras.losses.Loss):
-        return fn.call
+    kind = kinds.of(fn)
+    if kind is not None and isinstance(fn, kinds.module(kind).losses.Loss):
+        fn = fn.call
     return fn
 
 

@@ -18,6 +18,7 @@ from typing import Optional
 
 from harness.choices import LR_SCALINGS as SCALINGS, OPTIMIZERS, SCHEDULES
 from harness.errors import ConfigError, UserCodeError
+from harness import keras_kinds as kinds
 
 ADAMW_WEIGHT_DECAY = 0.004   # adamw's decoupled weight decay when --weight-decay is not given (Keras' AdamW default)
 
@@ -109,10 +110,12 @@ class ScheduleConfig:
         return self.peak
 
 
-def make_schedule(config: ScheduleConfig):
-    """A tf_keras `LearningRateSchedule` computing `config.at(step)` in float64, returned as float32."""
+def make_schedule(config: ScheduleConfig, kind: str = kinds.TF_KERAS):
+    """A `LearningRateSchedule` of the Keras `kind` (`harness.keras_kinds`) computing `config.at(step)` in
+    float64, returned as float32."""
     import tensorflow as tf
-    import tf_keras as keras
+
+    keras = kinds.module(kind)
 
     class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         """`ScheduleConfig.at` in TensorFlow: the optimizer calls it with its step counter."""
@@ -167,16 +170,14 @@ def schedule_config(options, plan) -> ScheduleConfig:
                           decay_steps=decay_steps, decay_rate=rate)
 
 
-def make_optimizer(options, schedule):
-    """The tf_keras optimizer named by `options.optimizer` with `schedule` as its learning rate (call inside the
-    strategy's scope).
+def make_optimizer(options, schedule, kind: str = kinds.TF_KERAS):
+    """The optimizer of the Keras `kind` named by `options.optimizer` with `schedule` (of the same kind) as its
+    learning rate (call inside the strategy's scope).
 
-    Raises:
     `options` is a `TrainOptions`, checked on construction (`check_options`): momentum or nesterov with an
     optimizer other than sgd was refused there, before any data was read.
     """
-    import tf_keras as keras
-
+    keras = kinds.module(kind)
     name, decay = options.optimizer, options.weight_decay
     if name == "sgd":
         return keras.optimizers.SGD(schedule, momentum=options.momentum or 0.0, nesterov=bool(options.nesterov),

@@ -9,6 +9,7 @@ there (issue 11), so `apply_policy` warns, naming the flags it looked for.
 from __future__ import annotations
 
 import logging
+import sys
 
 import tensorflow as tf
 import tf_keras as keras
@@ -69,10 +70,13 @@ def resolve_precision(name: str) -> tuple[str, str]:
 
 
 def apply_policy(name: str) -> str:
-    """Resolve and set the global Keras policy; log what was chosen and why, and warn when bfloat16 will run on a
-    CPU without bfloat16 instructions (`bf16_cpu_warning`). Returns the policy name."""
+    """Resolve and set the global Keras policy, tf-keras's and, where the user's code imported it, Keras 3's (the
+    model is built after, in either); log what was chosen and why, and warn when bfloat16 will run on a CPU without
+    bfloat16 instructions (`bf16_cpu_warning`). Returns the policy name."""
     policy, why = resolve_precision(name)
     keras.mixed_precision.set_global_policy(policy)
+    if "keras" in sys.modules:
+        sys.modules["keras"].mixed_precision.set_global_policy(policy)
     log.info("precision: %s (%s)", policy, why)
     warning = bf16_cpu_warning(policy)
     if warning:
@@ -102,15 +106,25 @@ def needs_loss_scaling(policy: str) -> bool:
 
 
 def wrap_optimizer(optimizer, policy: str, *, initial_scale: float | None = None, dynamic: bool = True):
-    """Wrap `optimizer` in a LossScaleOptimizer when `policy` needs loss scaling, else return it unchanged.
+    """Wrap `optimizer` in its Keras kind's LossScaleOptimizer when `policy` needs loss scaling, else return it
+    unchanged.
 
-    The training loop scales the loss once (`get_scaled_loss`) and unscales the gradients once
-    (`get_unscaled_gradients`) before they are all-reduced by `apply_gradients`. With `dynamic=True` the scale starts
-    at `initial_scale` (default 2**15) and halves on non-finite gradients (that step is skipped), doubling after
-    2000 finite steps (Micikevicius et al., "Mixed Precision Training", ICLR 2018).
+    The training loop scales the loss once and unscales the gradients once (`harness.train.loop.trainer`). With
+    `dynamic=True` the scale starts at `initial_scale` (default 2**15) and halves on non-finite gradients (that step
+    is skipped), doubling after 2000 finite steps (Micikevicius et al., "Mixed Precision Training", ICLR 2018).
+
+    Raises:
+      ConfigError: `dynamic=False` for a Keras 3 optimizer (Keras 3's LossScaleOptimizer is dynamic only).
     """
+    from harness import keras_kinds as kinds
+
     if not needs_loss_scaling(policy):
         return optimizer
+    if kinds.of(optimizer) == kinds.KERAS3:
+        if not dynamic:
+            raise ConfigError("a fixed loss scale: Keras 3's LossScaleOptimizer is dynamic only")
+        return kinds.module(kinds.KERAS3).optimizers.LossScaleOptimizer(
+            optimizer, **({"initial_scale": initial_scale} if initial_scale is not None else {}))
     kwargs = {"dynamic": dynamic}
     if initial_scale is not None:
         kwargs["initial_scale"] = initial_scale

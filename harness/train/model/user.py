@@ -1,13 +1,10 @@
 """A user's own model: `--model MODULE:FUNCTION` or `--model path/to/file.py:FUNCTION` (`train.model`), with
 `--model-args JSON` (`train.model_args`) as keyword arguments, or `harness.train.job.run(options, model_fn=...)`.
 
-The function receives one frozen `ModelInputs` (what the input pipeline delivers) and returns a tf_keras model
+The function receives one frozen `ModelInputs` (what the input pipeline delivers) and returns a Keras model, of
+Keras 3 (`import keras`) or tf-keras (`import tf_keras`): the run is of the model's kind (`harness.keras_kinds`),
 mapping those inputs to logits with a float32 last layer. The harness calls it under the strategy's scope (under
 Horovod, the default scope), once per worker, then checks the model before the first step:
-  - its Keras flavour: the harness runs Keras 2 (`tf_keras`, which `tf.keras` resolves to under
-    TF_USE_LEGACY_KERAS=1); a Keras 3 object (`import keras`) is refused, because Keras 3 models do not train in
-    this loop under both backends (its `fit` fails under MultiWorkerMirroredStrategy with TF 2.18 and Horovod's
-    DistributedGradientTape does not average Keras 3 variables' gradients; see `harness/__init__.py`);
   - its output: `[batch, classes]` for table labels `[batch]`, `[batch, H, W, classes]` for masks `[batch, H, W]`;
   - its output dtype under a mixed policy: float32, else the layer to give `dtype="float32"` is named (Keras mixed
     precision guide: tensorflow.org/guide/mixed_precision#building_the_model).
@@ -24,13 +21,6 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Optional
 
 from harness.errors import ConfigError, ModelError, UserCodeError
-
-KERAS3_FIX = ("the harness trains tf_keras (Keras 2) models: Keras 3 models do not train in its loop under both "
-              "backends (Keras 3's fit fails under MultiWorkerMirroredStrategy with TF 2.18, and Horovod's "
-              "DistributedGradientTape does not average Keras 3 gradients). Write `import tf_keras as keras` (or "
-              "`from tensorflow import keras`, which resolves to tf_keras once `harness` is imported) instead of "
-              "`import keras`")
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelInputs:
@@ -96,8 +86,7 @@ def load_function(text: str, *, flag: str = "--model") -> Callable:
 
     Raises:
       UserCodeError: naming the module (or file) and the error: no `:FUNCTION`, a file that does not exist, an
-        import that fails (with its exception), no such attribute (with the names the module has), not callable,
-        or a module written for Keras 3 (`check_flavour`).
+        import that fails (with its exception), no such attribute (with the names the module has), not callable.
     """
     module_name, sep, name = text.rpartition(":")
     if not sep or not module_name or not name:
@@ -117,7 +106,6 @@ def load_function(text: str, *, flag: str = "--model") -> Callable:
     fn = getattr(module, name)
     if not callable(fn):
         raise UserCodeError(f"{flag} {text!r}: {module_name}.{name} is a {type(fn).__name__}, not a function")
-    check_flavour(fn, what=f"{flag} {text}")
     return fn
 
 
@@ -136,53 +124,12 @@ def _import_file(path: str, flag: str):
     return module
 
 
-def keras_flavour(obj) -> Optional[str]:
-    """"keras3" for an object (or function) of Keras 3 (`import keras`), "tf_keras" for Keras 2's, else None.
-
-    A class is judged by the modules of its bases (Keras 3's live under `keras.`, Keras 2's under `tf_keras.`); a
-    function by the Keras modules its own module's globals hold (`import keras` at the top of the user's file)."""
-    if not _is_function(obj):
-        cls = obj if isinstance(obj, type) else type(obj)
-        for base in cls.__mro__:
-            root = (base.__module__ or "").split(".")[0]
-            if root == "keras":
-                return "keras3"
-            if root == "tf_keras":
-                return "tf_keras"
-        return None
-    for value in getattr(obj, "__globals__", {}).values():
-        root = getattr(value, "__name__", "").split(".")[0] if _is_module(value) else ""
-        if root == "keras":
-            return "keras3"
-    return None
-
-
-def _is_function(obj) -> bool:
-    import types
-    return isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType))
-
-
-def _is_module(obj) -> bool:
-    import types
-    return isinstance(obj, types.ModuleType)
-
-
-def check_flavour(obj, *, what: str) -> None:
-    """Refuse a Keras 3 object before any data is read.
-
-    Raises:
-      UserCodeError: naming `what`, why Keras 3 is refused and what to import instead (`KERAS3_FIX`).
-    """
-    if keras_flavour(obj) == "keras3":
-        raise UserCodeError(f"{what}: a Keras 3 object (`import keras`); {KERAS3_FIX}")
-
-
 class ModelBuilder:
     """Builds the run's model under the strategy's scope: the user's function (or the built-in model), then the
     checks, then `--init-from`.
 
     Args:
-      fn: `fn(ModelInputs, **model_args) -> tf_keras.Model`.
+      fn: `fn(ModelInputs, **model_args) -> keras.Model` (Keras 3 or tf-keras).
       origin: how the user named it (for messages).
       model_args: keyword arguments for `fn`.
       init_from: a `.keras` file or a run folder holding `model.keras`, or None.
@@ -195,7 +142,7 @@ class ModelBuilder:
         """The checked model for a run's `Inputs` under `policy` (call under the strategy's scope).
 
         Raises:
-          UserCodeError: the function fails (named with its error) or returns no tf_keras model.
+          UserCodeError: the function fails (named with its error) or returns no Keras model.
           ModelError: from `check_model` and `init_weights`.
         """
         described = ModelInputs.from_inputs(inputs, policy)
@@ -211,12 +158,11 @@ class ModelBuilder:
 
 
 def resolve(options, model_fn: Optional[Callable] = None) -> ModelBuilder:
-    """The run's `ModelBuilder`, resolved before any data is read (an import failure or a Keras 3 function stops
-    the run there): `model_fn` (Python API), else `options.model`, else the built-in model.
+    """The run's `ModelBuilder`, resolved before any data is read (an import failure stops the run there): `model_fn` (Python API), else `options.model`, else the built-in model.
 
     Raises:
       ConfigError: both `model_fn` and `options.model` given, or `model_args` without a model.
-      UserCodeError: from `load_function` / `check_flavour`; a model object passed instead of a function.
+      UserCodeError: from `load_function`; a model object passed instead of a function.
     """
     args, init = getattr(options, "model_args", None), getattr(options, "init_from", None)
     if init:
@@ -228,7 +174,6 @@ def resolve(options, model_fn: Optional[Callable] = None) -> ModelBuilder:
         if hasattr(model_fn, "trainable_variables"):
             raise UserCodeError(f"model_fn is a built model ({type(model_fn).__name__} {getattr(model_fn, 'name', '')!r}):"
                                 " pass the function that builds it; the harness calls it under the strategy's scope")
-        check_flavour(model_fn, what=f"model_fn {getattr(model_fn, '__name__', model_fn)!r}")
         origin = getattr(model_fn, "__name__", repr(model_fn))
         _check_arguments(model_fn, origin, args)
         return ModelBuilder(model_fn, origin, args, init)
@@ -304,19 +249,15 @@ def check_model(model, inputs: ModelInputs, *, origin: str = "model") -> None:
     """Check a built model against what it will be trained on.
 
     Raises:
-      UserCodeError: a Keras 3 model, or not a Keras model.
+      UserCodeError: not a Keras model (`harness.keras_kinds.of_model`).
       ModelError: with group_delivery "dict", functional model inputs not named and shaped as the groups
         (`_check_named_inputs`); several outputs; an output shape that does not fit the labels (`[batch, *label_shape,
         num_classes]`, the actual shape named); an output that is not float32 under a mixed policy (the layer
         named).
     """
-    import tf_keras as keras
+    from harness import keras_kinds as kinds
 
-    flavour = keras_flavour(model)
-    if flavour == "keras3":
-        raise UserCodeError(f"model {origin} returned a Keras 3 model ({type(model).__name__}); {KERAS3_FIX}")
-    if not isinstance(model, keras.Model):
-        raise UserCodeError(f"model {origin} returned {type(model).__name__}, not a tf_keras Model")
+    kinds.of_model(model, f"model {origin}")
     graph = getattr(model, "_is_graph_network", False)
     if graph and isinstance(inputs.input_shape, Mapping):
         _check_named_inputs(model, inputs.input_shape, origin)
@@ -386,16 +327,18 @@ def init_weights(model, source: str) -> str:
     Returns:
       a line naming the layers loaded, those whose shapes differ and those missing on either side.
     Raises:
+      UserCodeError: a Keras 3 file for a tf-keras model (`harness.keras_kinds.load_model`).
       ModelError: the file cannot be loaded (with the error), or no layer matched.
     """
-    import tf_keras as keras
-
     from harness.data.run_folder import model_path
+    from harness import keras_kinds as kinds
 
     path = model_path(source)
     try:
-        saved = keras.models.load_model(path, compile=False)
-    except Exception as e:  # missing file, custom objects, a Keras 3 file: name it
+        saved = kinds.load_model(path, flag="--init-from", need=kinds.of_model(model))
+    except UserCodeError:
+        raise
+    except Exception as e:  # missing file, custom objects: name it
         raise ModelError(f"--init-from {source}: cannot load {path}: {type(e).__name__}: {e}") from e
     ours, theirs = _layers_by_name(model), _layers_by_name(saved)
     loaded, shapes = [], []

@@ -121,7 +121,8 @@ def test_keras_callbacks_through_the_python_api(tmp_path):
         keras_callbacks.check_callbacks([keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))])
     with pytest.raises(UserCodeError, match="callback EarlyStopping: .*use --early-stopping PATIENCE"):
         keras_callbacks.check_callbacks([keras.callbacks.EarlyStopping()])
-    with pytest.raises(UserCodeError, match="callback _Recorder: not a tf_keras.callbacks.Callback"):
+    with pytest.raises(UserCodeError, match=r"callback _Recorder: not a Keras callback \(keras.callbacks.Callback of "
+                                            r"Keras 3 or tf_keras\)"):
         keras_callbacks.check_callbacks([_Recorder()])
     from harness.distribute.context import Backend
     worker = WorkerContext(1, 2, 0, 1, "worker", 1, Backend.MULTI_WORKER)

@@ -1,4 +1,4 @@
-"""The user's tf_keras callbacks under K steps per call run as Keras' fit runs them (issue 19, item 7): epoch hooks
+"""The user's Keras callbacks (tf-keras, and Keras 3 with a Keras 3 model) under K steps per call run as Keras' fit runs them (issue 19, item 7): epoch hooks
 every epoch, batch-end hooks once per step with its index and loss, `model.optimizer` the harness's optimizer,
 `model.stop_training` honoured, TensorBoard(update_freq=N) writing batch summaries; callbacks that set the learning
 rate refused by name; a callback that must run before every step makes every call one step."""
@@ -46,7 +46,8 @@ class BeforeEachStep(keras.callbacks.Callback):
         self.batches.append((batch, int(self.model.optimizer.iterations.numpy())))
 
 
-def _run(callbacks, x=None, steps_per_loop=K):
+def _run(callbacks, x=None, steps_per_loop=K, keras=keras):
+    """The run with `callbacks`, its model and optimizer of the Keras module `keras` (tf-keras unless told)."""
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -80,6 +81,32 @@ def test_epoch_and_batch_hooks_run_every_step_under_k_steps_per_call():
         losses = [e[2] for e in ends[epoch * STEPS:(epoch + 1) * STEPS]]
         assert np.mean(losses) == pytest.approx(history[epoch]["loss"], rel=1e-6)
     assert model.optimizer is None   # not kept in the saved model
+
+
+def test_keras3_callbacks_run_with_a_keras3_model_and_tf_keras_ones_are_refused_by_name():
+    import keras as keras3
+
+    class Recorder3(keras3.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.events = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.events.append(("epoch_end", epoch, round(logs["loss"], 6)))
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.events.append(("batch_end", batch, int(self.model.optimizer.iterations.numpy())))
+
+    x = np.random.default_rng(0).normal(size=(BATCH * STEPS, 3)).astype(np.float32)
+    x[BATCH * 4:] = np.inf   # step 5 on: the loss is not finite
+    rec = Recorder3()
+    run, model, _, batches = _run([rec, keras3.callbacks.TerminateOnNaN()], x=x, keras=keras3)
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(StopTraining) as stop:
+        run.fit(batches)
+    assert "model.stop_training" in str(stop.value) and "step 6" in str(stop.value)   # after the call of 4..6
+    assert [e[1:] for e in rec.events if e[0] == "batch_end"][:3] == [(0, 3), (1, 3), (2, 3)]
+    with pytest.raises(UserCodeError, match=r"callback Recorder is tf-keras .*; the model is Keras 3"):
+        KerasCallbacks([Recorder()], model, WorkerContext.single())
 
 
 def test_a_callback_before_every_step_makes_every_call_one_step():

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from harness import keras_kinds
 from harness.data.labels import IGNORED
 from harness.errors import ConfigError, UserCodeError
 from harness.train.model import losses, builtin
@@ -191,22 +192,25 @@ def _check_step(results, expected, what):
 
 
 def test_regularization_counted_once_on_1_2_3_4_replicas():
-    """One SGD step with an L2 layer gives the same weights on 1, 2, 3 and 4 replicas; counted once per replica
+    """One SGD step with an L2 layer gives the same weights on 1, 2, 3 and 4 replicas, for a tf-keras model and a
+    Keras 3 one (each process runs both); counted once per replica
     (not scaled by 1/replicas) the regularizer's gradient would be subtracted N times."""
     for n in (1, 2, 3, 4):
-        (r,) = _l2_step([], n)
-        assert r["replicas"] == n
-        _check_step([r], _l2_expected(), f"{n} replicas")
+        results = _l2_step([], n)
+        assert [r["kind"] for r in results] == ["tf_keras", "keras3"] and {r["replicas"] for r in results} == {n}
+        _check_step(results, _l2_expected(), f"{n} replicas")
     _check_step(_l2_step([], 2, 0.5), _l2_expected(0.5), "2 replicas, clip 0.5")
 
 
 def test_regularization_and_clip_on_two_horovod_ranks():
-    """The same step on 2 Horovod ranks (6 rows each): the same loss and weights on both, with and without
-    --clip-norm (clipped after the tape's average)."""
+    """The same step on 2 Horovod ranks (6 rows each), both kinds: the same loss and weights on both, with and
+    without --clip-norm (clipped after the tape's average)."""
     horovodrun = [pathlib.Path(sys.executable).parent / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
     for clip in (None, 0.5):
         results = _l2_step(horovodrun, "horovod", *([clip] if clip else []))
-        assert sorted(r["rank"] for r in results) == [0, 1] and {r["replicas"] for r in results} == {2}
+        assert sorted((r["kind"], r["rank"]) for r in results) == [(k, i) for k in ("keras3", "tf_keras")
+                                                                    for i in (0, 1)]
+        assert {r["replicas"] for r in results} == {2}
         _check_step(results, _l2_expected(clip), f"2 Horovod ranks, clip {clip}")
 
 
@@ -237,9 +241,16 @@ def test_loss_refusals(tmp_path):
     with pytest.raises(ConfigError, match=f"--class-weights balanced weighs the built-in losses; weigh the classes "
                                           f"inside your loss {path}:f"):
         losses.resolve(TrainOptions(data=("x",), loss=f"{path}:f", class_weights="balanced"))
+    # A Keras 3 loss object is taken (its unreduced call) and refused by name with a model of the other kind
     k3 = _write(tmp_path, "import keras\nloss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)\n")
-    with pytest.raises(UserCodeError, match="a Keras 3 object .*Write `import tf_keras as keras`"):
-        losses.resolve(TrainOptions(data=("x",), loss=f"{k3}:loss"))
+    loss_fn = losses.resolve(TrainOptions(data=("x",), loss=f"{k3}:loss"))
+    logits, labels = tf.constant([[2.0, 0.0], [0.0, 1.0]]), tf.constant([0, 0])
+    np.testing.assert_allclose(loss_fn(labels, logits, None),
+                               tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits), rtol=1e-6)
+    keras_kinds.check_same(keras_kinds.KERAS3, loss_fn.keras_object, "--loss k3")
+    with pytest.raises(UserCodeError, match=r"--loss k3 is Keras 3 \(`import keras`\); the model is tf-keras .*"
+                                            r"write it with `import tf_keras`"):
+        keras_kinds.check_same(keras_kinds.TF_KERAS, loss_fn.keras_object, "--loss k3")
     with pytest.raises(UserCodeError, match="cannot import module 'no_such_module_xyz': ModuleNotFoundError"):
         losses.resolve(TrainOptions(data=("x",), loss="no_such_module_xyz:f"))
 

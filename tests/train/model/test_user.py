@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
+from harness import keras_kinds
 from harness.data.spec import DataSpec
 from harness.errors import ConfigError, ModelError, UserCodeError
 from harness.train.model import builtin, user as user_model
@@ -58,21 +59,30 @@ def test_load_function_refusals_name_the_module_and_error(tmp_path, source, spec
     assert message.format(path=path) in str(e.value)
 
 
-def test_keras3_function_is_refused_before_data_with_what_to_import(tmp_path):
-    path = _write(tmp_path, "k3.py", "import keras\n\ndef build(inputs):\n    return keras.Sequential()\n")
-    with pytest.raises(UserCodeError) as e:
-        load_function(f"{path}:build")
-    text = str(e.value)
-    assert f"--model {path}:build: a Keras 3 object (`import keras`)" in text
-    assert "Write `import tf_keras as keras`" in text and "Horovod's DistributedGradientTape" in text
-
-
-def test_keras3_model_is_refused():
+def test_a_keras3_model_is_checked_as_a_tf_keras_one(tmp_path):
     import keras as keras3
 
-    model = keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(3)])
-    with pytest.raises(UserCodeError, match="returned a Keras 3 model .*Write `import tf_keras as keras`"):
-        check_model(model, _inputs(), origin="m:f")
+    path = _write(tmp_path, "k3.py", "import keras\n\ndef build(inputs):\n    return keras.Sequential()\n")
+    assert keras_kinds.of(load_function(f"{path}:build")) == keras_kinds.KERAS3
+    check_model(keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(3)]), _inputs(), origin="m:f")
+    with pytest.raises(ModelError, match=r"output shape \[batch, 2\] does not fit labels \[batch\] with 3 classes"):
+        check_model(keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(2)]), _inputs(), origin="m:f")
+    with pytest.raises(UserCodeError, match="m:f returned builtins.dict, not a Keras model"):
+        check_model({}, _inputs(), origin="m:f")
+
+
+def test_a_keras3_file_given_to_a_tf_keras_model_is_refused_by_name(tmp_path):
+    import keras as keras3
+
+    saved = tmp_path / "k3.keras"
+    keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(3, name="head")]).save(saved)
+    assert keras_kinds.of_file(str(saved)) == keras_kinds.KERAS3
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3, name="head")])
+    with pytest.raises(UserCodeError, match=r"--init-from .*k3.keras: a Keras 3 model file; this model is tf-keras"):
+        init_weights(model, str(saved))
+    # Keras 3 reads it (and tf-keras files too)
+    other = keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(3, name="head")])
+    assert "1 layers loaded" in init_weights(other, str(saved))
 
 
 def test_resolve_refusals():
@@ -183,6 +193,10 @@ def test_examples_build_fitting_models():
     np.testing.assert_allclose(model.get_layer("during_normalize").mean.numpy().ravel(), [2.0] * 4)
     with pytest.raises(ValueError, match="temporal_pixel: expected per-pixel inputs \\(time, bands\\)"):
         temporal(image)
+    keras3 = load_function(f"{EXAMPLES}/keras3_unet.py:build")
+    model = keras3(image)
+    check_model(model, image)
+    assert keras_kinds.of_model(model) == keras_kinds.KERAS3 and model.output_shape == (None, 16, 16, 4)
 
 
 # --- init-from --------------------------------------------------------------------------------------------------

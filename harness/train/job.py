@@ -86,7 +86,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule, kind), policy)
         stopper = early_stopping.make(options, model, context, backups.save_model)  # its state is backed up
         data_seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="data_seed")  # the epochs' order
-        fingerprint = backups.Fingerprint.of(plan, spec, policy, context)
+        fingerprint = backups.Fingerprint.of(plan, spec, policy, context, kind)
         backup = backups.Backup(options.output, context, fingerprint=fingerprint, model=model, optimizer=optimizer,
                                 data_seed=data_seed, **({"stopping": stopper.state} if stopper else {}))
         initial_step = resume.restore(backend, backup, model, optimizer, plan, say)

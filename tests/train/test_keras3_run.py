@@ -73,3 +73,13 @@ def test_a_tf_keras_model_given_the_keras3_run_by_init_from_is_refused(keras3_ru
                 "--init-from", keras3_run["run"], "--global-batch-size", 4, "--output", tmp_path / "run", ok=False)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "a Keras 3 model file; this model is tf-keras" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_keras3_runs_backup_resumed_with_a_tf_keras_model_is_refused_by_name(keras3_run, tmp_path):
+    import shutil
+
+    run_dir = shutil.copytree(keras3_run["run"], tmp_path / "run")   # the built-in model is tf-keras
+    r = run_cli("train", "--data", keras3_run["data"], "--label", "landcover", "--num-classes", 3, "--epochs", 4,
+                "--global-batch-size", 4, "--output", run_dir, ok=False)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "was written by a different run (keras: backup 'keras3', now 'tf_keras')" in r.stderr, r.stderr[-3000:]

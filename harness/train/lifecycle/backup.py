@@ -39,9 +39,11 @@ FINGERPRINT = "run.json"  # beside the backup: what it was trained with
 
 @dataclasses.dataclass(frozen=True)
 class Fingerprint:
-    """What a backup must agree with to be resumed (`run.json` beside it): the step arithmetic, the data and the
-    model's inputs; and the workers and replicas it was written by (compared by
-    `harness.train.lifecycle.resume.check_workers`, which allows another worker count at an epoch end)."""
+    """What a backup must agree with to be resumed (`run.json` beside it): the step arithmetic, the data, the
+    model's inputs and its Keras kind (`harness.keras_kinds`: a Keras 3 model's variables are not a tf-keras
+    model's); and the workers and replicas it was written by (compared by
+    `harness.train.lifecycle.resume.check_workers`, which allows another worker count at an epoch end). A fact an
+    older backup did not record is not compared."""
 
     steps_per_epoch: int
     global_batch_size: int
@@ -52,14 +54,15 @@ class Fingerprint:
     policy: str
     workers: int
     replicas_per_worker: int
+    keras: str = "tf_keras"
 
     @classmethod
-    def of(cls, plan, spec, policy: str, context) -> "Fingerprint":
-        """The run's, from its epoch plan, `DataSpec`, precision policy and `WorkerContext`."""
+    def of(cls, plan, spec, policy: str, context, keras: str = "tf_keras") -> "Fingerprint":
+        """The run's, from its epoch plan, `DataSpec`, precision policy, `WorkerContext` and Keras kind."""
         return cls(steps_per_epoch=plan.steps_per_epoch, global_batch_size=plan.global_batch_size,
                    records=sum(plan.records), label=spec.label, bands=list(spec.bands),
                    input_shape=str(spec.input_shape), policy=policy, workers=context.num_workers,
-                   replicas_per_worker=context.replicas_per_worker)
+                   replicas_per_worker=context.replicas_per_worker, keras=keras)
 
 
 class Backup:
@@ -161,12 +164,12 @@ class Backup:
             saved = json.load(f)
         self.saved_fingerprint = saved
         self.resume_note = resume.check_workers(saved, self.fingerprint, step, self.chief_dir)
-        changed = {k: (saved.get(k), v) for k, v in self.fingerprint.items()
-                   if saved.get(k) != v and k not in resume.COUNT_KEYS}
+        changed = {k: (saved[k], v) for k, v in self.fingerprint.items()
+                   if k in saved and saved[k] != v and k not in resume.COUNT_KEYS}
         if changed:
             what = "; ".join(f"{k}: backup {a!r}, now {b!r}" for k, (a, b) in changed.items())
             raise ConfigError(f"{self.chief_dir} was written by a different run ({what}); resume with the same "
-                              "data, batch size and precision, or use a new --output")
+                              "data, batch size, precision and model, or use a new --output")
 
     def save(self, step: int) -> None:
         """Write the backup at global step `step` (every worker calls this; only the chief's copy is kept)."""

@@ -37,3 +37,37 @@ def test_the_same_global_batch_with_other_steps_per_epoch_is_refused():
     # the same global batch, but 3 workers keep fewer records of their uneven files: 15 steps, not 16
     with pytest.raises(ConfigError, match=r"now 3 workers \(global batch 16, 15 steps per epoch\)"):
         resume.check_workers(_print(2, 1, 16, 16), _print(3, 1, 16, 15), 32, "out/backup")
+
+
+def _backup(folder, **changes):
+    """A backup of one variable in `folder`, its fingerprint a one-worker run's with `changes`."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from harness.distribute.context import WorkerContext
+    from harness.train.lifecycle.backup import Backup, Fingerprint
+
+    fingerprint = Fingerprint(steps_per_epoch=4, global_batch_size=8, records=32, label="class", bands=["a"],
+                              input_shape="(1,)", policy="float32", workers=1, replicas_per_worker=1)
+    return Backup(str(folder), WorkerContext.single(), fingerprint=dataclasses.replace(fingerprint, **changes),
+                  weight=tf.Variable(1.0))
+
+
+def test_a_backup_of_a_model_of_the_other_keras_kind_is_refused_by_name(tmp_path):
+    _backup(tmp_path, keras="keras3").save(4)
+    with pytest.raises(ConfigError, match=r"different run \(keras: backup 'keras3', now 'tf_keras'\); resume with "
+                                          r"the same data, batch size, precision and model"):
+        _backup(tmp_path).restore()
+    assert _backup(tmp_path, keras="keras3").restore() == 4
+
+
+def test_a_fact_an_older_backup_did_not_record_is_not_compared(tmp_path):
+    import json
+
+    _backup(tmp_path, keras="keras3").save(4)
+    path = next(tmp_path.rglob("run.json"))
+    saved = json.loads(path.read_text())
+    del saved["keras"]                      # as written before the fingerprint named the Keras kind
+    path.write_text(json.dumps(saved))
+    assert _backup(tmp_path).restore() == 4

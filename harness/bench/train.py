@@ -31,6 +31,8 @@ class BenchTrainOptions:
     Attributes:
       data: `("synthetic",)` (one random batch per replica, generated on its device) or shard paths.
       like: with synthetic data, shards whose shapes the synthetic batches take.
+      label, data_config: the label, or the whole `data:` section (collapsed bands, depths, ...), refining the
+        spec inferred from the shards as `harness train` does.
       steps, warmup: timed steps, and untimed first steps (tracing, autotuning, cache fill).
       per_replica_batch_size: examples per replica per step.
       patch_size, bands, classes: synthetic shapes when `like` is not given (pixels, bands, classes).
@@ -43,6 +45,7 @@ class BenchTrainOptions:
     data: tuple[str, ...] = (SYNTHETIC,)
     like: Optional[tuple[str, ...]] = None
     label: Optional[str] = None
+    data_config: Optional[dict] = None
     steps: int = 50
     warmup: int = 5
     output: str = "runs/bench"
@@ -85,7 +88,8 @@ def _real_inputs(options: BenchTrainOptions, backend):
                                  per_replica_batch_size=options.per_replica_batch_size, cache=options.cache,
                                  cache_dir=options.cache_dir, data_service=options.data_service, seed=options.seed,
                                  precision=options.precision, output=options.output)
-    return prepare(train_options, backend, data_config={"label": options.label} if options.label else None)
+    data = options.data_config or ({"label": options.label} if options.label else None)
+    return prepare(train_options, backend, data_config=data)
 
 
 def run(options: BenchTrainOptions) -> Optional[dict]:

@@ -17,7 +17,8 @@ from harness.data.probe import (COUNT_BATCH, NEGLIGIBLE, PROBE_RECORDS, REPEATS,
                                 free_disk, one_core, probe, rate_per_core)
 
 
-def compute_rate(options, label: Optional[str], *, steps: int, warmup: int) -> float:
+def compute_rate(options, label: Optional[str], *, steps: int, warmup: int, data_config: Optional[dict] = None
+                 ) -> float:
     """The step's examples/s on synthetic batches shaped like the data (`harness.bench.train.run` with
     `--data synthetic --like DATA`, the run's batch, precision and strategy; no trace, no sampling): `steps` timed
     steps, then, where they lasted less than `harness.train.measure.probe.PROBE_SECONDS`, again with as many as fill it
@@ -25,19 +26,22 @@ def compute_rate(options, label: Optional[str], *, steps: int, warmup: int) -> f
     calls of auto K need steps to amortize their start)."""
     from harness.train.measure.probe import probe_steps
 
-    rate = _synthetic_rate(options, label, steps=steps, warmup=warmup)
+    rate = _synthetic_rate(options, label, steps=steps, warmup=warmup, data_config=data_config)
     if rate <= 0:
         return rate
     _, wanted = probe_steps(1, (options.per_replica_batch_size or options.global_batch_size) / rate)
-    return _synthetic_rate(options, label, steps=wanted, warmup=warmup) if wanted > steps else rate
+    return (_synthetic_rate(options, label, steps=wanted, warmup=warmup, data_config=data_config) if wanted > steps
+            else rate)
 
 
-def _synthetic_rate(options, label: Optional[str], *, steps: int, warmup: int) -> float:
+def _synthetic_rate(options, label: Optional[str], *, steps: int, warmup: int,
+                    data_config: Optional[dict] = None) -> float:
     from harness.bench.train import BenchTrainOptions, run
 
     with tempfile.TemporaryDirectory(prefix="harness-tune-") as out:
         report = run(BenchTrainOptions(
-            data=("synthetic",), like=tuple(options.data), label=label, steps=steps, warmup=warmup, output=out,
+            data=("synthetic",), like=tuple(options.data), label=label, data_config=data_config, steps=steps,
+            warmup=warmup, output=out,
             per_replica_batch_size=options.per_replica_batch_size or options.global_batch_size,
             precision=options.precision, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
             no_trace=True, no_sampling=True, no_plot=True, seed=options.seed))
@@ -77,7 +81,7 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
                    contrast=options.contrast, cpus=mine.cpus, records=records)
     if compute is None:
         compute = compute_rate(options, (data_config or {}).get("label") or spec.label, steps=compute_steps,
-                               warmup=3)
+                               warmup=3, data_config=data_config or None)
     measured = tune_lib.Measured.from_probe(stages, compute=compute,
                                             compute_on_cpu=not tf.config.list_physical_devices("GPU"))
     say(f"measured on {stages['probed_records']} records of {stages['probed_files']} file(s), examples/s per core:")

@@ -8,6 +8,7 @@ import sys
 from harness import ports
 from harness.choices import DATA_KINDS, DTYPES
 from harness.commands.args import NON_NEGATIVE, POSITIVE, command
+from harness.errors import ConfigError
 
 
 def inspect(args) -> int:
@@ -26,15 +27,29 @@ def synth(args) -> int:
 
     common = dict(prefix=args.prefix, shards=args.shards, records=args.records, bands=args.bands,
                   label=args.label or None, classes=args.classes, dtype=args.dtype,
-                  compressed=not args.uncompressed, seed=args.seed)
+                  compressed=not args.uncompressed, seed=args.seed, depths=dict(args.depths or []),
+                  label_from=args.label_from)
     if args.kind == "image":
         paths = synth_lib.write_image_export(args.output, patch_size=args.patch_size, kernel_size=args.kernel_size,
-                                             **common)
+                                             collapse=args.collapse_bands, sequence=args.sequence_data,
+                                             mixer=not args.no_mixer, **common)
     else:
+        if args.collapse_bands or args.sequence_data or args.no_mixer:
+            raise ConfigError("--collapse-bands, --sequence-data and --no-mixer are image export options")
         paths = synth_lib.write_table_export(args.output, **common)
     for p in paths:
         print(p)
     return 0
+
+
+def _depth(text: str) -> tuple[str, int]:
+    """`BAND=D` -> (band, D) for --depths."""
+    import argparse
+
+    band, sep, depth = text.partition("=")
+    if not sep or not band or not depth.isdigit() or int(depth) < 1:
+        raise argparse.ArgumentTypeError(f"expected BAND=D with D a positive integer (ndvi=12), got {text!r}")
+    return band, int(depth)
 
 
 def reshard(args) -> int:
@@ -101,6 +116,18 @@ def add_parsers(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float", help="band storage")
     p.add_argument("--uncompressed", action="store_true", help="write .tfrecord without GZIP")
     p.add_argument("--seed", type=int, default=0, help="random fields and classes")
+    lay = p.add_argument_group("Earth Engine layout options (TfRecordImageExportOptions; docs/GEE_FORMAT.md)")
+    lay.add_argument("--depths", nargs="+", type=_depth, metavar="BAND=D",
+                     help="tensorDepths: these bands are array bands of D values per pixel (row), e.g. ndvi=12")
+    lay.add_argument("--collapse-bands", action="store_true",
+                     help="collapseBands: every band, then the label, in one feature named after the first band")
+    lay.add_argument("--sequence-data", action="store_true",
+                     help="sequenceData: one SequenceExample per pixel, array bands as its feature lists")
+    lay.add_argument("--no-mixer", action="store_true",
+                     help="no mixer.json, as Earth Engine writes none when maxMaskedRatio drops patches")
+    lay.add_argument("--label-from", metavar="CHANNEL",
+                     help="the label as classes of this one channel (`band` or `band[i]`, e.g. ndvi[3]); default "
+                          "a function of every band")
 
     p = command(sub, "reshard", reshard,
                 "Rewrite (GZIP) shards into uncompressed shards balanced over a multiple of the workers, in order")

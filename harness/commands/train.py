@@ -74,6 +74,9 @@ def train_args(p: argparse.ArgumentParser) -> None:
                    help="default classification (class ids); regression: the label is a number per pixel/row")
     p.add_argument("--ignore-label", type=float, default=S, metavar="VALUE",
                    help="the label's nodata value: those pixels are left out of the loss and every metric")
+    p.add_argument("--input-nodata", type=float, default=S, metavar="VALUE",
+                   help="an input value that is no measurement (Earth Engine's defaultValue: masked pixels, array "
+                        "padding): left out of the band statistics, delivered as each channel's mean")
     p.add_argument("--class-names", nargs="+", default=S, metavar="NAME",
                    help="one name per class, in class-id order (names the per-class metrics)")
     p.add_argument("--epochs", type=int, default=S, help=f"default {D['epochs']:g}")

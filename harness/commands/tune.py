@@ -6,13 +6,12 @@ from harness.commands.train import _NOT_OPTIONS, train_args
 
 
 _TUNE_ONLY = ("write", "workers", "probe_records", "compute_steps")
-_DATA_KEYS = ("label", "bands", "task", "ignore_label", "class_names")  # `merge_options` moves them to `data:`
 
 
 def tune(args) -> int:
     """`harness tune --data PATH [train options] [--write FILE]` (`harness.bench.tune`)."""
     from harness.bench import tune as tune_lib
-    from harness.train.options import load_config, merge_options
+    from harness.train.options import DATA_FLAGS, load_config, merge_options
 
     config = load_config(args.config) if getattr(args, "config", None) else {}
     given = {k: v for k, v in vars(args).items()
@@ -21,7 +20,7 @@ def tune(args) -> int:
     decision, _ = tune_lib.run(options, data, workers=args.workers, records=args.probe_records,
                                compute_steps=args.compute_steps)
     train = dict(config.get("train") or {})
-    train.update({k: v for k, v in given.items() if k not in _DATA_KEYS})
+    train.update({k: v for k, v in given.items() if k not in DATA_FLAGS})
     for key, value in decision.train_options().items():
         if key in train and train[key] != value:
             print(f"tune: {key} {train[key]!r} was given; the config written sets the tuned {value!r}")

@@ -27,11 +27,16 @@ def _patch_text(info: records.FeatureInfo, mixer: Optional[Mixer], margin: Optio
     (numeric features are then read as square patches, bytes strings are not).
     """
     n = info.nbytes if info.dtype == BYTES and info.length == 1 else info.length
-    side = spec_lib._square(n)
+    if info.sequence:
+        return f"feature list of {n} steps"
+    planes = n // image_side ** 2 if image_side and n % image_side ** 2 == 0 else 1
+    side = spec_lib._square(n // planes)
     if not side or n < 4 or (image_side is not None and side != image_side) or \
             (image_side is None and info.dtype == BYTES):
         return ""
     text = f"{side}x{side}"
+    if planes > 1:
+        text = f"{planes} x {text} (an array band of depth {planes}, or {planes} collapsed bands)"
     if mixer is not None:
         p = mixer.patch_dimensions[0]
         text += f" = {p}x{p} + margin {side - p}" if side != p else f" (mixer patchDimensions {p}x{p})"
@@ -61,7 +66,7 @@ def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[i
     total = sum(st.records for st in stats)
     if mixer is not None:
         try:
-            check_mixer(mixer, [st.records for st in stats])
+            check_mixer(mixer, [st.records for st in stats], per_pixel=any(i.sequence for i in schema.values()))
         except MixerError as e:
             warnings.append(str(e))
     empty = [s.path for s, st in zip(shards, stats) if st.records == 0]

@@ -113,6 +113,21 @@ def not_a_class_id_error(where: str, label: str, value: float, num_classes: Opti
                            "before export, or give the right --label)")
 
 
+def stored_label(spec, ex) -> np.ndarray:
+    """The label's values in one decoded record (float64): its feature's float or int64 list, or its plane of a
+    collapsed feature (planes outermost, as Earth Engine writes them)."""
+    from harness.data.records import features_of
+
+    feature, plane = spec.feature_of(spec.label)
+    stored = features_of(ex).feature[feature]
+    values = np.asarray(stored.float_list.value, np.float64)
+    if not values.size:  # an int64 label
+        values = np.asarray(stored.int64_list.value, np.float64)
+    if feature != spec.label:
+        values = values.reshape(spec.feature_depth(feature), -1)[plane]
+    return values
+
+
 def check_first_labels(spec, shards: Sequence, records: int = 16, *, read=None) -> None:
     """Check the labels of the first `records` records of the first non-empty shard and the first record of every
     other shard, before training (a continuous band given as --label, a negative nodata value).
@@ -131,9 +146,7 @@ def check_first_labels(spec, shards: Sequence, records: int = 16, *, read=None) 
     for shard in shards:
         examples = read(shard, records if not checked else 1)[:records if not checked else 1]
         for i, ex in enumerate(examples):
-            values = np.asarray(ex.features.feature[spec.label].float_list.value, np.float64)
-            if not values.size:  # an int64 label
-                values = np.asarray(ex.features.feature[spec.label].int64_list.value, np.float64)
+            values = stored_label(spec, ex)
             bad = np.flatnonzero(~is_label_value(values, spec.task, None, spec.ignore_label).numpy())
             if bad.size:
                 value = float(values[bad[0]])

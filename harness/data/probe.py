@@ -298,19 +298,17 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
         inflate = S(tune_lib.INFLATE, difference(reader, read), serialized_bytes)
     else:
         read_stage, inflate = S(tune_lib.READ, reader, file_bytes), None
-    desc = pipeline.feature_description(spec)
-    values = spec.values_per_feature() if spec.kind == IMAGE else 1
-    parsed_bytes = 4 * values * len(spec.features)
+    parsed_bytes = 4 * sum(spec.values_of(f) for f in spec.features)
     decoded_bytes = pipeline.decoded_record_bytes(spec)
     source = tf.data.Dataset.from_tensor_slices(serialized).repeat()
     by_read = _elements(n, read_batch)
     src_records = rate_per_core(source.batch(COUNT_BATCH), by_count, repeats)
     src_batches = rate_per_core(source.batch(read_batch), by_read, repeats)
-    p_rec = rate_per_core(source.map(graph_fn(lambda r: tf.io.parse_example(r[None], desc))).batch(COUNT_BATCH),
+    p_rec = rate_per_core(source.map(graph_fn(lambda r: pipeline.parse(spec, r[None]))).batch(COUNT_BATCH),
                           by_count, repeats)
     pd_rec = rate_per_core(source.map(graph_fn(lambda r: pipeline.decode_one(spec, r))).batch(COUNT_BATCH),
                            by_count, repeats)
-    p_bat = rate_per_core(source.batch(read_batch).map(graph_fn(lambda r: tf.io.parse_example(r, desc))), by_read,
+    p_bat = rate_per_core(source.batch(read_batch).map(graph_fn(lambda r: pipeline.parse(spec, r))), by_read,
                           repeats)
     pd_bat = rate_per_core(source.batch(read_batch).map(graph_fn(lambda r: pipeline.decode(spec, r))), by_read,
                            repeats)

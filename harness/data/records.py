@@ -52,6 +52,7 @@ class FeatureInfo:
     dtype: str
     length: int
     nbytes: int = 0
+    sequence: bool = False  # a SequenceExample's feature list: `length` steps, `nbytes` the most values in a step
 
 
 def dataset(shard: Shard, *, buffer_size: Optional[int] = None) -> tf.data.TFRecordDataset:
@@ -185,11 +186,23 @@ def _unknown(msg) -> bool:
     return len(unknown_fields.UnknownFieldSet(msg)) > 0
 
 
-def decode_example(raw: bytes, *, path: str, index: int) -> tf.train.Example:
-    """Parse one record as tf.train.Example, refusing anything else.
+def _sequence_example(raw: bytes):
+    """`raw` as a tf.train.SequenceExample (Earth Engine's sequenceData), or None when it is not one."""
+    try:
+        seq = tf.train.SequenceExample.FromString(raw)
+    except pb_message.DecodeError:
+        return None
+    if _unknown(seq) or _unknown(seq.context) or _unknown(seq.feature_lists) or not seq.feature_lists.feature_list:
+        return None
+    return seq
+
+
+def decode_example(raw: bytes, *, path: str, index: int, sequence: bool = True):
+    """Parse one record as tf.train.Example (or, with `sequence`, tf.train.SequenceExample), refusing anything else.
 
     A SequenceExample parses as an Example without error (its `context` is field 1, like `features`), as do many
-    other protobufs; they are told apart by the fields an Example does not have (wire-format unknown fields).
+    other protobufs; they are told apart by the fields an Example does not have (wire-format unknown fields): a
+    record with a SequenceExample's `feature_lists` is returned as one (Earth Engine's `sequenceData` export).
 
     Raises:
       NotExampleError: if the bytes are not a protobuf, or hold fields that tf.train.Example does not define.
@@ -199,6 +212,10 @@ def decode_example(raw: bytes, *, path: str, index: int) -> tf.train.Example:
     except pb_message.DecodeError as e:
         raise NotExampleError(f"{path}: record {index} is not a tf.train.Example ({e})") from None
     what = None
+    if _unknown(ex) and sequence:
+        seq = _sequence_example(raw)
+        if seq is not None:
+            return seq
     if _unknown(ex):
         what = "has fields that tf.train.Example lacks (a SequenceExample has feature_lists)"
     elif _unknown(ex.features):
@@ -216,22 +233,44 @@ def decode_example(raw: bytes, *, path: str, index: int) -> tf.train.Example:
     return ex
 
 
-def schema_of(ex: tf.train.Example) -> dict[str, FeatureInfo]:
-    """Feature name -> FeatureInfo for one Example, sorted by name (the order inside a record is arbitrary)."""
-    out = {}
-    for key in sorted(ex.features.feature):
-        f = ex.features.feature[key]
-        kind = f.WhichOneof("kind")
-        values = getattr(f, kind).value if kind else []
-        nbytes = len(values[0]) if kind == "bytes_list" and len(values) else 0
-        out[key] = FeatureInfo(_KIND_TO_DTYPE[kind], len(values), nbytes)
-    return out
+def features_of(ex) -> "tf.train.Features":
+    """The features of an Example, or the context of a SequenceExample."""
+    return ex.context if isinstance(ex, tf.train.SequenceExample) else ex.features
+
+
+def _info(f: tf.train.Feature) -> FeatureInfo:
+    kind = f.WhichOneof("kind")
+    values = getattr(f, kind).value if kind else []
+    nbytes = len(values[0]) if kind == "bytes_list" and len(values) else 0
+    return FeatureInfo(_KIND_TO_DTYPE[kind], len(values), nbytes)
+
+
+def schema_of(ex) -> dict[str, FeatureInfo]:
+    """Feature name -> FeatureInfo for one Example, sorted by name (the order inside a record is arbitrary).
+
+    For a SequenceExample: its context features, and each feature list as FeatureInfo(dtype of its steps, steps,
+    nbytes = the most values in one step, sequence=True).
+    """
+    feats = features_of(ex).feature
+    out = {key: _info(feats[key]) for key in feats}
+    if isinstance(ex, tf.train.SequenceExample):
+        for key, fl in ex.feature_lists.feature_list.items():
+            steps = [_info(f) for f in fl.feature]
+            dtype = next((i.dtype for i in steps if i.dtype != EMPTY), EMPTY)
+            out[key] = FeatureInfo(dtype, len(steps), max((i.length for i in steps), default=0), sequence=True)
+    return dict(sorted(out.items()))
 
 
 def first_examples(shard: Shard, n: int) -> list[tf.train.Example]:
-    """Decode the first `n` records of a shard (see read_records and decode_example for the errors)."""
-    return [decode_example(r, path=shard.path, index=i) for i, r in enumerate(read_records(shard, n))]
+    """Decode the first `n` records of a shard (see read_records and decode_example for the errors; also
+    NotExampleError when Examples and SequenceExamples are mixed, naming the first record of the other kind)."""
+    out = [decode_example(r, path=shard.path, index=i) for i, r in enumerate(read_records(shard, n))]
+    for i, ex in enumerate(out):
+        if type(ex) is not type(out[0]):
+            raise NotExampleError(f"{shard.path}: record {i} is a tf.train.{type(ex).__name__}, unlike record 0 "
+                                  f"(tf.train.{type(out[0]).__name__}): one export holds one kind of record")
+    return out
 
 
 __all__ = ["FeatureInfo", "FLOAT", "INT64", "BYTES", "EMPTY", "dataset", "read_records", "decode_example",
-           "schema_of", "first_examples", "data_loss_error", "has_payload", "sniff_compression"]
+           "schema_of", "features_of", "first_examples", "data_loss_error", "has_payload", "sniff_compression"]

@@ -36,16 +36,15 @@ def first_bad_record(spec: DataSpec, shards: Sequence[Shard]) -> Optional[SpecMi
     Raises:
       the framing errors of records.read_records / records.decode_example (truncated shard, not an Example).
     """
-    from harness.data.pipeline import feature_description
+    from harness.data.pipeline import parse
 
-    description = feature_description(spec)
     for shard in shards:
         start = 0
         batches = records.dataset(shard).batch(SCAN_BATCH)
         try:
             for batch in batches:
                 try:
-                    tf.io.parse_example(batch, description)
+                    parse(spec, batch)
                 except tf.errors.InvalidArgumentError:
                     error = _name_in_batch(spec, shard, batch.numpy(), start)
                     if error is not None:
@@ -81,13 +80,14 @@ def first_bad_label(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
     """
     import numpy as np
 
-    from harness.data.pipeline import feature_description
+    from harness.data.pipeline import label_of, parse
 
-    description = {spec.label: feature_description(spec)[spec.label]}
+    only = spec.replace(bands=(spec.label,), label=None, band_groups={}, group_delivery="dict")  # its feature
+    only = spec if spec.feature_of(spec.label)[0] != spec.label else only
     for shard in shards:
         start = 0
         for batch in records.dataset(shard).batch(SCAN_BATCH):
-            labels = tf.io.parse_example(batch, description)[spec.label].numpy().astype(np.float64)
+            labels = label_of(spec, parse(only, batch)).numpy().astype(np.float64)
             labels = labels.reshape(labels.shape[0], -1)  # [records, values per record]
             bad = ~is_label_value(labels, spec.task, num_classes, spec.ignore_label).numpy()
             rows = np.flatnonzero(bad.any(axis=1))
@@ -111,23 +111,49 @@ def bad_label_error(spec: DataSpec, shards: Sequence[Shard], num_classes: Option
     return label_rule_error(f"{path}: record {index}", spec.label, value, spec.task, num_classes)
 
 
+def first_unreadable(shards: Sequence[Shard]):
+    """The framing error of the first shard (in order) that TensorFlow cannot read to its end, or None.
+
+    For a DataLossError met after the counts (a network or FUSE mount returning a bad block once training began:
+    tensorflow/tensorflow#36802): read batch by batch as fast as the pipeline reads, the good records recounted
+    one by one in the failing shard.
+
+    Returns:
+      CorruptShardError, TruncatedShardError, CompressionMismatchError or NotTFRecordError
+      (`records.data_loss_error`: file and record index), or None when every shard reads to its end.
+    """
+    for shard in shards:
+        try:
+            for _ in records.dataset(shard).batch(SCAN_BATCH):
+                pass
+        except tf.errors.DataLossError as e:
+            good = records.count_until_error(shard.path, shard.compression or "")
+            return records.data_loss_error(shard, good, e)
+    return None
+
+
 def named_error(error: Exception, spec: DataSpec, num_classes: Optional[int],
                 shards: Sequence[Shard] = ()) -> Exception:
     """A named error for a TensorFlow error whose cause the harness knows; else `error` itself.
 
-    A failed class-id check (harness.data.labels) or a sparse cross-entropy label out of range is traced to its
+    A DataLossError (a record unreadable after the counts) is traced to its file and record (first_unreadable);
+    a failed class-id check (harness.data.labels) or a sparse cross-entropy label out of range is traced to its
     file, record and value (bad_label_error); a parse failure (a record after the first of its shard lacks a
     feature or holds another number of values) to its file, record and feature (first_bad_record), by scanning
     `shards` in order.
 
     Returns:
-      LabelValueError, a SpecMismatchError subclass, or `error` unchanged.
+      a framing error (CorruptShardError, ...), LabelValueError, a SpecMismatchError subclass, or `error`
+      unchanged.
     """
     import re
 
     from harness.data.labels import LABEL_CHECK_MESSAGE
     from harness.errors import MissingFeatureError
 
+    if isinstance(error, tf.errors.DataLossError):
+        found = first_unreadable(shards) if shards else None
+        return found if found is not None else error
     text = str(error)
     m = re.search(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)", text)
     if m or LABEL_CHECK_MESSAGE in text:

@@ -386,9 +386,13 @@ def find_mixer(shards: Sequence[Shard], mixer_path: Optional[str] = None) -> Opt
     return None
 
 
-def check_mixer(mixer: Mixer, record_counts: Sequence[int]) -> None:
-    """Raise MixerError when the mixer's totalPatches differs from the records counted in the shards."""
+def check_mixer(mixer: Mixer, record_counts: Sequence[int], *, per_pixel: bool = False) -> None:
+    """Raise MixerError when the mixer's totalPatches differs from the records counted in the shards (with
+    `per_pixel`, Earth Engine's sequenceData: one record per pixel, totalPatches x P x P records)."""
     total = sum(record_counts)
-    if mixer.total_patches != total:
-        raise MixerError(f"{mixer.path}: totalPatches {mixer.total_patches} but the shards hold {total} records "
-                         "(a shard lost or added?)")
+    p_w, p_h = mixer.patch_dimensions
+    expected = mixer.total_patches * (p_w * p_h if per_pixel else 1)
+    if expected != total:
+        what = f" x {p_w}x{p_h} pixels = {expected}" if per_pixel else ""
+        raise MixerError(f"{mixer.path}: totalPatches {mixer.total_patches}{what} but the shards hold {total} "
+                         "records (a shard lost or added?)")

@@ -168,9 +168,9 @@ def _input_side(loaded: LoadedModel, spec: DataSpec, where: str) -> Optional[int
             raise ModelMismatchError(f"{name}: the model takes {len(shapes)} inputs; predict feeds one tensor of "
                                      "every band")
         channels = takes[-1] if takes else None
-        if channels is not None and channels != len(spec.bands):
-            raise ModelMismatchError(f"{name}: the model takes {channels} bands, {where} gives {len(spec.bands)} "
-                                     f"({', '.join(spec.bands)})")
+        if channels is not None and channels != len(spec.channels):
+            raise ModelMismatchError(f"{name}: the model takes {channels} bands, {where} gives {len(spec.channels)} "
+                                     f"({', '.join(spec.channels)})")
     if keyed:  # one input per group, matched by name as Keras matches a dict
         same = isinstance(takes, dict) and set(takes) == set(delivered)
         pairs = [(takes[g], delivered[g]) for g in delivered] if same else [(None, None)]
@@ -202,7 +202,7 @@ def _shapes(shapes) -> str:
 
 def _delivery(spec: DataSpec) -> str:
     if not spec.band_groups:
-        return "one tensor of the bands " + ", ".join(spec.bands)
+        return "one tensor of the bands " + ", ".join(spec.channels)
     groups = "; ".join(f"{g}: {', '.join(b)}" for g, b in spec.band_groups.items())
     how = "stacked on a time axis" if spec.group_delivery == TIME else "one input per group, named as the group"
     return f"band groups {groups}, {how}"

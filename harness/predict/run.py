@@ -79,7 +79,8 @@ def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
        printed upload commands in order (chief; `upload_lines`) or []}.
     Raises:
       the data layer's errors (discovery, counts, spec: a band missing from the export names it), MixerError
-      (image export without a mixer, or totalPatches differing from the records), ModelMismatchError (model vs
+      (totalPatches differing from the records; an export without a mixer is predicted in order, and NO_MIXER
+      said instead of the upload commands), ModelMismatchError (model vs
       export, before any prediction), OutputExistsError (another run's files in the output folder), ConfigError
       (bad `--output-bands` or `--keep`).
     """
@@ -106,6 +107,8 @@ def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
     upload_cmds = upload_lines(job) if context.is_chief else []
     for line in upload_cmds:
         say(line)
+    if context.is_chief and job.image and job.shards.mixer is None:
+        say(NO_MIXER)
     if upload_cmds:
         pending = [p for p in job.outputs if not tf.io.gfile.exists(p)]
         if pending:
@@ -124,10 +127,7 @@ def prepare(options: PredictOptions) -> Job:
     # every band in every shard's first record, S*S values (the first records read once: ShardSet.first_examples)
     spec_lib.validate_spec(spec, list(shards.shards), read=shards.first_examples)
     geometry = model_lib.check(loaded, spec, where)
-    if spec.kind == spec_lib.IMAGE:
-        if shards.mixer is None:
-            raise MixerError(f"{where}: no mixer.json beside the shards (give --mixer): Earth Engine needs it to "
-                             "place the predicted patches")
+    if spec.kind == spec_lib.IMAGE and shards.mixer is not None:
         try:
             check_mixer(shards.mixer, [n for _, n in shards.counts])
         except MixerError as e:
@@ -154,13 +154,18 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
                                            f"{shards.shards[0].path} is a {exported.kind} export")
     bands = options.bands or (run.bands if run else exported.bands)
     schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
-    absent = [b for b in bands if b not in schema]
+    # The run's layout (array depths, collapsed features, sequences) is how its bands are stored: read the same.
+    layout = run if run is not None and set(bands) == set(run.bands) else exported
+    stored = exported.replace(bands=tuple(bands), label=None, band_groups={}, group_delivery=spec_lib.DICT,
+                              depths={b: d for b, d in layout.depths.items() if b in bands},
+                              collapsed=layout.collapsed, sequence=layout.sequence).features
+    absent = [b for b in stored if b not in schema]
     if absent:
         hint = spec_lib._closest(absent[0], list(schema))
         raise MissingFeatureError(f"{shards.shards[0].path}: band {absent[0]!r} of the model is absent from the "
                                   f"export" + (f"; closest available key: {hint!r}" if hint else "") +
                                   f" (missing: {absent}; the records hold {sorted(schema)})")
-    dtypes = {b: schema[b].dtype for b in bands}
+    dtypes = {b: schema[b].dtype for b in stored}
     # The run's band groups shape the model's inputs (one tensor per group, or groups on a time axis): delivered
     # by the same `pipeline.decode` as in training. `--bands` other than the run's means a model without them.
     grouped = run is not None and run.band_groups and set(bands) == set(run.bands)
@@ -168,6 +173,10 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
     # resizes the output back (model.Geometry.restore). Else the side is found from the model (`prepare`).
     resized = run is not None and run.kind == spec_lib.IMAGE and run.resize
     return exported.replace(bands=tuple(bands), label=None, dtypes=dtypes,
+                            depths={b: d for b, d in layout.depths.items() if b in bands},
+                            collapsed=layout.collapsed, sequence=layout.sequence,
+                            input_nodata=run.input_nodata if run is not None else None,
+                            input_fill=run.input_fill if run is not None else {},
                             band_groups=run.band_groups if grouped else {},
                             group_delivery=run.group_delivery if grouped else spec_lib.DICT,
                             crop_margin=bool(resized and run.crop_margin), resize=run.resize if resized else None)
@@ -255,7 +264,7 @@ def _prepare_output(job: Job, mine: range, context: WorkerContext) -> None:
                 if not tf.io.gfile.isdir(os.path.join(out, n)) and os.path.join(out, n) not in job.outputs:
                     tf.io.gfile.remove(os.path.join(out, n))
     writer.write_text(path, json.dumps(manifest, sort_keys=True))
-    if context.is_chief and job.image:
+    if context.is_chief and job.image and job.shards.mixer is not None:
         with tf.io.gfile.GFile(job.shards.mixer.path) as f:
             writer.write_text(job.mixer_copy, f.read())
 
@@ -335,11 +344,23 @@ def _step_fn(job: Job):
     return step
 
 
+# Earth Engine's TfRecordImageExportOptions: "maxMaskedRatio: Maximum allowed proportion of masked pixels in a
+# patch. Patches which exceed this allowance will be dropped rather than written to files. If this field is set to
+# anything but 1, the JSON sidecar will not be produced." (docs/GEE_FORMAT.md, "Layout options")
+NO_MIXER = ("no upload: the export has no mixer.json, which Earth Engine writes only when no patch was dropped "
+            "(maxMaskedRatio below 1 drops patches with more masked pixels and then writes no sidecar), so it "
+            "cannot place these patches back as a mosaic; the predictions above are in the export's patch order. "
+            "To upload a mosaic, export the image again with maxMaskedRatio 1 (the default; masked pixels are then "
+            "filled with defaultValue) and predict on that export")
+
+
 def upload_lines(job: Job) -> list[str]:
     """The commands that upload the outputs to Earth Engine, in order (`harness.predict.upload`): zero-record
     shards left out; for images the mixer copy last; for tables the whole CSV (or the TFRecord files). Local
     outputs are copied to a bucket first (the CLI reads only gs://)."""
     files = files_with_records([(out, n) for out, (_, n) in zip(job.outputs, job.shards.counts)])
+    if job.image and job.shards.mixer is None:
+        return []
     if job.image:
         files = [*files, job.mixer_copy]
     elif job.options.format == CSV:

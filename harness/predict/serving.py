@@ -42,24 +42,40 @@ class ServingModule(tf.Module):
         self.model = loaded.model
         self._bands = tuple(spec.bands)
         self._image = spec.kind == IMAGE
+        # Earth Engine sends each band on its own, an array band as [tile..., depth] (ee.Model's inputShapes), not
+        # as the export stored it (collapsed, or one SequenceExample per pixel).
+        self._depths = {b: spec.depth_of(b) for b in self._bands}
         # The pipeline's own stacking for tiles of the model's input side: float32 bands, stored as they come.
-        self._spec = spec.replace(dtypes={}, **({"patch_size": geometry.input_side, "kernel_margin": 0,
+        self._spec = spec.replace(dtypes={}, collapsed={}, sequence=False, label=None,
+                                  **({"patch_size": geometry.input_side, "kernel_margin": 0,
                                                  "crop_margin": False, "resize": geometry.resize or None}
                                                 if self._image else {}))
         self._geometry = geometry
         self._probabilities = probabilities
         self._softmax = not model_lib.applies_softmax(loaded.model)
         tile = [None, geometry.input_side, geometry.input_side] if self._image else [None]
-        dense = {b: tf.TensorSpec(tile, tf.float32, name=b) for b in self._bands}
+        dense = {b: tf.TensorSpec(tile + self._per_pixel(b), tf.float32, name=b) for b in self._bands}
         strings = {b: tf.TensorSpec([None], tf.string, name=b) for b in self._bands}
         # Traced as written; AutoGraph converts the user's model only (`harness.tracing`).
         self._forward = user_code(lambda x: self.model(x, training=False))
         self.grpc = graph_function(self._dense, input_signature=[dense])
         self.serialized = graph_function(self._serialized, input_signature=[strings])
 
+    def _per_pixel(self, band: str) -> list:
+        """[depth] for an array band, [] for a band of one value per pixel."""
+        return [self._depths[band]] if self._depths[band] > 1 else []
+
+    def _flat(self, band: str, x: tf.Tensor) -> tf.Tensor:
+        """One band's tile [N, H, W(, D)] -> [N, D*H*W] with the depth outermost, as Earth Engine stores it."""
+        x = tf.cast(x, tf.float32)
+        if not self._image:
+            return x
+        if self._depths[band] > 1:
+            x = tf.transpose(x, [0, 3, 1, 2])
+        return tf.reshape(x, [tf.shape(x)[0], -1])
+
     def _dense(self, inputs):
-        flat = {b: tf.reshape(tf.cast(inputs[b], tf.float32), [tf.shape(inputs[b])[0], -1]) if self._image
-                else tf.cast(inputs[b], tf.float32) for b in self._bands}
+        flat = {b: self._flat(b, inputs[b]) for b in self._bands}
         x = pipeline.stack_bands(self._spec, flat)
         y = tf.cast(self._forward(x), tf.float32)
         g = self._geometry
@@ -78,7 +94,8 @@ class ServingModule(tf.Module):
         side = self._geometry.input_side
         shape = [side, side] if self._image else []
         dense = {b: tf.map_fn(lambda s: tf.io.parse_tensor(s, tf.float32), inputs[b],
-                              fn_output_signature=tf.TensorSpec(shape, tf.float32)) for b in self._bands}
+                              fn_output_signature=tf.TensorSpec(shape + self._per_pixel(b), tf.float32))
+                 for b in self._bands}
         return {k: tf.map_fn(tf.io.serialize_tensor, v, fn_output_signature=tf.string)
                 for k, v in self._dense(dense).items()}
 
@@ -120,22 +137,25 @@ def export_savedmodel(loaded: model_lib.LoadedModel, spec: DataSpec, output: str
     if probabilities:
         outputs["probabilities"] = {"type": "ee.PixelType.float()", "dimensions": 1}
         sizes["probabilities"] = (tile + [classes], "float32")
-    request = vertex.request_bytes(spec.bands, geometry.input_side if image else None)
+    request = vertex.request_bytes(spec.channels, geometry.input_side if image else None)
     response = vertex.response_bytes(sizes)
     sizing = {"outputMultiplier": max(1.0, round(response / request + 0.005, 2)),
               "maxPayloadBytes": vertex.ONLINE_REQUEST_LIMIT}
     facts = {"tensorflow_version": tf.__version__, "classes": classes, "class_dtype": dtype,
              "request_bytes": request, "response_bytes": response, "limit_bytes": vertex.ONLINE_REQUEST_LIMIT,
-             "largest_tile": vertex.largest_tile(spec.bands) if image else None}
+             "largest_tile": vertex.largest_tile(spec.channels) if image else None}
     tf.io.gfile.makedirs(f"{output}/assets.extra")
     with tf.io.gfile.GFile(f"{output}/assets.extra/harness_export.json", "w") as f:
         f.write(json.dumps(facts, indent=1))
+    # ee.Model.fromVertexAi's inputShapes: "a map from input band names to fixed shapes of input arrays".
+    shapes = {"inputShapes": {b: [spec.depth_of(b)] for b in spec.bands if spec.depth_of(b) > 1}}
+    shapes = shapes if shapes["inputShapes"] else {}
     if not image:
-        return {"payloadFormat": PAYLOAD, "inputProperties": list(spec.bands), "outputProperties": outputs,
+        return {"payloadFormat": PAYLOAD, "inputProperties": list(spec.bands), **shapes, "outputProperties": outputs,
                 **sizing}, facts
     s, half = geometry.input_side, spec.kernel_margin // 2 if geometry.crop else 0
     return {"payloadFormat": PAYLOAD, "inputTileSize": [s, s], "inputOverlapSize": [half, half],
-            "outputTileSize": [geometry.patch, geometry.patch], "outputBands": outputs, **sizing}, facts
+            **shapes, "outputTileSize": [geometry.patch, geometry.patch], "outputBands": outputs, **sizing}, facts
 
 
 def size_lines(facts: dict) -> list[str]:

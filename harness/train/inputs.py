@@ -144,7 +144,7 @@ def resolve_spec(data: dict, train: ShardSet) -> spec_lib.DataSpec:
     """The spec inferred from the training shards, refined by whatever the config or flags declare
     (`spec.refine`: declared keys win, the rest stays as inferred)."""
     inferred = spec_lib.infer_spec(list(train.shards), mixer=train.mixer, label=data.get("label"),
-                                  read=train.first_examples)
+                                  read=train.first_examples, declared=data)
     return spec_lib.refine(inferred, data) if data else inferred
 
 
@@ -175,9 +175,11 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
     if spec.label is None:
         raise ConfigError(f"no label feature found in {train.shards[0].path}: give --label")
     say(f"spec: {json.dumps(spec.to_config())}")
+    for line in spec_lib.layout_notes(spec):
+        say(line)
     spec_lib.validate_spec(spec, list(train.shards), read=train.first_examples)  # the first records, read once
     check_first_labels(spec, train.shards, read=train.first_examples)
-    _check_mixer(train, options)
+    _check_mixer(train, options, per_pixel=spec.sequence)
     context = backend.context
     plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
                               replicas_per_worker=context.replicas_per_worker,
@@ -187,6 +189,9 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
     on_plan(plan, train)
     validation, val_plan = _validation(options, train, spec, plan, say)
     mean, variance, labels, num_classes = _sample(options, train, spec, plan, backend, say)
+    if spec.input_nodata is not None:   # the same on every worker: the chief's sample
+        spec = spec.replace(input_fill=spec_lib.input_fill(spec, mean))
+        say(f"input nodata {spec.input_nodata:g}: left out of the band statistics, delivered as each channel's mean")
     return Inputs(train=train, validation=validation, spec=spec, plan=plan, validation_plan=val_plan,
                   num_classes=num_classes, mean=mean, variance=variance,
                   class_weights=class_weights(options.class_weights, num_classes, labels), options=options,
@@ -235,9 +240,9 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
         assignment=every_file).take(SAMPLE_BATCHES)
     declared = options.num_classes or spec.num_classes or len(spec.class_names) or None
     try:
-        mean, variance = builtin.band_moments(sample, batches=SAMPLE_BATCHES)
+        mean, variance = builtin.band_moments(sample, batches=SAMPLE_BATCHES, nodata=spec.input_nodata)
         labels = tf.concat([y for _, y in sample], axis=0).numpy()
-    except tf.errors.InvalidArgumentError as e:
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
         raise scan.named_error(e, spec, declared or 0, list(train.shards)) from e
     if spec.task == spec_lib.REGRESSION:
         labels = labels[np.isfinite(labels)]  # nodata (NaN) left out
@@ -285,7 +290,7 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
     return mean, variance, labels, num_classes
 
 
-def _check_mixer(train: ShardSet, options: TrainOptions) -> None:
+def _check_mixer(train: ShardSet, options: TrainOptions, *, per_pixel: bool = False) -> None:
     """When the data is given as whole export folders, mixer.json's totalPatches must equal the counted records:
     otherwise a shard was lost (or added), and predictions would not line up with the patch grid. A glob or list
     may name a subset on purpose (a hold-out) and is not checked.
@@ -300,7 +305,7 @@ def _check_mixer(train: ShardSet, options: TrainOptions) -> None:
     if train.mixer is None or not all(tf.io.gfile.isdir(d) for d in options.data):
         return
     try:
-        check_mixer(train.mixer, [st.records for st in train.stats])
+        check_mixer(train.mixer, [st.records for st in train.stats], per_pixel=per_pixel)
     except MixerError as e:
         raise MixerError(f"{e}; a shard of the export is missing or extra (to train on a subset on purpose, "
                          "give the shards as a glob)") from None

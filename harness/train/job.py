@@ -135,7 +135,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     except StopTraining as stop:
         say(str(stop))
         history = stop.history
-    except tf.errors.InvalidArgumentError as e:
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:   # bad input met mid-run
         raise inputs.named_error(e) from e
     except Exception as e:   # a peer gone: one named line (harness.train.lifecycle.peers), else as it is
         lost = peers.peer_lost(e, cluster, controller.step, backup) if context.num_workers > 1 else None

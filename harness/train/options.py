@@ -197,13 +197,16 @@ def load_config(path: str) -> dict:
     return config
 
 
+# Flags that are the spec's (`DataSpec.from_config` keys): `merge_options` moves them to the `data:` section.
+DATA_FLAGS = ("label", "bands", "task", "ignore_label", "class_names", "input_nodata")
+
+
 def merge_options(config: dict, given: dict) -> tuple[TrainOptions, dict]:
     """Merge a run config (`load_config`) with the options given on the command line (flags win).
 
     Args:
       config: `{"data": {...}, "train": {...}}` (either may be absent).
-      given: option name -> value for the flags given (`label`, `bands`, `task`, `ignore_label` and
-        `class_names` go to the data section).
+      given: option name -> value for the flags given (those of DATA_FLAGS go to the data section).
     Returns:
       `(TrainOptions, data section)`; the data section refines the inferred spec (`DataSpec.from_config` keys).
     Raises:
@@ -212,7 +215,7 @@ def merge_options(config: dict, given: dict) -> tuple[TrainOptions, dict]:
     train = dict(config.get("train") or {})
     data = dict(config.get("data") or {})
     given = dict(given)
-    for key in ("label", "bands", "task", "ignore_label", "class_names"):  # the spec's (`DataSpec.from_config`)
+    for key in DATA_FLAGS:
         if key in given:
             data[key] = given.pop(key)
     train.update(given)

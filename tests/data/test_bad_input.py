@@ -110,10 +110,14 @@ def test_gzip_of_garbage_is_not_tfrecord(tmp_path):
         records.read_records(S.discover_shards(str(path))[0], 1)
 
 
-def test_sequence_example_is_not_an_example(shared_data):
+def test_a_real_sequence_example_is_read_as_one(shared_data):
+    """TFX's SequenceExamples (context f, i; a bytes feature list s) are read as such, never as empty Examples:
+    the context's numbers are the bands of a sequence spec, the bytes list is no band."""
     found = S.discover_shards(str(shared_data / "tfx/tfx/components/testdata/tfrecord_sequence/Split-train"))
-    with pytest.raises(NotExampleError, match=r"data_tfrecord_train\.gz: record 0 .*SequenceExample"):
-        SP.read_schema(found)
+    schema = SP.read_schema(found)
+    assert schema["s"].sequence and schema["s"].dtype == "bytes" and not schema["f"].sequence
+    assert SP.infer_spec(found).to_config() == {"kind": "table", "bands": ["f", "i"],
+                                                "dtypes": {"f": "float", "i": "int64"}, "sequence": True}
 
 
 def test_other_protobuf_is_not_an_example(shared_data):

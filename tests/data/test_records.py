@@ -38,15 +38,15 @@ def test_first_examples_counts_and_decodes_in_order(tmp_path):
     assert records.read_records(first, 2) == raw[:2]
 
 
-def test_a_sequence_example_is_refused_by_file_and_record(tmp_path):
+def test_a_sequence_example_among_examples_is_refused_by_file_and_record(tmp_path):
     seq = tf.train.SequenceExample()
     seq.context.feature["id"].int64_list.value.append(1)
     seq.feature_lists.feature_list["frames"].feature.add().float_list.value.extend([0.5, 0.25])
     path = write(tmp_path / "seq.tfrecord", [example(a=[1.0]), seq.SerializeToString()])
     (shard,) = S.discover_shards(path)
     assert len(records.first_examples(shard, 1)) == 1  # record 0 is an Example
-    with pytest.raises(NotExampleError, match=r"seq\.tfrecord: record 1 is not a tf\.train\.Example: it has "
-                                              r"fields that tf\.train\.Example lacks"):
+    with pytest.raises(NotExampleError, match=r"seq\.tfrecord: record 1 is a tf\.train\.SequenceExample, unlike "
+                                              r"record 0 \(tf\.train\.Example\)"):
         records.first_examples(shard, 2)
 
 

@@ -71,10 +71,13 @@ def unet(height: int, width: int, num_bands: int, num_classes: int, *, filters: 
     return keras.Model(inputs, outputs, name="unet")
 
 
-def band_moments(dataset, *, batches: int = 8):
+def band_moments(dataset, *, batches: int = 8, nodata=None):
     """Per-band mean and variance (float64 numpy) over the first `batches` batches of an `(inputs, labels)` dataset
     whose inputs are float32 `[..., bands]`, each band's over every other axis (examples, pixels, time steps);
     feeds the models' Normalization layer.
+
+    `nodata`: an input value left out (Earth Engine's defaultValue declared as `input_nodata`); a band with no
+    other value gets mean 0 and variance 1.
 
     Returns:
       `(mean, variance)`, each `[bands]`; with group_delivery "time" `[bands per group]` (a band position's over
@@ -88,14 +91,18 @@ def band_moments(dataset, *, batches: int = 8):
     for inputs, _ in dataset.take(batches):
         for group, t in (inputs.items() if isinstance(inputs, Mapping) else [(None, inputs)]):
             x = np.asarray(t, dtype=np.float64).reshape(-1, t.shape[-1])
-            total, total_sq, n = sums.get(group, (0.0, 0.0, 0))
-            sums[group] = (total + x.sum(0), total_sq + (x * x).sum(0), n + x.shape[0])
+            valid = np.ones_like(x) if nodata is None else (x != np.float32(nodata)).astype(np.float64)
+            x = x * valid
+            total, total_sq, n = sums.get(group, (0.0, 0.0, 0.0))
+            sums[group] = (total + x.sum(0), total_sq + (x * x).sum(0), n + valid.sum(0))
     if not sums:
         raise BatchSizeError("band_moments: the dataset yielded no batch")
     moments = {}
     for group, (total, total_sq, n) in sums.items():
-        mean = total / n
-        moments[group] = (mean, np.maximum(total_sq / n - mean * mean, 1e-12))
+        counted = np.maximum(n, 1)
+        mean = total / counted
+        variance = np.where(n > 0, np.maximum(total_sq / counted - mean * mean, 1e-12), 1.0)
+        moments[group] = (mean, variance)
     if None in moments:
         return moments[None]
     return {g: m for g, (m, _) in moments.items()}, {g: v for g, (_, v) in moments.items()}

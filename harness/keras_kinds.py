@@ -19,7 +19,9 @@ What differs in the harness's step (`harness.train.loop.trainer`), each measured
 - Keras 3's `global_clipnorm` clips each replica's share before the sum; the harness clips after its sum.
 - Keras 3's BatchNormalization keeps a moving mean and variance per replica (variables with aggregation NONE,
   each replica updating its own copy); the harness averages them before evaluation, backup and save
-  (`harness.distribute.backend.TrainingBackend.align_model_state`).
+  (`harness.distribute.backend.TrainingBackend.align_model_state`). On TensorFlow it normalizes with
+  `tf.nn.moments` where tf-keras runs one fused kernel (16% slower steps on the built-in U-Net): the trainer puts
+  it on the fused kernel with Keras 3's numbers (`harness.train.model.keras3_batch_norm`).
 - Keras 3's dynamic loss scale halves below 1 (tf-keras stops at 1): `LOSS_SCALE_FLOOR`; a skipped update does not
   advance its step counter (tf-keras's does): the harness advances it, so the schedule and the step agree.
 """

@@ -189,6 +189,7 @@ RUN_FIRST = (
     "test_ports_inventory.py",               # 150 s (190)
     "data/test_gcs_bucket.py",               # 167 s (80, and its bucket's process)
     "cluster/test_horovod_hosts.py",         # 113 s (70)
+    "train/test_layouts_run.py",             # ~100 s (80): each layout on 1 and 2 workers
     "train/test_job.py",                     # 77 s (57)
 )
 

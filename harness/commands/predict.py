@@ -28,7 +28,7 @@ def export(args) -> int:
     from harness.predict import model as model_lib
     from harness.predict.serving import export_savedmodel, format_arguments, size_lines
 
-    loaded = model_lib.load(args.model)
+    loaded = model_lib.load(args.model, float32=True)   # a serving host: float32 compute (model_lib.load)
     spec = loaded.spec
     if args.bands:
         spec = (spec.replace(bands=tuple(args.bands), band_groups={}) if spec else

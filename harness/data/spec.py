@@ -443,9 +443,14 @@ class DataSpec:
         return (self.output_size, self.output_size) if self.kind == IMAGE else ()
 
 
-def layout_notes(spec: DataSpec) -> list[str]:
-    """One line per array band or collapsed feature: how its planes reach the model (said once per run)."""
+def layout_notes(spec: DataSpec, schema: Mapping[str, FeatureInfo] = {}) -> list[str]:
+    """One line per array band or collapsed feature: how its planes reach the model; and the features of the
+    records (`schema`) that the spec does not read (said once per run: nothing is left out silently)."""
     out = []
+    unread = [f"{n} ({i.dtype}{' feature list' if i.sequence else ''}, {i.length} values)"
+              for n, i in schema.items() if n not in spec.features]
+    if unread:
+        out.append(f"not read (no band or label of the spec; --bands names what to read): {', '.join(unread)}")
     for feature, names in spec.collapsed.items():
         out.append(f"collapsed feature {feature!r} read as {', '.join(names)} (in that order; data.collapsed)")
     arrays = [b for b in spec.bands if spec.depth_of(b) > 1]
@@ -524,31 +529,44 @@ def _names(value, where: str, what: str = "band") -> tuple[str, ...]:
     return tuple(value)
 
 
-def _band_groups(value) -> dict[str, tuple[str, ...]]:
+def _mapping(value, key: str, what: str) -> Mapping:
+    """A config value that must be a mapping: {} when absent, else SpecError naming `data.<key>` and `what`."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise SpecError(f"data.band_groups: expected a mapping group: [bands], got {_got(value)}")
+        raise SpecError(f"data.{key}: expected a mapping {what}, got {_got(value)}")
+    return value
+
+
+def _band_groups(value) -> dict[str, tuple[str, ...]]:
+    value = _mapping(value, "band_groups", "group: [bands]")
     return {str(g): _names(b, f"band_groups.{g}") for g, b in value.items()}
 
 
 def _depths(value) -> dict[str, int]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(f"data.depths: expected a mapping band: depth (tensorDepths), got {_got(value)}")
+    value = _mapping(value, "depths", "band: depth (tensorDepths)")
     for name, d in value.items():
         if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
             raise SpecError(f"data.depths.{name}: expected a positive integer, got {_got(d)}")
     return {str(n): int(d) for n, d in value.items()}
 
 
+def _collapsed(value) -> dict[str, tuple[str, ...]]:
+    value = _mapping(value, "collapsed", "feature: [bands] (collapseBands)")
+    return {str(f): _names(b, f"collapsed.{f}") for f, b in value.items()}
+
+
 def _fills(value) -> dict[str, float]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(f"data.input_fill: expected a mapping channel: value, got {_got(value)}")
+    value = _mapping(value, "input_fill", "channel: value")
     return {str(c): _number(value, c) for c in value}
+
+
+def _dtypes(value) -> dict[str, str]:
+    value = _mapping(value, "dtypes", "feature: dtype")
+    for name, dt in value.items():
+        if not isinstance(dt, str) or dt not in DTYPES:
+            raise SpecError(f"data.dtypes.{name}: expected one of {', '.join(DTYPES)}; got {_got(dt)}")
+    return {str(n): dt for n, dt in value.items()}
 
 
 def input_fill(spec: DataSpec, mean) -> dict[str, float]:
@@ -559,25 +577,6 @@ def input_fill(spec: DataSpec, mean) -> dict[str, float]:
     if spec.band_groups:  # time: one mean per band position over the steps
         return {c: float(mean[i]) for chans in spec.band_groups.values() for i, c in enumerate(chans)}
     return {c: float(mean[i]) for i, c in enumerate(spec.channels)}
-
-
-def _collapsed(value) -> dict[str, tuple[str, ...]]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(f"data.collapsed: expected a mapping feature: [bands] (collapseBands), got {_got(value)}")
-    return {str(f): _names(b, f"collapsed.{f}") for f, b in value.items()}
-
-
-def _dtypes(value) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(f"data.dtypes: expected a mapping feature: dtype, got {_got(value)}")
-    for name, dt in value.items():
-        if not isinstance(dt, str) or dt not in DTYPES:
-            raise SpecError(f"data.dtypes.{name}: expected one of {', '.join(DTYPES)}; got {_got(dt)}")
-    return {str(n): dt for n, dt in value.items()}
 
 
 # --- inference ---------------------------------------------------------------------------------------------------

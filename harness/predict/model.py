@@ -37,9 +37,13 @@ class LoadedModel:
     spec: Optional[DataSpec]
 
 
-def load(path: str) -> LoadedModel:
+def load(path: str, *, float32: bool = False) -> LoadedModel:
     """Load `path`: a run folder (`model.keras`, `summary.json`) or a `.keras` file (a `summary.json` beside it
     is read when present).
+
+    `float32`: a model trained under a mixed policy (float16 or bfloat16 compute) is rebuilt to compute in float32
+    (`as_float32`): float16 kernels are slow on CPUs (tensorflow/tensorflow#35379), and a serving host or a
+    predicting worker without a GPU gets no gain from them.
 
     Raises:
       ModelFileError (a PredictError): if the model file is missing; PredictError: if it cannot be loaded.
@@ -53,6 +57,8 @@ def load(path: str) -> LoadedModel:
         model = keras_kinds.load_model(model_path, flag="--model")   # with the Keras that saved it
     except (OSError, ValueError, TypeError) as e:
         raise PredictError(f"{model_path}: cannot load the Keras model: {e}") from e
+    if float32:
+        model = as_float32(model)
     summary = os.path.join(os.path.dirname(model_path), "summary.json")
     spec = None
     if tf.io.gfile.exists(summary):
@@ -60,6 +66,45 @@ def load(path: str) -> LoadedModel:
             config = json.load(f).get("spec")
         spec = DataSpec.from_config(config) if config else None
     return LoadedModel(model=model, path=model_path, sha256=digest, spec=spec)
+
+
+def compute_dtypes(model) -> set:
+    """The compute dtypes of the model's layers (`"float32"`, `"float16"`, ...)."""
+    return {str(getattr(layer, "compute_dtype", None) or "float32") for layer in model.layers}
+
+
+def as_float32(model):
+    """`model` computing in float32: the same layers and weights, every layer's dtype policy float32; the model
+    itself when it already computes in float32, or when its config cannot be rebuilt (a subclassed model without
+    `get_config`: it keeps its policy, and predict says so)."""
+    import logging
+
+    if compute_dtypes(model) <= {"float32"}:
+        return model
+    try:
+        config = model.get_config()
+    except NotImplementedError:
+        logging.getLogger(__name__).warning("%s computes in %s and has no get_config: predicted as trained",
+                                            model.name, "/".join(sorted(compute_dtypes(model))))
+        return model
+
+    def to_float32(node):
+        if isinstance(node, dict):
+            return {k: ("float32" if k == "dtype" and _mixed(v) else to_float32(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [to_float32(v) for v in node]
+        return node
+    rebuilt = type(model).from_config(to_float32(config))
+    rebuilt.set_weights(model.get_weights())
+    logging.getLogger(__name__).info("%s rebuilt to compute in float32 (trained in %s)", model.name,
+                                     "/".join(sorted(compute_dtypes(model) - {"float32"})))
+    return rebuilt
+
+
+def _mixed(dtype) -> bool:
+    """A layer config's `dtype`: a mixed policy (a string, or tf-keras's/Keras 3's serialized Policy)."""
+    name = dtype if isinstance(dtype, str) else ((dtype or {}).get("config") or {}).get("name", "")
+    return isinstance(name, str) and name.startswith("mixed_")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -120,7 +120,8 @@ def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
 
 def prepare(options: PredictOptions) -> Job:
     """Load the model, open the shards and check everything that can be checked before predicting."""
-    loaded = model_lib.load(options.model)
+    # On a host without a GPU a mixed-precision model predicts in float32 (float16 kernels are slow on CPUs).
+    loaded = model_lib.load(options.model, float32=not tf.config.list_physical_devices("GPU"))
     shards = open_shards(options.data, mixer=options.mixer)
     spec = _read_spec(options, loaded, shards)
     where = shards.shards[0].path

@@ -175,7 +175,7 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
     if spec.label is None:
         raise ConfigError(f"no label feature found in {train.shards[0].path}: give --label")
     say(f"spec: {json.dumps(spec.to_config())}")
-    for line in spec_lib.layout_notes(spec):
+    for line in spec_lib.layout_notes(spec, spec_lib.read_schema(list(train.shards), read=train.first_examples)):
         say(line)
     spec_lib.validate_spec(spec, list(train.shards), read=train.first_examples)  # the first records, read once
     check_first_labels(spec, train.shards, read=train.first_examples)

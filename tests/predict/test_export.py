@@ -125,3 +125,31 @@ def test_a_run_on_band_groups_serves_the_keras_models_outputs(margin_export, tmp
     out = signatures["serving_default"](**request)
     got = np.stack([tf.io.parse_tensor(s, tf.float32).numpy() for s in out["probabilities"].numpy()])
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["tf_keras", "keras3"])
+def test_a_mixed_precision_model_is_served_in_float32(tmp_path, kind):
+    """A model trained under mixed_float16 computes in float16 as saved; float16 kernels are slow on the CPUs of
+    most serving hosts (tensorflow/tensorflow#35379): the SavedModel computes in float32, its classes those of the
+    float16 model."""
+    import importlib
+
+    keras = importlib.import_module("tf_keras" if kind == "tf_keras" else "keras")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x = keras.Input((4, 4, 2))
+        y = keras.layers.Conv2D(3, 1, dtype="float32")(keras.layers.Conv2D(8, 3, padding="same")(x))
+        model = keras.Model(x, y)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.save(str(tmp_path / "m.keras"))
+    run_cli("export", "--model", tmp_path / "m.keras", "--output", tmp_path / "sm", "--bands", "a", "b",
+            "--patch-size", 4)
+    serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["grpc"]
+    graph = serve.graph.as_graph_def()
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]   # the model's own functions
+    halves = [n.name for n in nodes if any(a.type == tf.float16.as_datatype_enum for a in n.attr.values())]
+    assert len(nodes) > 20 and halves == [], halves[:5]
+    tile = np.random.default_rng(1).normal(size=(3, 4, 4, 2)).astype(np.float32)
+    got = serve(a=tile[..., 0], b=tile[..., 1])["class"].numpy()
+    np.testing.assert_array_equal(got, np.argmax(np.asarray(model(tile), np.float32), axis=-1))

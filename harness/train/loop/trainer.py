@@ -25,6 +25,7 @@ summed gradients on every replica alike (on its own it tests each replica's shar
 replica applied NaN weights or deadlocked the workers), and `--clip-norm` clips the sum. The tape differentiates
 with respect to each Keras 3 variable's `tf.Variable` (`.value`), which Horovod's tape needs. A skipped update
 advances the optimizer's step counter, as tf-keras's does (Keras 3's does not), so the schedule follows the step.
+Its BatchNormalization layers train on TensorFlow's fused kernel, as tf-keras's do (`keras3_batch_norm.fuse`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import tensorflow as tf
 
 from harness.tracing import graph_function, user_code
 from harness import keras_kinds as kinds
+from harness.train.model import keras3_batch_norm
 
 ROWS = ("loss", "input_wait_s", "step_s", "skipped")  # rows of `train_loop`'s result, in order
 
@@ -116,8 +118,10 @@ class Trainer:
         self.clip_norm, self.progress = clip_norm, progress
         self.kind = kinds.of_model(model)
         keras = kinds.module(self.kind)
+        self.fused_batch_norm = 0
         if self.kind == kinds.KERAS3:
             kinds.no_second_sum(optimizer)   # the step sums the gradients itself
+            self.fused_batch_norm = keras3_batch_norm.fuse(model)   # tf-keras's fused kernel, Keras 3's numbers
         self.loss_scaling = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         self.loss_scale_floor = kinds.LOSS_SCALE_FLOOR[self.kind]
         # The optimizer's slots (momentum, Adam's moments) made now, not inside the first call: a `tf.function` whose

@@ -105,7 +105,7 @@ RUNS = {
             "keras3 step ratio": _RATIO.format(a=re.escape("harness auto, Keras 3, no BatchNorm"),
                                                b=re.escape("harness auto, no BatchNorm")) + r" \(target >= 0.95",
             "keras3 ratio": _RATIO.format(a=re.escape("harness auto, Keras 3 model"), b="harness auto") +
-                            r"  \(with BatchNormalization",
+                            r" \(target >= 0.95: (?:met|MISSED)\)  \(with BatchNormalization: Keras 3.s trained on",
             "overhead": r"^== per-step overhead: one-weight model, batch 1, 20 steps per epoch",
             "overhead row": _STEP_ROW.format(name="fit spe=128"),
             "done": r"^done \[load average"}),

@@ -129,6 +129,11 @@ class PeerLostError(ClusterFault):
     peer wait."""
 
 
+class StorageError(ClusterFault):
+    """Cloud Storage failed a read or write after TensorFlow's own retries (HTTP 429 rate and egress limits, 503,
+    requests stalled at 0 bytes): the message names the object, the worker, its host and the step, never a peer."""
+
+
 class StalledWorkerError(ClusterFault):
     """A worker is alive but made no step progress within the step-progress bound (a stuck read, a hung
     collective); the message names the stuck worker where it is known."""
@@ -137,6 +142,11 @@ class StalledWorkerError(ClusterFault):
 class PreemptedError(ClusterFault):
     """SIGTERM arrived (a Kubernetes eviction or preemption, a launcher's stop): every worker wrote a backup at the
     same step boundary and stopped; the message gives the step and the backup."""
+
+
+class RepeatedFaultError(HarnessError):
+    """What looked like a lost peer came back after the same step on the attempt that resumed before it (or is
+    protobuf's message size limit): a retry cannot help, so the exit is permanent; the message names both causes."""
 
 
 class ConfigError(HarnessError):

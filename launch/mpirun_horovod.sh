@@ -33,9 +33,9 @@ for name in TF_USE_LEGACY_KERAS TF_CPP_MIN_LOG_LEVEL TF_FORCE_GPU_ALLOW_GROWTH P
             LD_LIBRARY_PATH PYTHONPATH VIRTUAL_ENV GOOGLE_APPLICATION_CREDENTIALS; do
   if [ -n "${!name+set}" ]; then args+=(-x "$name"); exported+="$name "; fi
 done
-# HARNESS_*, HOROVOD_*, NCCL_* settings, but never one process's identity (a launcher's rank).
+# HARNESS_*, HOROVOD_*, NCCL_*, GCS_* (TensorFlow's Cloud Storage) settings, but never one process's identity (a launcher's rank).
 per_process='^(HARNESS_(RANK|NUM_WORKERS|LOCAL_RANK|LOCAL_SIZE)|HOROVOD_(RANK|SIZE|LOCAL_RANK|LOCAL_SIZE))$'
-for name in $(compgen -e | grep -E '^(HARNESS_|HOROVOD_|NCCL_)' | grep -vE "$per_process" | LC_ALL=C sort); do
+for name in $(compgen -e | grep -E '^(HARNESS_|HOROVOD_|NCCL_|GCS_)' | grep -vE "$per_process" | LC_ALL=C sort); do
   args+=(-x "$name"); exported+="$name "
 done
 for name in ${EXPORT:-}; do

@@ -126,7 +126,10 @@ class _Front(http.server.BaseHTTPRequestHandler):
         if earthengine_bed.serves(self.host, self.path):
             status, headers, data = bed.earthengine.answer(self.command, self.host, self.path, self.headers, body)
         elif self.headers.get("Authorization") == f"Bearer {TOKEN}":
-            if self.host == "www.googleapis.com" and not self.path.startswith(("/storage/v1/", "/upload/storage/v1/")):
+            failing = bed.failing(self.command, self.host, self.path)
+            if failing:
+                status, data = failing, json.dumps({"error": {"code": failing, "message": "rate limit (bed)"}}).encode()
+            elif self.host == "www.googleapis.com" and not self.path.startswith(("/storage/v1/", "/upload/storage/v1/")):
                 status, data = 404, b'{"error": {"code": 404}}'
             else:
                 status, headers, data = bed.emulate(self.command, self.path, self.headers, body, self.host)
@@ -214,6 +217,7 @@ class _Child:
         ca, cert, key = _certificates(workdir)
         self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.tls.load_cert_chain(cert, key)
+        self.workdir, self.bucket = workdir, bucket
         self.requests, self.refused = _Log(os.path.join(workdir, "requests.log")), _Log(
             os.path.join(workdir, "refused.log"))
         self.earthengine = earthengine_bed.EarthEngine(workdir, TOKEN)
@@ -232,6 +236,26 @@ class _Child:
         with open(os.path.join(workdir, "bed.json.tmp"), "w") as f:
             json.dump(info, f)
         os.replace(os.path.join(workdir, "bed.json.tmp"), os.path.join(workdir, "bed.json"))
+
+    def failing(self, method, host, path) -> int:
+        """The error status to answer a media read with, per `faults.json` (`GcsBed.fail`), else 0: a GET of
+        storage.googleapis.com whose path holds the rule's object name, once the rule's trigger object exists."""
+        try:
+            with open(os.path.join(self.workdir, "faults.json")) as f:
+                rules = json.load(f)
+        except FileNotFoundError:
+            return 0
+        for rule in rules:
+            if method == "GET" and host == "storage.googleapis.com" and rule["object"] in path:
+                trigger = rule.get("when")
+                if trigger is None or self._exists(trigger):
+                    return int(rule["status"])
+        return 0
+
+    def _exists(self, name: str) -> bool:
+        status, _, _ = self.emulate("GET", f"/storage/v1/b/{self.bucket}/o/" + urllib.parse.quote(name, safe=""),
+                                    {}, b"", "www.googleapis.com")
+        return status == 200
 
     def emulate(self, method, path, headers, body, host):
         """(status, headers, body) of the emulator's answer to one request of the tunnel to `host`."""
@@ -397,6 +421,23 @@ class GcsBed:
         """The bytes of the object `url`."""
         return self._call("GET", f"/download/storage/v1/b/{self.bucket}/o/"
                           + urllib.parse.quote(self._name(url), safe="") + "?alt=media")
+
+    def fail(self, url: str, *, status: int = 429, when: str = "") -> None:
+        """From now on (and, with `when`, once that object exists), answer every media read of the objects whose
+        names hold `url`'s name with HTTP `status` (Cloud Storage's 429: rate and egress limits). `clear_faults`
+        ends it."""
+        rule = {"object": urllib.parse.quote(self._name(url), safe=""), "status": status,
+                "when": self._name(when) if when else None}
+        path = os.path.join(self.workdir, "faults.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump([rule], f)
+        os.replace(path + ".tmp", path)
+
+    def clear_faults(self) -> None:
+        try:
+            os.remove(os.path.join(self.workdir, "faults.json"))
+        except FileNotFoundError:
+            pass
 
     def requests(self) -> list[str]:
         """The requests the proxy served so far, `METHOD HOST PATH STATUS` each."""

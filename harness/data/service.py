@@ -9,8 +9,8 @@ The training worker builds its pipeline as usual (`build_dataset`: its files, sh
 whole graph to the service (`distribute`); service workers read the files, which they must be able to open
 (shared storage or gs://), and stream finished batches back. Sharding is DYNAMIC: the dispatcher hands out the
 files one split at a time, so each record is processed by one service worker per pass (with OFF every service
-worker would produce every record). Each training worker gets its own job (`job_name` per input pipeline), so
-workers never take each other's batches.
+worker would produce every record). Each training worker gets its own job (`job_name` per input pipeline and run
+attempt), so workers never take each other's batches, nor a run an earlier run's.
 """
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ PROTOCOL = "grpc"
 def address(target: str) -> str:
     """`grpc://host:port` for `host:port` or `grpc://host:port`."""
     return target if "://" in target else f"{PROTOCOL}://{target}"
+
+
+def job_name(run_id: str, training: bool, input_pipeline_id: int) -> str:
+    """`harness-<run id>-train-p0`: one job per input pipeline of one run attempt. A job name is shared by every
+    consumer that gives it: a constant name made a resumed run, or a second run on the same dispatcher, join the
+    earlier job and skip or split its data (tensorflow/tensorflow#63079)."""
+    return f"harness-{run_id}-{'train' if training else 'eval'}-p{input_pipeline_id}"
 
 
 def distribute(ds, service: str, *, job_name: str):

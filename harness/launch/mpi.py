@@ -49,8 +49,10 @@ TAG_OUTPUT = "--tag-output"
 # paths, the data's cloud credentials). Not CUDA_VISIBLE_DEVICES: it describes this host's devices.
 EXPORTED = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "TF_FORCE_GPU_ALLOW_GROWTH", "PYTHONUNBUFFERED", "PATH",
             "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "GOOGLE_APPLICATION_CREDENTIALS")
-# Configuration namespaces of the harness, Horovod and NCCL; not `TF_` (Terraform's TF_VAR_* secrets share it).
-EXPORTED_PREFIXES = ("HARNESS_", "HOROVOD_", "NCCL_")
+# Configuration namespaces of the harness, Horovod, NCCL and TensorFlow's Cloud Storage file system (GCS_RETRY_CONFIG_*,
+# GCS_READ_CACHE_BLOCK_SIZE_MB, GCS_REQUEST_*_TIMEOUT_SECS: tsl/platform/cloud/gcs_file_system.cc); not `TF_`
+# (Terraform's TF_VAR_* secrets share it).
+EXPORTED_PREFIXES = ("HARNESS_", "HOROVOD_", "NCCL_", "GCS_")
 # One process's own identity: exporting the launching shell's value would give every rank the same one.
 PER_PROCESS = frozenset([environment.TF_CONFIG] + [name for row in environment.LAUNCHERS for name in
                                                    (row.rank, row.size, row.local_rank, row.local_size) if name])

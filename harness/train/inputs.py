@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import uuid
 from typing import Callable, Optional
 
 from harness.data import pipeline as pipeline_lib
@@ -61,6 +62,9 @@ class Inputs:
     class_weights: Optional[list]
     options: TrainOptions
     pipelines: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # This attempt's own tf.data service jobs: a resumed run or another run on the same dispatcher must not join
+    # the jobs of an earlier one (a named job is shared: it would skip or split its data, tensorflow#63079).
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12], compare=False)
     start: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     resources: Optional[resources_lib.Resources] = dataclasses.field(default=None, compare=False)
 
@@ -92,7 +96,7 @@ class Inputs:
             ds = pipeline_lib.apply_plan(self.pipeline_plan(training, input_context.input_pipeline_id), self.spec)
             if self.options.data_service:
                 from harness.data import service
-                job = f"harness-{'train' if training else 'eval'}-p{input_context.input_pipeline_id}"
+                job = service.job_name(self.run_id, training, input_context.input_pipeline_id)
                 ds = service.distribute(ds, self.options.data_service, job_name=job)
             return ds
         return fn

@@ -42,11 +42,15 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
       PeerLostError: TensorFlow or Horovod reported a peer gone during training (`harness.train.lifecycle.peers`:
         the peer, its host, the step, the backup a re-run resumes from). A worker with no step progress for
         `HARNESS_PEER_TIMEOUT_S` prints a `StalledWorkerError` line and exits 138 (`harness.train.lifecycle.watchdog`).
+      RepeatedFaultError: a lost peer after the same step as the last attempt's (`harness.train.lifecycle.repeats`).
+      StorageError: Cloud Storage gave up on an object after TensorFlow's retries (`harness.train.lifecycle.storage`:
+        the object, this worker, its host and the step; never a peer).
     """
     import tensorflow as tf
 
     from harness.train import inputs as inputs_lib
-    from harness.train.lifecycle import backup as backups, early_stopping, interrupt, peers, resume, shared_output
+    from harness.train.lifecycle import (backup as backups, early_stopping, interrupt, peers, repeats, resume,
+                                         shared_output, storage)
     from harness.train.lifecycle.guard import Guard
     from harness.train.loop import keras_callbacks
     from harness.train.loop.controller import Schedule, StopTraining
@@ -91,6 +95,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                                 data_seed=data_seed, **({"stopping": stopper.state} if stopper else {}))
         initial_step = resume.restore(backend, backup, model, optimizer, plan, say)
     cluster = peers.Cluster.gather(backend)   # the workers' hosts, for a fault's message (a collective on Horovod)
+    last_fault = repeats.previous(backup)     # the last attempt's lost peer: one after the same step is no peer's
     seed = resume.data_seed(backend, int(data_seed.numpy()), options.seed)   # the epochs' order
     data_seed.assign(seed)
     loop_args = dict(loss_fn=loss_fn, class_weights=inputs.class_weights, clip_norm=options.clip_norm)
@@ -138,14 +143,20 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:   # bad input met mid-run
         raise inputs.named_error(e) from e
     except Exception as e:   # a peer gone: one named line (harness.train.lifecycle.peers), else as it is
+        stored = storage.storage_fault(e, cluster, controller.step, backup)   # any number of workers
+        if stored is not None:
+            raise stored from None
         lost = peers.peer_lost(e, cluster, controller.step, backup) if context.num_workers > 1 else None
         if lost is None:
             raise
-        raise lost from None
+        raise repeats.judge(lost, e, repeats.completed_step(optimizer, controller.step), last_fault, backup,
+                            context, initial_step=initial_step) from None
     finally:
         guard.close()
         backup.close()   # a non-chief's copy: no backup is written after the last epoch, nor after a fault
     controller.end()
+    if last_fault is not None:
+        repeats.clear(backup, context)
     return _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed, policy=policy,
                    schedule=schedule, preemption=guard.preemption, stopper=stopper, tuned=tuned,
                    profiler=profiler, probe_run=probe_run)

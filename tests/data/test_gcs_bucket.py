@@ -261,3 +261,56 @@ def test_a_bucket_file_is_read_in_one_request_per_read_buffer_unless_the_user_se
                            env=dict(env, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))
         assert r.returncode == 0 and r.stdout.split() == ["10"], r.stderr[-2000:]
         assert len(_reads(gcs, url)) - before == want, (user, _reads(gcs, url)[before:])
+
+
+def test_tensorboard_on_a_bucket_uploads_each_events_file_once(gcs, folder, tmp_path):
+    """3 epochs of 64 steps, a `learning_rate` event at each: the writer's context flushed at every step and each
+    flush uploaded the whole events object again (198 uploads of a growing object here, past Cloud Storage's one
+    write per second per object). Now one events file per epoch: uploaded when TensorFlow creates it (its header)
+    and once whole at the epoch's end; TensorBoard reads them all: every step's rate is there."""
+    gcs.upload_tree(str(_table(tmp_path, records=1024)), f"{folder}/export")
+    run = f"{folder}/run"
+    _run("train", "--data", f"{folder}/export", "--label", "class", "--global-batch-size", "16", "--epochs", "3",
+         "--output", run, cwd=tmp_path)
+    name = urllib.parse.quote(f"{run[len('gs://bucket/'):]}/logs/train/events.out.tfevents", safe="")
+    uploads = [r for r in gcs.requests() if r.startswith("POST www.googleapis.com /upload/") and name in r]
+    events = sorted(o for o in gcs.objects(run) if "/logs/train/events.out.tfevents" in o)
+    assert len(events) == 3 and len(uploads) == 2 * 3, (events, uploads)
+    import tensorflow as tf
+
+    steps = []
+    for url in events:
+        local = tmp_path / url.rpartition("/")[2]
+        local.write_bytes(gcs.get(url))
+        steps += [e.step for e in tf.compat.v1.train.summary_iterator(str(local))
+                  if any(v.tag == "learning_rate" for v in e.summary.value)]
+    assert sorted(steps) == list(range(1, 193))
+
+
+def test_a_bucket_that_stops_serving_mid_run_is_a_storage_fault_naming_the_object(gcs, folder, tmp_path):
+    """HTTP 429 on the training data once the first epoch's backup exists (egress limits mid-run,
+    tensorflow/datasets#4051): TensorFlow's retries give up ("All 2 retry attempts failed", its retry settings
+    exported as GCS_*); the run ends in one StorageError line naming the object, the worker and the step, not a
+    traceback or a lost peer, with the retryable exit code."""
+    from harness import exit_codes
+
+    gcs.upload_tree(str(_table(tmp_path)), f"{folder}/export")
+    run = f"{folder}/run"
+    gcs.fail(f"{folder}/export/points-00001", when=f"{run}/backup/run.json")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2", GCS_RETRY_CONFIG_MAX_RETRIES="2",
+               GCS_RETRY_CONFIG_INIT_DELAY_TIME_US="1000", GCS_RETRY_CONFIG_MAX_DELAY_TIME_US="10000")
+    try:
+        r = subprocess.run([*CLI, "train", "--data", f"{folder}/export", "--label", "class", "--global-batch-size",
+                            "16", "--epochs", "3", "--cache", "none", "--output", run], capture_output=True, text=True,
+                           timeout=300, env=env, cwd=tmp_path)
+    finally:
+        gcs.clear_faults()
+    assert r.returncode == exit_codes.RETRYABLE and "Traceback" not in r.stderr, r.stderr[-3000:]
+    line = [x for x in r.stderr.splitlines() if "StorageError" in x]
+    assert len(line) == 1 and f"Cloud Storage failed on {folder}/export/points-00001.tfrecord.gz (" in line[0], \
+        r.stderr[-2000:]
+    import re
+
+    m = re.search(r" on worker 0 on \S+ after step (\d+): All 2 retry attempts failed", line[0])
+    assert m and int(m.group(1)) >= 4, line      # after the first epoch (4 steps), whose backup set the fault off
+    assert f"not a peer: a re-run resumes from {run}/backup at step " in line[0] and "lost" not in line[0], line

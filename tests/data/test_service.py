@@ -91,3 +91,23 @@ def test_a_server_names_its_port_open_on_every_interface(tmp_path):
     port = int(notes[0].split()[5])
     assert {p for _, p in listening} == {port}, (listening, notes)
     assert {a for a, _ in listening} <= {"0.0.0.0", "::"}       # every interface, as the line says
+
+
+def test_a_second_run_on_the_same_dispatcher_gets_jobs_of_its_own(data_service, table_export, tmp_path,
+                                                                 monkeypatch):
+    """A tf.data service job is shared by every consumer that names it: with one constant name per input pipeline
+    a resumed run, or another run on the same dispatcher, joined the earlier job (tensorflow/tensorflow#63079).
+    Each run attempt names its own jobs; both runs train every step of their epochs."""
+    names = []
+    distribute = service.distribute
+
+    def recorded(ds, address, *, job_name):
+        names.append(job_name)
+        return distribute(ds, address, job_name=job_name)
+    monkeypatch.setattr(service, "distribute", recorded)
+    for run in ("a", "b"):
+        options = job.TrainOptions(data=(str(table_export),), epochs=1, per_replica_batch_size=8, strategy="single",
+                                   output=str(tmp_path / run), data_service=data_service)
+        summary = job.run(options)
+        assert summary["final_step"] == summary["plan"]["steps_per_epoch"], run
+    assert len(names) == 2 and len(set(names)) == 2 and all(n.endswith("-train-p0") for n in names), names

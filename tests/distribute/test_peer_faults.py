@@ -87,6 +87,33 @@ def test_killed_peer_is_named_with_its_host_the_step_and_the_backup(table_export
     assert took < BOUND_S + MARGIN_S
 
 
+def test_a_peer_lost_after_the_same_step_on_the_retry_is_permanent(table_export, tmp_path):
+    """Worker 1 ends at the batch of step 20 on every attempt (tests/distribute/scripts/cli_worker.py), as a message
+    over protobuf's 2 GB limit fails at the same step on every retry: the first attempt is a lost peer (138,
+    retried), the retry, resumed at step 16, meets it after the same step and exits permanent (2), naming both."""
+    output = tmp_path / "run"
+    lines = []
+    for attempt in (1, 2):
+        procs = _workers(table_export, output, tmp_path, HARNESS_TEST_CRASH_RANK="1",
+                         HARNESS_TEST_CRASH_AT_STEP=str(STEPS + 4))
+        try:
+            t0 = time.monotonic()
+            ended_within(procs[0], t0, START_S + BOUND_S + MARGIN_S)
+        finally:
+            kill_groups(*procs)
+        log = tmp_path / "w0.log"
+        kind = "PeerLostError" if attempt == 1 else "RepeatedFaultError"
+        assert procs[0].returncode == (138 if attempt == 1 else 2), log.read_text()[-4000:]
+        lines.append(one_line(log, kind))
+    m = re.fullmatch(r"harness train: PeerLostError: worker 1 on localhost is lost \(.+ after step (\d+)(: .+)?\); "
+                     rf"a re-run resumes from .+ at step {STEPS}", lines[0])
+    assert m and STEPS <= int(m[1]) <= STEPS + 4, lines[0]   # the last step a K-step call completed
+    again = re.match(r"harness train: RepeatedFaultError: the same fault after step (\d+) as in the last attempt, "
+                     r"which resumed from the backup before it: not a lost peer", lines[1])
+    assert again and STEPS + 4 <= int(again[1]) <= STEPS + 5, lines[1]   # the updates made: the step of the fault
+    assert lines[0][len("harness train: PeerLostError: "):] in lines[1], lines   # the first cause, named
+
+
 def test_stuck_worker_ends_every_worker_within_the_bound(table_export, tmp_path):
     """Worker 1's input blocks in the second epoch: both workers stop at the bound, naming the step and backup."""
     output = tmp_path / "run"

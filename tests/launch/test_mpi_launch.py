@@ -28,14 +28,15 @@ def _exported(line):
 
 def test_mpirun_command_has_horovods_flags_and_exports():
     env = {"PATH": "/bin", "NCCL_DEBUG": "INFO", "HARNESS_SHARED_DATA": "/d", "TF_CONFIG": "{}",
-           "HOROVOD_RANK": "3", "OMPI_COMM_WORLD_RANK": "1", "HOME": "/root", "TF_CPP_MIN_LOG_LEVEL": "2"}
+           "HOROVOD_RANK": "3", "OMPI_COMM_WORLD_RANK": "1", "HOME": "/root", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "GCS_RETRY_CONFIG_MAX_RETRIES": "3"}   # TensorFlow's Cloud Storage settings reach every rank (issue 45)
     line = launch_mpi.mpirun_command(TRAIN, np=4, hosts="a:2,b:2", environ=env, as_root=False)
     assert line[:5] == ["mpirun", "-np", "4", "-H", "a:2,b:2"]
     joined = " ".join(line)
     assert ("-bind-to none -map-by slot -mca pml ob1 -mca btl ^openib -mca btl_tcp_if_exclude lo,docker0 "
             "--tag-output -x") in joined   # Horovod docs/mpi.rst: no loopback / Docker bridge; a rank per line
-    assert _exported(line) == ["TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "PATH", "HARNESS_SHARED_DATA",
-                               "NCCL_DEBUG", "NCCL_SOCKET_IFNAME=^lo,docker0"]  # not TF_CONFIG, ranks
+    assert _exported(line) == ["TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "PATH", "GCS_RETRY_CONFIG_MAX_RETRIES",
+                               "HARNESS_SHARED_DATA", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME=^lo,docker0"]  # not TF_CONFIG
     assert line[-len(TRAIN):] == TRAIN
     # The user's own interface choice is exported as it is, not replaced.
     own = launch_mpi.mpirun_command(TRAIN, np=2, environ={"NCCL_SOCKET_IFNAME": "eth1"}, as_root=False)

@@ -3,6 +3,8 @@
 Every batch drawn (inside the training loop's `tf.function`, `Trainer._next_batch`) waits HARNESS_TEST_STEP_DELAY_S
 seconds, so a test can act in the middle of an epoch; on the worker or rank HARNESS_TEST_STALL_RANK, the batch
 after HARNESS_TEST_STALL_AFTER batches blocks for an hour: an input pipeline stuck in a read, the process alive.
+On the worker or rank HARNESS_TEST_CRASH_RANK, the batch of global step HARNESS_TEST_CRASH_AT_STEP + 1 ends the
+process (exit 1), at that step on every attempt: a fault that a retry meets again.
 """
 import json
 import os
@@ -20,11 +22,15 @@ stall_rank = int(os.environ.get("HARNESS_TEST_STALL_RANK", "-1"))
 stall_after = int(os.environ.get("HARNESS_TEST_STALL_AFTER", "0"))
 _config = json.loads(os.environ.get("TF_CONFIG", "{}"))
 rank = int(_config["task"]["index"]) if _config else int(os.environ.get("HOROVOD_RANK", "0"))
+crash_rank = int(os.environ.get("HARNESS_TEST_CRASH_RANK", "-1"))
+crash_at = int(os.environ.get("HARNESS_TEST_CRASH_AT_STEP", "-1"))
 drawn = [0]
 _next_batch = Trainer._next_batch
 
 
-def _drew():
+def _drew(step):
+    if rank == crash_rank and int(step) == crash_at:
+        os._exit(1)
     drawn[0] += 1
     if rank == stall_rank and drawn[0] > stall_after:
         time.sleep(3600)
@@ -35,7 +41,7 @@ def _drew():
 def counted_next_batch(self, iterator):
     batch = _next_batch(self, iterator)
     with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
-        count = tf.py_function(_drew, [], tf.int32)
+        count = tf.py_function(_drew, [self.optimizer.iterations], tf.int32)
     with tf.control_dependencies([count]):
         return tf.nest.map_structure(tf.identity, batch, expand_composites=True)
 

@@ -75,6 +75,16 @@ def wait_for_backup(output, procs, timeout: float) -> None:
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no backup was written"
         time.sleep(0.1)
 
+def wait_for_line(path, words: str, proc, timeout_s: float = 60) -> None:
+    """Wait until the file `path` (a process's log) holds `words`; fail the test if `proc` ends first or
+    `timeout_s` seconds pass."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while words not in path.read_text():
+        assert proc.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, f"no {words!r} in {path} after {timeout_s} s"
+        time.sleep(0.2)
+
 
 def ended_within(proc, since: float, limit: float) -> float:
     """Wait for `proc` to end at most `limit` seconds after the monotonic time `since`; returns the seconds from

@@ -123,7 +123,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     epoch_summaries = tensorboard.EpochSummaries(options.output, context, schedule=schedule,
                                                  class_names=spec.class_names)
     guard = Guard(backend, backup, initial_step=initial_step, cluster=cluster, stopper=stopper,
-                  peer_timeout_s=peer_timeout_s)
+                  peer_timeout_s=peer_timeout_s, data_service=options.data_service or "")
     loop = build_run(backend, model, optimizer, plan, run_schedule, guard=guard, backup=backup,
                      metrics=metrics.for_task(spec.task, inputs.num_classes) if val_ds is not None else None,
                      actions=(*(profiler.hooks if profiler else ()), epoch_summaries),

@@ -2,25 +2,17 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 import procs
+from procs import wait_for_line
 
 from harness.data import pipeline, service
 from harness.data.shards import discover_shards
 from harness.data.spec import infer_spec
 from harness.launch.local import free_ports
 from harness.train import job
-
-
-def _wait_for_line(path, words, proc, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while words not in path.read_text():
-        assert proc.poll() is None, path.read_text()
-        assert time.monotonic() < deadline, f"no {words!r} in {path} after {timeout_s} s"
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +32,7 @@ def data_service(tmp_path_factory):
             with open(log, "w") as out:
                 procs.append(subprocess.Popen(harness + role, env=env, stdout=out, stderr=subprocess.STDOUT,
                                               start_new_session=True))
-            _wait_for_line(log, "tf.data service", procs[-1])
+            wait_for_line(log, "tf.data service", procs[-1])
         yield f"grpc://localhost:{port}"
     finally:
         for p in reversed(procs):  # workers first, then the dispatcher
@@ -81,7 +73,7 @@ def test_a_server_names_its_port_open_on_every_interface(tmp_path):
                                 env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        _wait_for_line(log, "tf.data service", proc)
+        wait_for_line(log, "tf.data service", proc)
         listening = procs.listening(proc.pid)
     finally:
         proc.terminate()
@@ -111,3 +103,4 @@ def test_a_second_run_on_the_same_dispatcher_gets_jobs_of_its_own(data_service, 
         summary = job.run(options)
         assert summary["final_step"] == summary["plan"]["steps_per_epoch"], run
     assert len(names) == 2 and len(set(names)) == 2 and all(n.endswith("-train-p0") for n in names), names
+

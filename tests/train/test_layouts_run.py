@@ -61,8 +61,11 @@ def _train(exports, name, output, workers):
     return _RUNS[name, workers]
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-@pytest.mark.parametrize("name", list(LAYOUTS))
+# Every layout on 1 and 2 workers, but the plain table's 2-worker run: the sequence layout's is a table's too.
+RUNS = [(name, workers) for name in LAYOUTS for workers in (1, 2) if (name, workers) != ("table", 2)]
+
+
+@pytest.mark.parametrize("name, workers", RUNS)
 def test_each_layout_learns_a_label_only_its_right_plane_predicts(exports, tmp_path, name, workers):
     summary, r, _ = _train(exports, name, tmp_path / "run", workers)
     last = summary["history"][-1]

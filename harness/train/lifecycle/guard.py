@@ -39,18 +39,20 @@ class Guard:
     """
 
     def __init__(self, backend, backup, *, initial_step: int = 0, cluster=None, stopper=None,
-                 peer_timeout_s: Optional[float] = None):
+                 peer_timeout_s: Optional[float] = None, data_service: str = ""):
         self.backend, self.backup, self.cluster, self.stopper = backend, backup, cluster, stopper
+        self.data_service = data_service or ""
         self.peer_timeout_s = peer_timeout_s
         self.preemption = Preemption(backend, backup, initial_step,
                                      hosts=cluster.hosts if cluster is not None else None)
         self.watchdog: Optional[watchdog_lib.Watchdog] = None
 
     def actions(self, trainer) -> tuple:
-        """The controller's actions, in order (module doc); starts the watchdog's thread (workers > 1), whose
-        message reads `trainer.progress`."""
-        if self.backend.context.num_workers > 1 and self.cluster is not None:
-            describe = watchdog_lib.stalled(self.cluster, self.backup, self.peer_timeout_s, trainer.progress)
+        """The controller's actions, in order (module doc); starts the watchdog's thread (workers > 1, or a
+        tf.data service feeding the input: its workers are peers too), whose message reads `trainer.progress`."""
+        if (self.backend.context.num_workers > 1 or self.data_service) and self.cluster is not None:
+            describe = watchdog_lib.stalled(self.cluster, self.backup, self.peer_timeout_s, trainer.progress,
+                                            self.data_service)
             self.watchdog = watchdog_lib.Watchdog(describe, bound_s=self.peer_timeout_s, linger_s=describe.linger_s)
         aligned = tuple(EpochEnd(fn) for fn in self.backend.epoch_end_callbacks(trainer.model))
         return (interrupt.Check(), *((self.watchdog,) if self.watchdog else ()), self.preemption, *aligned,

@@ -100,7 +100,7 @@ class Watchdog:
                 return
 
 
-def stalled(cluster, backup, bound_s: float, progress=None) -> Callable[[int, float], str]:
+def stalled(cluster, backup, bound_s: float, progress=None, data_service: str = "") -> Callable[[int, float], str]:
     """The watchdog's message for `cluster` (`harness.train.lifecycle.peers.Cluster`), `backup` and this worker's
     `progress` (`harness.train.loop.trainer.StepProgress`, read when the bound has passed):
 
@@ -112,7 +112,9 @@ def stalled(cluster, backup, bound_s: float, progress=None) -> Callable[[int, fl
         and waits in the step's all-reduce for a peer that is lost or stuck: worker 1 on host-b; ...` (the peer is
         named when there is one; with several, each names itself where it is the one waiting for its input)
 
-    then `a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=20 sets the bound`.
+    then `a re-run resumes from /out/backup at step 32; HARNESS_PEER_TIMEOUT_S=20 sets the bound`. With
+    `data_service` (the dispatcher's address) the input named is the tf.data service's: its workers produce the
+    batches, and one that stopped serving leaves the job waiting (with one training worker too).
 
     `describe.linger_s()` is LINGER_S after a description of this worker's own input stuck, with peers (it is the
     cause; they wait on it), else 0: the seconds the Watchdog waits before the exit (`Watchdog(linger_s=...)`)."""
@@ -125,7 +127,9 @@ def stalled(cluster, backup, bound_s: float, progress=None) -> Callable[[int, fl
         tail = f"{resume_from(backup)}; {environment.PEER_TIMEOUT}={bound_s:g} sets the bound"
         if progress is not None and progress.waiting_for_input():
             cause.append(bool(cluster.peers()))
-            return (f"{me} has waited {seconds:.0f} s for the batch after step {step}: its own input is stuck, unless "
+            own = (f"its input, the tf.data service at {data_service}, sends no batch (a service worker stopped "
+                   "serving, or the dispatcher)" if data_service else "its own input is stuck")
+            return (f"{me} has waited {seconds:.0f} s for the batch after step {step}: {own}, unless "
                     f"a collective before the step waits for a peer (peers: {cluster.peers() or 'none'}); {tail}")
         if progress is not None:
             many = len(cluster.names) > 2

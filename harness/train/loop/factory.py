@@ -61,12 +61,14 @@ def build_run(backend, model, optimizer, plan, schedule: Schedule, *, loss_fn: O
       callbacks: the user's `KerasCallbacks`, or None.
       timer: a `StepTimer` (the profiler's), or None for the controller's own.
       epoch_lines: the chief prints one line per epoch (`harness.train.report.console`); False for probes.
-    With several workers the trainer counts its batches and steps (`trainer.StepProgress`), so the step-progress
-    watchdog can tell a worker waiting for its own input from one waiting for its peers.
+    With several workers (or a tf.data service feeding the input) the trainer counts its batches and steps
+    (`trainer.StepProgress`), so the step-progress watchdog can tell a worker waiting for its own input from one
+    waiting for its peers.
     """
     batch = getattr(plan, "batch", plan)
     loss_fn = loss_fn or losses_lib.make_loss()
-    progress = StepProgress() if backend.context.num_workers > 1 else None
+    watched = backend.context.num_workers > 1 or bool(guard is not None and getattr(guard, "data_service", ""))
+    progress = StepProgress() if watched else None
     trainer = Trainer(backend=backend, model=model, optimizer=optimizer, loss_fn=loss_fn,
                       loss_divisor=backend.loss_divisor(batch), global_batch_size=batch.global_batch_size,
                       class_weights=class_weights, clip_norm=clip_norm, progress=progress)

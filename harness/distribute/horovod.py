@@ -21,6 +21,7 @@ division by the global batch followed by a sum. The learning rate is never scale
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ import tensorflow as tf
 
 from harness.distribute import environment, mpi
 from harness.distribute.context import WorkerContext
+from harness.distribute.strategy import WAIT_PROGRESS_S
 from harness.errors import ClusterConfigError
 
 log = logging.getLogger(__name__)
@@ -57,12 +59,39 @@ def init(*, config=tf.config) -> tuple[tf.distribute.Strategy, WorkerContext]:
     hvd = _hvd()
     if mpi.launched_by_mpi():
         mpi.init_thread_multiple()
-    gloo_timeout()
-    hvd.init()
+    timeout_s = gloo_timeout()
+    with waiting_lines(timeout_s):
+        hvd.init()
     context = WorkerContext.from_horovod(hvd)
     pin_gpu(context.local_rank, config=config)
     log.info("Horovod (%s controller): %s", "MPI" if hvd.mpi_enabled() else "Gloo", context)
     return tf.distribute.get_strategy(), context
+
+
+@contextlib.contextmanager
+def waiting_lines(timeout_s: float, *, every_s: float = WAIT_PROGRESS_S, out=None):
+    """While the block runs (`hvd.init()`: Horovod's rendezvous waits for every rank), one line on stderr every
+    `every_s` seconds, `harness: rank 0 waits in hvd.init() for the other ranks (Horovod's rendezvous), 15 of 120 s
+    (HOROVOD_GLOO_TIMEOUT_SECONDS)`, as the harness's own peer wait says it: a pod log says why nothing happens."""
+    import sys
+    import threading
+    import time
+
+    out = out or sys.stderr
+    rank = os.environ.get("HOROVOD_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "?"
+    done, start = threading.Event(), time.monotonic()
+
+    def say():
+        while not done.wait(every_s):
+            print(f"harness: rank {rank} waits in hvd.init() for the other ranks (Horovod's rendezvous), "
+                  f"{time.monotonic() - start:.0f} of {timeout_s:g} s ({environment.GLOO_TIMEOUT})", file=out,
+                  flush=True)
+    thread = threading.Thread(target=say, daemon=True, name="harness-hvd-init-wait")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def gloo_timeout(environ=None) -> int:

@@ -194,3 +194,6 @@ def test_rank_later_than_gloos_default_joins_under_the_printed_horovodrun_line(t
     from tests.procs import results
     ranks = results(out, "LATE", 2)
     assert all(v["sum"] == 2.0 and v["gloo_timeout_s"] == "120" for v in ranks.values()), ranks
+    # rank 0 says why nothing happens while it waits for rank 1 in Horovod's rendezvous (every 15 s)
+    assert re.search(r"harness: rank 0 waits in hvd.init\(\) for the other ranks \(Horovod's rendezvous\), 15 of "
+                     r"120 s \(HOROVOD_GLOO_TIMEOUT_SECONDS\)", out), out[-3000:]

@@ -72,9 +72,9 @@ def _store(values: np.ndarray, dtype: str) -> tf.train.Feature:
     if dtype == FLOAT:
         return tf.train.Feature(float_list=tf.train.FloatList(value=(0.15 + 0.1 * flat).astype(np.float32)))
     if dtype == INT64:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=np.round(1500 + 1000 * flat).astype(np.int64)))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=_raw(flat, INT64).astype(np.int64)))
     if dtype == BYTES:
-        raw = np.clip(np.round(128 + 80 * flat), 0, 255).astype(np.uint8).tobytes()
+        raw = _raw(flat, BYTES).astype(np.uint8).tobytes()
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[raw]))
     raise ConfigError(f"dtype must be float, int64 or bytes, got {dtype!r}")
 

@@ -152,6 +152,7 @@ def test_the_reader_is_timed_as_an_epoch_reads_a_file_not_reopened_every_probed_
 
     from harness.bench.tune import probe
     from harness.data import probe as probe_lib, stages, synth
+    from harness.data.shards import read_buffer_bytes
     from harness.data.source import open_shards
     from harness.train.inputs import resolve_spec
 
@@ -162,7 +163,8 @@ def test_the_reader_is_timed_as_an_epoch_reads_a_file_not_reopened_every_probed_
     probed = 1 / (1 / got["read"].per_core + 1 / got["inflate"].per_core)
     path = train.shards[0].path
     read_batch = stages.read_batch_size(train.stats[0].bytes / 8192)
-    whole = probe_lib.one_core(tf.data.TFRecordDataset([path], compression_type="GZIP").repeat(8).batch(read_batch))
+    whole = probe_lib.one_core(tf.data.TFRecordDataset([path], compression_type="GZIP",
+                                                       buffer_size=read_buffer_bytes(path)).repeat(8).batch(read_batch))
     count = lambda: int(whole.reduce(tf.constant(0, tf.int64), lambda n, b: n + tf.shape(b, out_type=tf.int64)[0]))
     count()
     spent = []
@@ -171,5 +173,6 @@ def test_the_reader_is_timed_as_an_epoch_reads_a_file_not_reopened_every_probed_
         assert count() == 8 * 8192
         spent.append(time.process_time() - c)
     mine = 8 * 8192 / sorted(spent)[1]
-    # the same read timed two ways on one core: within 2x of each other (re-opened every 16 records: a fraction)
-    assert 0.5 < probed / mine < 2.0, (probed, mine)
+    # The same read timed two ways on one core (0.2 s windows of one iterator against 8 whole passes): 0.8-1.5 of
+    # each other idle, 2.02 once in CI beside other tests; re-opened every 16 records the probe read a fifth.
+    assert 1 / 3 < probed / mine < 3.0, (probed, mine)

@@ -305,6 +305,26 @@ def decoded_record_bytes(spec: DataSpec) -> int:
     return 4 * n * (len(spec.channels) + (spec.label is not None))
 
 
+def shuffle(ds: tf.data.Dataset, buffer_size: int, seed, *, reshuffle_each_iteration: bool) -> tf.data.Dataset:
+    """`ds.shuffle(buffer_size, seed=seed, ...)` with an int64 tensor `seed` (the epoch's, inside a tf.data
+    function) whatever global seed the user's model file set.
+
+    TensorFlow pairs an op seed with the graph's seed (`random_seed.get_seed`) and compares the pair to (0, 0) in
+    Python: a tensor seed under a global seed of 0 (`keras.utils.set_random_seed(0)`, `tf.random.set_seed(0)`, as
+    model files and the Keras guides write) raised OperatorNotAllowedInGraphError while the pipeline was built.
+    Inside a function the graph's seed is left out while the op is made, so the pair is TensorFlow's default graph
+    seed and `seed`, as without a global seed: the same order whatever seed the model file sets.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly() or graph.seed is None:
+        return ds.shuffle(buffer_size, seed=seed, reshuffle_each_iteration=reshuffle_each_iteration)
+    saved, graph.seed = graph.seed, None
+    try:
+        return ds.shuffle(buffer_size, seed=seed, reshuffle_each_iteration=reshuffle_each_iteration)
+    finally:
+        graph.seed = saved
+
+
 def read_files(paths: Sequence[str], compressions: Sequence[str], *, deterministic: bool, shuffle_files: bool,
                seed: int, read_batch: Optional[int], parallel_reads: Optional[int] = None) -> tf.data.Dataset:
     """Serialized records (tf.string scalars) of the files, `parallel_reads` files read at once (default
@@ -319,7 +339,7 @@ def read_files(paths: Sequence[str], compressions: Sequence[str], *, determinist
     """
     files = tf.data.Dataset.from_tensor_slices((list(paths), list(compressions)))
     if shuffle_files and len(paths) > 1:
-        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)  # seed: int or int64 tensor
+        files = shuffle(files, len(paths), seed, reshuffle_each_iteration=True)  # seed: int or int64 tensor
 
     buffer = read_buffer_bytes(paths)
 
@@ -446,7 +466,7 @@ def _epochs(plan: PipelinePlan, spec: DataSpec) -> tf.data.Dataset:
         return tf.cast(plan.seed, tf.int64) * EPOCH_SEED_STRIDE + epoch
 
     def shuffled(ds, epoch):
-        ds = ds.shuffle(plan.shuffle_buffer, seed=seed_of(epoch), reshuffle_each_iteration=False)
+        ds = shuffle(ds, plan.shuffle_buffer, seed_of(epoch), reshuffle_each_iteration=False)
         return _keep(ds, plan, repeat=False)
 
     if plan.cache.kind != "none":

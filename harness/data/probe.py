@@ -326,7 +326,7 @@ def probe(train, spec, *, batch_size: int, augment: bool, brightness: float, con
     # epoch as long as the export's (the held records repeated), up to EPOCH_RECORDS
     per_epoch = max(1, math.ceil(min(train.records, EPOCH_RECORDS) / n))
     shuffled = tf.data.Dataset.counter().flat_map(graph_fn(
-        lambda e: decoded_records.repeat(per_epoch).shuffle(n * per_epoch, seed=e, reshuffle_each_iteration=False)
+        lambda e: pipeline.shuffle(decoded_records.repeat(per_epoch), n * per_epoch, e, reshuffle_each_iteration=False)
         .batch(batch_size)))
     by_epoch = _elements(n * per_epoch, batch_size)
     batched = rate_per_core(shuffled, by_epoch, repeats)

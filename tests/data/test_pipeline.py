@@ -353,6 +353,22 @@ def test_an_epoch_read_again_from_its_number_is_in_the_same_order_past_the_batch
     assert all(len(set(whole[i:i + 40])) == 40 for i in (0, 40, 80)) and whole[40:80] != whole[:40]  # reshuffled
 
 
+@pytest.mark.parametrize("cache", ["memory", "none"])
+def test_a_global_seed_set_by_the_model_file_leaves_the_epochs_order_as_it_was(table, cache):
+    """`keras.utils.set_random_seed(0)` at the top of a model file (as the Keras guides write it) made TensorFlow
+    compare the epoch's tensor seed to 0 in Python: OperatorNotAllowedInGraphError before the first step. With any
+    global seed the epochs are drawn in the order drawn without one (the order is the harness's seed's alone)."""
+    found, spec = table
+    kwargs = dict(training=True, records_per_epoch=40, seed=7, cache=cache)
+    unseeded = _ids(_all(_build(found, spec, 8, **kwargs).take(10)))
+    try:
+        for seed in (0, 5):
+            tf.random.set_seed(seed)
+            assert _ids(_all(_build(found, spec, 8, **kwargs).take(10))) == unseeded, seed
+    finally:
+        tf.random.set_seed(None)
+
+
 def test_the_pipeline_is_sized_by_the_workers_resources(table):
     """The worker's CPUs (harness.distribute.resources) set the files read at once and tf.data's autotuning
     budget (default: every core of the host); its memory the cache='auto' budget."""

@@ -10,8 +10,8 @@ branches on the backend; it asks a `TrainingBackend` for
     (`harness.train.loop.trainer.Trainer`): the tape that reduces gradients, and sums over the processes that
     `strategy.reduce` does not span (Horovod's ranks);
   - `control_plane()`: object collectives (gather, broadcast) for statistics and self-checks;
-  - `agree_steps`, `prepare_restore`, `broadcast_backup`, `epoch_end_callbacks`: the points where Horovod's ranks
-    must be brought in line, which tf.distribute does by itself;
+  - `agree_steps`, `prepare_restore`, `broadcast_backup`, `epoch_end_callbacks`, `wait_for_chief`,
+    `any_over_ranks`: the points where Horovod's ranks must be brought in line, which tf.distribute does by itself;
   - `is_writer`: whether this process writes the backup, the model and the summary (the chief, rank 0).
 
 tf.distribute: each replica divides by the global batch and the optimizer sums the gradients over replicas
@@ -77,6 +77,14 @@ class TrainingBackend:
     def sum_over_ranks(self, tensor):
         """`tensor` summed over the processes `strategy.reduce` does not span: itself under tf.distribute."""
         return tensor
+
+    def any_over_ranks(self, flag):
+        """bool scalar `flag` or'd over the ranks (the same on every rank; a collective where ranks are summed:
+        every rank calls it at the same point, in or outside a tf.function)."""
+        if self.ranks_summed == 1:
+            return flag
+        import tensorflow as tf
+        return self.sum_over_ranks(tf.cast(flag, tf.int32)) > 0
 
     def mean_over_ranks(self, tensor):
         """`sum_over_ranks(tensor) / ranks_summed` (float): the same value on every rank."""
@@ -167,6 +175,10 @@ class TrainingBackend:
         if model is None or self.strategy.num_replicas_in_sync == 1 or not _per_replica_copies(model):
             return []
         return [lambda epoch, logs: self.align_model_state(model)]
+
+    def wait_for_chief(self) -> None:
+        """After the chief's writes at an epoch end: nothing under tf.distribute (its collectives are not timed by
+        an inspector that ends the job)."""
 
     def align_model_state(self, model) -> None:
         """Give every replica the model state that is saved: each on-read variable with MEAN aggregation (a Keras
@@ -290,6 +302,16 @@ class HorovodBackend(TrainingBackend):
 
     def epoch_end_callbacks(self, model) -> list:
         return [self._hvd.epoch_end_sync(model)]
+
+    def wait_for_chief(self) -> None:
+        """Every rank meets on the control plane (mpi4py's all-gather under an MPI launcher) after the chief's
+        epoch-end writes (the backup, the best model, TensorBoard, the user's callbacks), so that no rank waits
+        for them inside the next step's Horovod all-reduce: Horovod's stall inspector
+        (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, MPI controller) shut the job down when a write lasted longer than
+        its bound. Under horovodrun --gloo the plane is Horovod's own collective, which Horovod 0.28.1's Gloo
+        controller does not inspect."""
+        if self.context.num_workers > 1:
+            self.control_plane().allgather(None)
 
     def align_model_state(self, model) -> None:
         """Each rank's non-trainable state (BatchNormalization statistics) averaged over the ranks."""

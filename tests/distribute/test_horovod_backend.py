@@ -42,14 +42,15 @@ def run(cmd: list, timeout: float = 180) -> str:
 tagged, results = procs.tagged, procs.results
 
 
-def train(launcher: list, data, output, *flags, ranks=2, timeout=180) -> dict:
-    """Run hvd_train.py under `launcher`; each rank's result line is read from its own file (a long line on the
-    launcher's shared stdout can be cut by another rank's output)."""
+def train(launcher: list, data, output, *flags, ranks=2, timeout=180, env=None) -> dict:
+    """Run hvd_train.py under `launcher` (with `env` added); each rank's result line is read from its own file (a
+    long line on the launcher's shared stdout can be cut by another rank's output)."""
     import tempfile
     with tempfile.TemporaryDirectory() as folder:
         cmd = launcher + ["-x", "HARNESS_TEST_RESULTS"] if launcher[0] == "mpirun" else launcher
         procs.run(cmd + [sys.executable, SCRIPTS / "hvd_train.py", "--backend", "horovod", "--data", data,
-                         "--output", output, *flags], env=dict(ENV, HARNESS_TEST_RESULTS=folder), timeout=timeout)
+                         "--output", output, *flags], env=dict(ENV, HARNESS_TEST_RESULTS=folder, **(env or {})),
+                  timeout=timeout)
         out = "".join(p.read_text() for p in sorted(pathlib.Path(folder).glob("rank*.txt")))
     return results(out, "HVD_TRAIN", ranks)
 
@@ -355,18 +356,32 @@ def test_early_stopping_on_two_ranks_stops_both_at_the_same_epoch(image_export, 
     assert (out / "best" / "model.keras").is_file()
 
 
-def test_horovod_ranks_score_every_validation_record_once(image_export, tmp_path_factory, tmp_path):
-    """26 validation patches (2 files of 13, one per rank), 4 per rank per step: equal steps would score 3 batches
-    per rank (24 patches); every patch is scored once, each rank's pass as long as its own records, and every rank
-    reports the same metrics (issue 19, item 6)."""
+def test_horovod_ranks_score_every_validation_record_once_and_meet_after_the_chiefs_writes(image_export,
+                                                                                         tmp_path_factory, tmp_path):
+    """39 validation patches in 3 files (rank 0 reads 2: 26 patches, rank 1 reads 1: 13), 4 per rank per step:
+    equal steps would score 3 batches per rank (24 patches); every patch is scored once, and every rank reports
+    the same metrics (issue 19, item 6).
+
+    Under Horovod's stall inspector set to shut the job down after 2 s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS,
+    horovod/horovod#2315; Horovod 0.28.1 inspects under its MPI controller only: horovodrun --gloo never warned
+    with ranks 6 s apart), a rank 0 that spends 0.6 s per validation batch (its 7 batches) and 5 s saving the
+    best model at the first epoch's end: rank 1 waited 4 s in the metrics' sum, then up to 5 s in the next epoch's
+    first all-reduce, and the job was killed as a lost peer. The ranks now agree at every validation step whether
+    any has data, and meet on the control plane after the chief's writes."""
     from harness.data import synth
     folder, _ = image_export
     val = tmp_path_factory.mktemp("val13")
-    synth.write_image_export(str(val), prefix="val", shards=2, records=26, patch_size=16, seed=5)
-    by_rank = train(horovodrun(2), folder / "train", tmp_path / "run", "--epochs", "1",
-                    "--per-replica-batch-size", "4", "--validation-data", val)
+    synth.write_image_export(str(val), prefix="val", shards=3, records=39, patch_size=16, seed=5)
+    slow = {"HARNESS_TEST_EVAL_SLEEP_S": "0.6", "HARNESS_TEST_SLOW_BATCHES": "7", "HARNESS_TEST_SAVE_SLEEP_S": "5",
+            "HARNESS_TEST_SLOW_RANK": "0",
+            "HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"}
+    launcher = MPIRUN + ["-np", "2"] + [a for k in slow for a in ("-x", k)]
+    by_rank = train(launcher, folder / "train", tmp_path / "run", "--epochs", "2", "--per-replica-batch-size", "4",
+                    "--validation-data", val, "--monitor", "val_loss",
+                    "--model", f"{SCRIPTS / 'slow_eval_model.py'}:build", env=slow)
     for r in by_rank.values():
         evaluation = r["summary"]["evaluation"]
-        assert evaluation["records_expected"] == 26
-        assert evaluation["per_epoch"] == [{"epoch": 1, "records": 26, "pixels": 26 * 16 * 16}]
-    assert len({r["summary"]["history"][0]["val_loss"] for r in by_rank.values()}) == 1
+        assert evaluation["records_expected"] == 39
+        assert evaluation["per_epoch"] == [{"epoch": e, "records": 39, "pixels": 39 * 16 * 16} for e in (1, 2)]
+    assert len({r["summary"]["history"][-1]["val_loss"] for r in by_rank.values()}) == 1
+    assert (tmp_path / "run" / "best" / "model.keras").is_file()

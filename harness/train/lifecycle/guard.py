@@ -13,7 +13,9 @@ The order, and why:
   - at an epoch end, before the backup: the backend's model-state alignment (Horovod: BatchNormalization statistics
     averaged over the ranks, so the backup holds the same state on every rank), then early stopping's record (its
     state is in the backup);
-  - after the backup and the user's callbacks: early stopping's decision, the watchdog's beat, the Ctrl-C check.
+  - after the backup and the user's callbacks: the ranks wait for the chief's writes on the control plane
+    (`ChiefWrites`, before the watchdog re-arms: a write is not a step's length), early stopping's decision, the
+    watchdog's beat, the Ctrl-C check.
 A fault kind that needs a check at a call boundary or an epoch end is one more action here.
 """
 from __future__ import annotations
@@ -55,10 +57,22 @@ class Guard:
                                             self.data_service)
             self.watchdog = watchdog_lib.Watchdog(describe, bound_s=self.peer_timeout_s, linger_s=describe.linger_s)
         aligned = tuple(EpochEnd(fn) for fn in self.backend.epoch_end_callbacks(trainer.model))
-        return (interrupt.Check(), *((self.watchdog,) if self.watchdog else ()), self.preemption, *aligned,
+        return (ChiefWrites(self.backend), interrupt.Check(), *((self.watchdog,) if self.watchdog else ()),
+                self.preemption, *aligned,
                 *((self.stopper,) if self.stopper else ()))
 
     def close(self) -> None:
         """Stop the watchdog's thread (the run ended, or failed)."""
         if self.watchdog is not None:
             self.watchdog.close()
+
+
+class ChiefWrites:
+    """The action after an epoch's end (`after_epoch_end`): `backend.wait_for_chief()`, every rank waits there for
+    the chief's writes, not in the next step's collective (Horovod's stall inspector: `HorovodBackend`)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def after_epoch_end(self, epoch: int, logs: dict) -> None:
+        self.backend.wait_for_chief()

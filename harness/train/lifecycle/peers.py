@@ -125,8 +125,27 @@ def peer_lost(error: BaseException, cluster: Cluster, step: int, backup) -> Opti
     who = (", ".join(cluster.describe(i) for i in named) + (" is" if len(named) == 1 else " are")) if named \
         else f"a peer ({cluster.peers() or 'none'}) is"
     cause = _first_line(text)
-    return PeerLostError(f"{who} lost ({type(error).__name__} on {cluster.describe(cluster.me)} after step "
-                         f"{step}{': ' + cause if cause else ''}); {resume_from(backup)}")
+    stalled = _stall_inspector(text)
+    return PeerLostError(f"{who} lost{stalled} ({type(error).__name__} on {cluster.describe(cluster.me)} after "
+                         f"step {step}{': ' + cause if cause else ''}); {resume_from(backup)}")
+
+
+def _stall_inspector(text: str, env=None) -> str:
+    """Where Horovod's stall inspector may have ended the job: HOROVOD_STALL_SHUTDOWN_TIME_SECONDS set (and the
+    check not disabled) and Horovod's shutdown in `text`, the words that say so; else ""."""
+    import os
+
+    env = os.environ if env is None else env
+    try:
+        bound = int(env.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0") or 0)
+    except ValueError:
+        return ""
+    if bound <= 0 or env.get("HOROVOD_STALL_CHECK_DISABLE", "") not in ("", "0") \
+            or "Horovod has been shut down" not in text:
+        return ""
+    return (f", or stalled: HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={bound} has Horovod's stall inspector end the job "
+            f"when a rank waits longer than {bound} s in a collective (the late ranks are marked \"!\" in "
+            "Horovod's lines above)")
 
 
 def _first_line(text: str) -> str:

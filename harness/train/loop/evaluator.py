@@ -7,8 +7,12 @@ batch and the whole pass runs in one `tf.function` call (a `tf.while_loop` over 
   - under tf.distribute, the distributed dataset's iterator agrees across workers on whether any worker still has
     data (`get_next_as_optional`, tf.distribute's partial-batch handling: tensorflow.org/tutorials/distribute/input,
     "Partial batches"); a worker or replica without data that step gets an empty batch, which scores nothing;
-  - under Horovod each rank scores its own records with no collective inside the pass (the default strategy's
-    reduce is local), so the ranks' pass lengths may differ; the sums are added over the ranks once, after it.
+  - under Horovod each rank scores its own records (the default strategy's reduce is local) and the ranks agree
+    at every step whether any still has data (`any_over_ranks`, one int32 all-reduce per step): a rank with fewer
+    records draws empty batches until the last one's pass ends. Each rank's whole pass ran alone before, and the
+    one with fewer records waited in the sums for the rest: under Horovod's stall inspector
+    (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, horovod/horovod#2315) a wait longer than its bound shut the job down at
+    every evaluation. In step, no rank waits longer than one validation batch.
 The counts (loss sum, records, the metric's sums: a confusion matrix or the regression sums) are summed over
 replicas, workers and ranks, so the metrics are those of the whole validation set, the same on every worker.
 """
@@ -47,8 +51,9 @@ class Evaluator:
         return tf.stack([tf.cast(loss, tf.float64), records]), self.metrics.counts(labels, logits)
 
     def _whole_pass(self, iterator, totals, counts):
-        """Sums over the whole of `iterator` (to its end): `(totals, counts)`: float64 `[2]` loss sum and records, and the
-        metric's counts (`metrics.shape`, `metrics.dtype`), over this worker's replicas (every worker's under tf.distribute)."""
+        """Sums over the whole of `iterator` (to its end, and to every rank's end under Horovod): `(totals, counts)`:
+        float64 `[2]` loss sum and records, and the metric's counts (`metrics.shape`, `metrics.dtype`), over this
+        worker's replicas (every worker's under tf.distribute)."""
         # AutoGraph's own rewrite of `for batch in iterator` (`_tf_iterator_for_stmt`): draw an optional, add the
         # batch's sums where it holds a value, stop at the first that does not.
         def one_batch(_, totals, counts):
@@ -60,7 +65,8 @@ class Evaluator:
                                             for v in per_replica)
                 return totals + step_totals, counts + step_counts
             has_value = batch.has_value()
-            return (has_value,) + tuple(tf.cond(has_value, add, lambda: (totals, counts)))
+            totals, counts = tf.cond(has_value, add, lambda: (totals, counts))
+            return self.backend.any_over_ranks(has_value), totals, counts
 
         _, totals, counts = tf.while_loop(lambda more, *_: more, one_batch, (tf.constant(True), totals, counts))
         return totals, counts

@@ -60,6 +60,21 @@ def test_other_errors_are_not_a_lost_peer():
                                                                "exception on one of the ranks"), _cluster(2), 3, None)
 
 
+def test_horovods_shutdown_under_its_stall_inspector_says_a_rank_may_have_stalled(monkeypatch):
+    shutdown = tf.errors.UnknownError(None, None, "Horovod has been shut down. This was caused by an exception")
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "2")
+    assert str(peers.peer_lost(shutdown, _cluster(2), 3, Backup())) == (
+        "worker 1 on 10.0.0.2 is lost, or stalled: HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2 has Horovod's stall "
+        "inspector end the job when a rank waits longer than 2 s in a collective (the late ranks are marked \"!\" in "
+        "Horovod's lines above) (UnknownError on worker 0 on 10.0.0.1 after step 3: Horovod has been shut down); a "
+        "re-run resumes from /out/backup at step 32")
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_DISABLE", "1")
+    assert "stalled" not in str(peers.peer_lost(shutdown, _cluster(2), 3, Backup()))
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_DISABLE", "0")
+    reset = tf.errors.UnavailableError(None, None, "Connection reset by peer")
+    assert "stalled" not in str(peers.peer_lost(reset, _cluster(2), 3, Backup()))
+
+
 def test_watchdog_ends_the_run_past_the_bound_and_not_while_idle_or_beaten():
     exits, fired = [], threading.Event()
 

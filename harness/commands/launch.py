@@ -54,7 +54,8 @@ def mpi(args) -> int:
     from harness.launch import mpi as mpi_lib
 
     line = mpi_lib.mpirun_command(_command(args), np=args.np, hosts=args.hosts,
-                                  extra=shlex.split(args.mpirun_args or ""), export=args.export or ())
+                                  extra=shlex.split(args.mpirun_args or ""), export=args.export or (),
+                                  interfaces=args.network_interface)
     return _launch(line, args)
 
 
@@ -64,7 +65,8 @@ def horovod(args) -> int:
 
     line = mpi_lib.horovodrun_command(_command(args), np=args.np, hosts=args.hosts, controller=args.controller,
                                       extra=shlex.split(args.horovodrun_args or ""),
-                                      horovodrun=mpi_lib.beside_python("horovodrun"))
+                                      horovodrun=mpi_lib.beside_python("horovodrun"),
+                                      interfaces=args.network_interface)
     return _launch(line, args)
 
 
@@ -157,6 +159,10 @@ def add_parsers(sub) -> None:
 def rank_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--np", type=int, required=True, help="number of ranks (processes) in all")
     p.add_argument("-H", "--hosts", help="host:slots,... (default: this host)")
+    p.add_argument("--network-interface", metavar="NIC[,NIC...]",
+                   help="the ranks' network interfaces, every host's name for its link where hosts name them "
+                        "differently (e.g. eth0,enp129s0f1); default: mpirun excludes lo and docker0, "
+                        "horovodrun looks for a name every host has")
     p.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds before the launcher and ranks are killed (default: none, wait)")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from typing import Optional, Sequence, Union
 
 import tensorflow as tf
@@ -580,6 +581,12 @@ def _prefetch(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
     options = tf.data.Options()
     if plan.cpu_budget:  # autotuning plans for this worker's CPUs, not every core of the host
         options.autotune.cpu_budget = plan.cpu_budget
+    if plan.cpu_budget and plan.cpu_budget < len(os.sched_getaffinity(0)):
+        # The budget alone does not bound an AUTOTUNE map: it ran one call per schedulable core (2 at once with
+        # cpu_budget=1 on 2 cores; tensorflow/tensorflow#62821), past a pod's CPU limit or a local worker's
+        # share. A private pool of the worker's CPUs does, for every map and parallel batch (the interleaved
+        # reads and the prefetch run on threads of their own).
+        options.threading.private_threadpool_size = plan.cpu_budget
     # The harness shards by itself (assign_files); tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options)

@@ -59,11 +59,14 @@ def init(*, config=tf.config) -> tuple[tf.distribute.Strategy, WorkerContext]:
     hvd = _hvd()
     if mpi.launched_by_mpi():
         mpi.init_thread_multiple()
+    else:
+        gloo_interface()
     timeout_s = gloo_timeout()
     with waiting_lines(timeout_s):
         hvd.init()
     context = WorkerContext.from_horovod(hvd)
     pin_gpu(context.local_rank, config=config)
+    agree_devices(len(config.list_physical_devices("GPU")), control_plane().allgather)
     log.info("Horovod (%s controller): %s", "MPI" if hvd.mpi_enabled() else "Gloo", context)
     return tf.distribute.get_strategy(), context
 
@@ -92,6 +95,74 @@ def waiting_lines(timeout_s: float, *, every_s: float = WAIT_PROGRESS_S, out=Non
         yield
     finally:
         done.set()
+
+
+def gloo_interface(environ=None, interfaces=None) -> Optional[str]:
+    """Give Gloo (and NCCL) an interface this host has, before `hvd.init()` reads `HOROVOD_GLOO_IFACE`.
+
+    horovodrun sets `HOROVOD_GLOO_IFACE` to the first of the interfaces it was given (`--network-interfaces`) or
+    found common to every host, and `NCCL_SOCKET_IFNAME` to all of them (horovod/runner/gloo_run.py,
+    `create_run_env_vars`: "add multiple ifaces in future"). Where hosts name their links differently, a host
+    without that name aborted in Gloo's C++ ("Unable to find address for: enp129s0f1", horovod/horovod#2431) with
+    no Python error. `harness launch horovod --network-interface NIC,...` puts every host's names in
+    `HARNESS_NETWORK_INTERFACES` (`harness.launch.mpi.horovodrun_command`); here the first of them this host has
+    is taken for Gloo, NCCL gets the whole list (it uses the names its host has), and the choice is said.
+
+    Args:
+      environ: the environment to read and set (default os.environ).
+      interfaces: this host's interface names (default `socket.if_nameindex()`).
+    Returns:
+      the interface Gloo will use, or None when `HOROVOD_GLOO_IFACE` is not set (Gloo's own choice).
+    Raises:
+      ClusterConfigError: this host has none of the names, naming them and the host's own.
+    """
+    env = os.environ if environ is None else environ
+    given = env.get("HOROVOD_GLOO_IFACE", "").strip()
+    if not given:
+        return None
+    import socket
+
+    here = [name for _, name in socket.if_nameindex()] if interfaces is None else list(interfaces)
+    listed = [n.strip() for n in env.get("HARNESS_NETWORK_INTERFACES", "").split(",") if n.strip()] or [given]
+    if len(listed) > 1:
+        env["NCCL_SOCKET_IFNAME"] = ",".join(listed)
+    usable = [n for n in listed if n in here]
+    if not usable:
+        others = [n for n in here if n not in ("lo", "docker0")][:1]
+        raise ClusterConfigError(
+            f"rank {env.get('HOROVOD_RANK', '?')} on {socket.gethostname()}: none of the network interfaces given "
+            f"({', '.join(listed)}) is on this host, which has {', '.join(here)}: add this host's name for its link "
+            f"(harness launch horovod --network-interface {','.join(listed + others)})")
+    if usable[0] != given:
+        env["HOROVOD_GLOO_IFACE"] = usable[0]
+        log.info("Gloo on %s, this host's name for the link (horovodrun gave %s)", usable[0], given)
+    return usable[0]
+
+
+def agree_devices(gpus: int, allgather) -> None:
+    """Every rank on a GPU, or none: the ranks' GPU counts compared over the control plane (`allgather`) after
+    `hvd.init()`, before the first collective. A rank on CPU beside ranks on GPUs (a host without GPUs, or with its
+    GPUs hidden) reached the first all-reduce with a CPU tensor where the others hold GPU tensors for NCCL.
+
+    Raises:
+      ClusterConfigError: naming the ranks and hosts with GPUs and those without (permanent).
+    """
+    import socket
+
+    everyone = allgather((gpus, socket.gethostname()))
+    without = [(r, host) for r, (n, host) in enumerate(everyone) if n == 0]
+    if not without or len(without) == len(everyone):
+        return
+
+    def ranks(rows):
+        hosts = {}
+        for r, host in rows:
+            hosts.setdefault(host, []).append(str(r))
+        return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(rs)} on {h}" for h, rs in hosts.items())
+    with_gpus = [(r, host) for r, (n, host) in enumerate(everyone) if n]
+    raise ClusterConfigError(
+        f"some ranks have no GPU ({ranks(without)}) and the others have ({ranks(with_gpus)}): Horovod runs one "
+        "rank per GPU; give every host GPUs, or hide them on every host (CUDA_VISIBLE_DEVICES='') to train on CPU")
 
 
 def gloo_timeout(environ=None) -> int:

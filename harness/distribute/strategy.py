@@ -217,7 +217,54 @@ def _multi_worker(config: Optional[environment.TFConfig], gpus: int, communicati
         # TensorFlow's preemption notifier took SIGTERM (it only records it): give it back, so SIGTERM stops us.
         if threading.current_thread() is threading.main_thread():  # signal.signal works there only
             signal.signal(signal.SIGTERM, sigterm if sigterm is not None else signal.SIG_DFL)
+    if config is not None and len(config.tasks()) > 1:
+        agree_devices(config, gpus, timeout_s=worker_wait_s)
     return strategy, context
+
+
+DEVICES_KEY = "harness/gpus/{}/{}"   # the coordination service's key of a task's GPU count and host
+
+
+def agree_devices(config: environment.TFConfig, gpus: int, *, timeout_s: float, publish=None, read=None) -> None:
+    """Compare every worker's GPU count before the first collective, through the coordination service's key-value
+    store (which MultiWorkerMirroredStrategy starts): this worker publishes `gpus` and its host, then reads each
+    other task's, each read waiting at most `timeout_s` seconds.
+
+    MultiWorkerMirroredStrategy runs one replica per local GPU (one per worker without a GPU) and assumes the same
+    count on every worker: with 4 GPUs on one and 8 on another, the first collective failed on its group size
+    ("Collective Op has group_size 8 ... that group has size 4", tensorflow/tensorflow#47203), after the data was
+    read and the model built, and the counts of the plan (global batch, steps) differed between workers.
+
+    Raises:
+      ClusterConfigError: naming each worker's host and GPU count (permanent: a retry meets the same hosts).
+      PeerLostError: a task's count did not arrive within `timeout_s` (it failed while starting).
+    """
+    from tensorflow.python.eager import context as eager_context   # the store's only Python API
+
+    publish = publish or eager_context.context().set_config_key_value
+    read = read or eager_context.context().get_config_key_value
+    me = (config.task_type, config.task_index)
+    publish(DEVICES_KEY.format(*me), f"{gpus} {socket.gethostname()}")
+    counts = {}
+    for task in config.tasks():
+        if task == me:
+            counts[task] = (gpus, socket.gethostname())
+            continue
+        try:
+            value = read(DEVICES_KEY.format(*task), timeout_in_ms=int(timeout_s * 1000))
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+            raise PeerLostError(f"{task[0]} {task[1]} at {config.cluster[task[0]][task[1]]} did not say its GPU "
+                                f"count within {timeout_s:g} s ({type(e).__name__}); {environment.WORKER_WAIT} "
+                                "sets the wait") from None
+        n, _, host = value.partition(" ")
+        counts[task] = (int(n), host)
+    if len({n for n, _ in counts.values()}) > 1:
+        each = ", ".join(f"{t} {i} on {host} {n} GPU{'s' if n != 1 else ''}" for (t, i), (n, host) in counts.items())
+        raise ClusterConfigError(
+            f"the workers have different numbers of GPUs ({each}): MultiWorkerMirroredStrategy runs one replica "
+            "per GPU and needs the same count on every worker (one without a GPU runs one CPU replica); give every "
+            "worker the same GPUs (CUDA_VISIBLE_DEVICES, the pods' nvidia.com/gpu limit), or run one process per "
+            "GPU with --backend horovod")
 
 
 # The watchdog process (argv: worker pid, seconds, message). EOF on stdin: the constructor returned (or the worker

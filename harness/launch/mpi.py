@@ -7,7 +7,9 @@ The flags are Horovod's own (horovod/runner/mpi_run.py, docs/mpi.rst):
     breaks when processes fork (tf.data, NCCL) and which NCCL / Gloo replace for the tensors;
   - `-mca btl_tcp_if_exclude lo,docker0` and `NCCL_SOCKET_IFNAME=^lo,docker0` (unless set here): MPI's TCP
     transport and NCCL's sockets avoid the loopback and Docker bridge interfaces, which have the same address on
-    every host (Horovod docs/mpi.rst, "Hangs due to non-routed network interfaces");
+    every host (Horovod docs/mpi.rst, "Hangs due to non-routed network interfaces"); with `--network-interface
+    NIC,...` (every host's name for its link, where hosts name them differently) `-mca btl_tcp_if_include NIC,...`
+    and `NCCL_SOCKET_IFNAME=NIC,...` instead (both take a list: each host uses the names it has);
   - `--tag-output` (Open MPI's): every output line prefixed with its job and rank (`[1,3]<stdout>:`);
   - `-x NAME` for each variable every rank needs: local ranks inherit the environment, remote ones get only what
     is exported: the named list `EXPORTED`, the settings of the harness, Horovod and NCCL (`HARNESS_*`,
@@ -16,7 +18,12 @@ The flags are Horovod's own (horovod/runner/mpi_run.py, docs/mpi.rst):
     secrets), never `CUDA_VISIBLE_DEVICES` (each host has its own; horovodrun does not forward it either:
     horovod/runner/common/util/env.py, IGNORE_REGEXES);
   - `--allow-run-as-root` when run as root (containers), where mpirun otherwise refuses to start.
-`horovodrun` exports the environment itself and chooses the controller: `--gloo` (no MPI needed) or `--mpi`.
+`horovodrun` exports the environment itself and chooses the controller: `--gloo` (no MPI needed) or `--mpi`;
+`--network-interface NIC,...` gives it `--network-interfaces` with the names the launcher's host has (it then skips
+its own search for a name every host has, which fails where hosts name their links differently:
+horovod/horovod#2431; it serves its rendezvous on the first name it is given and failed with a KeyError where this
+host lacks it), and the whole list as `HARNESS_NETWORK_INTERFACES` (`env NAME=VALUE horovodrun ...`), from which
+each rank takes the name its host has for Gloo and NCCL (`harness.distribute.horovod.gloo_interface`).
 `launch/` holds the same lines for SLURM (`srun`) and plain `mpirun`.
 """
 from __future__ import annotations
@@ -144,7 +151,8 @@ def require_horovod_backend(command: Sequence[str]) -> None:
 
 def mpirun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = None, extra: Sequence[str] = (),
                    environ: Optional[Mapping[str, str]] = None, as_root: Optional[bool] = None,
-                   mpirun: str = "mpirun", export: Sequence[str] = ()) -> list[str]:
+                   mpirun: str = "mpirun", export: Sequence[str] = (),
+                   interfaces: Optional[str] = None) -> list[str]:
     """The `mpirun` line for `np` ranks of `command` (Open MPI syntax, Horovod's flags; see the module doc).
 
     Args:
@@ -153,8 +161,9 @@ def mpirun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = No
       environ: whose variables to export (default this process's); TF_USE_LEGACY_KERAS=1 is always set.
       as_root: add `--allow-run-as-root` (default: when this process runs as root).
       export: further variable names to export (`--export NAME`).
+      interfaces: `NIC,...` the ranks' links (MPI's TCP transport and NCCL), instead of excluding lo and docker0.
     Raises:
-      ConfigError: no command, or bad `np` / `hosts` (`check_hosts`).
+      ConfigError: no command, or bad `np` / `hosts` (`check_hosts`), or bad `interfaces`.
       ConfigError: `harness train` without `--backend horovod`, or a bad `export` name (`exported_names`).
     """
     if not command:
@@ -163,25 +172,50 @@ def mpirun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = No
     root = os.geteuid() == 0 if as_root is None else as_root
     line = [mpirun] + (["--allow-run-as-root"] if root else [])
     hosts = check_hosts(np, hosts)
-    line += ["-np", str(np)] + (["-H", hosts] if hosts else []) + [*NO_BINDING, *OPEN_MPI, *TCP_INTERFACES,
-                                                                    TAG_OUTPUT]
+    nics = check_interfaces(interfaces)
+    tcp = ("-mca", "btl_tcp_if_include", nics) if nics else TCP_INTERFACES
+    line += ["-np", str(np)] + (["-H", hosts] if hosts else []) + [*NO_BINDING, *OPEN_MPI, *tcp, TAG_OUTPUT]
     env = dict(os.environ if environ is None else environ, TF_USE_LEGACY_KERAS="1")
     for name in exported_names(env, export):
         line += ["-x", name]
-    if "NCCL_SOCKET_IFNAME" not in env:   # the user's own choice is exported above
-        line += ["-x", f"NCCL_SOCKET_IFNAME={NCCL_SOCKET_IFNAME}"]
+    if nics or "NCCL_SOCKET_IFNAME" not in env:   # else the user's own choice is exported above
+        line += ["-x", f"NCCL_SOCKET_IFNAME={nics or NCCL_SOCKET_IFNAME}"]
     return line + list(extra) + list(command)
 
 
+def check_interfaces(interfaces: Optional[str]) -> Optional[str]:
+    """`NIC,...` (`--network-interface`) checked: names Linux allows (1-15 characters, no `/`, space or `,` inside);
+    returns it without spaces, or None when not given.
+
+    Raises:
+      ConfigError: naming the bad entry.
+    """
+    if not interfaces:
+        return None
+    names = [n.strip() for n in interfaces.split(",")]
+    for name in names:
+        if not re.fullmatch(r"[^/\s,:]{1,15}", name):
+            raise ConfigError(f"--network-interface expects interface names, NIC,NIC,... (e.g. eth0,enp129s0f1: each "
+                              f"host uses the one it has), got {name!r}")
+    return ",".join(names)
+
+
+NETWORK_INTERFACES = "HARNESS_NETWORK_INTERFACES"   # every host's names for its link, for each rank to choose from
+
+
 def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = None, controller: str = "gloo",
-                       extra: Sequence[str] = (), horovodrun: str = "horovodrun") -> list[str]:
+                       extra: Sequence[str] = (), horovodrun: str = "horovodrun",
+                       interfaces: Optional[str] = None, local_interfaces: Optional[Sequence[str]] = None
+                       ) -> list[str]:
     """The `horovodrun` line: `np` ranks on `hosts` (default `localhost:np`), Gloo or MPI controller
     (horovodrun binds nothing and exports the environment itself). Under Gloo it carries the peer wait,
     `--gloo-timeout-seconds` from `HARNESS_WORKER_WAIT_S` (default 120 s; Gloo's own default is 30 s), unless
-    `extra` sets it.
+    `extra` sets it; `interfaces` (`NIC,...`) as above (`local_interfaces`: this host's names, default
+    `socket.if_nameindex()`).
 
     Raises:
-      ConfigError: no command, an unknown controller, a command without `--backend horovod`, bad hosts.
+      ConfigError: no command, an unknown controller, a command without `--backend horovod`, bad hosts, bad
+        `interfaces` or none of them on this host (horovodrun serves its rendezvous here).
       ClusterConfigError: if `HARNESS_WORKER_WAIT_S` is not a positive number.
     """
     if not command:
@@ -193,7 +227,18 @@ def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] 
     wait = []
     if controller == "gloo" and "--gloo-timeout-seconds" not in extra:
         wait = ["--gloo-timeout-seconds", str(math.ceil(environment.read_worker_wait_s()))]
-    return [horovodrun, "-np", str(np), "-H", hosts, f"--{controller}", *wait, *extra, *command]
+    nics = check_interfaces(interfaces)
+    if not nics:
+        return [horovodrun, "-np", str(np), "-H", hosts, f"--{controller}", *wait, *extra, *command]
+    import socket
+
+    here = [n for _, n in socket.if_nameindex()] if local_interfaces is None else list(local_interfaces)
+    mine = [n for n in nics.split(",") if n in here]
+    if not mine:
+        raise ConfigError(f"--network-interface {nics}: none is on this host ({', '.join(here)}), where horovodrun "
+                          "serves the ranks' rendezvous: add this host's name for the link to the ranks' hosts")
+    return ["env", f"{NETWORK_INTERFACES}={nics}", horovodrun, "-np", str(np), "-H", hosts, f"--{controller}",
+            *wait, "--network-interfaces", ",".join(mine), *extra, *command]
 
 
 # How mpirun and horovodrun name the rank that failed first (Open MPI 4's help messages, horovod/runner/gloo_run.py).
@@ -268,7 +313,10 @@ def run(line: Sequence[str], *, timeout_s: Optional[float] = None, environ: Opti
       KeyboardInterrupt: this process got SIGINT (the CLI exits 130).
     """
     env = dict(os.environ if environ is None else environ, TF_USE_LEGACY_KERAS="1", PYTHONUNBUFFERED="1")
-    name = os.path.basename(line[0])
+    program = list(line)
+    while program[:1] == ["env"] or "=" in program[0]:   # `env NAME=VALUE horovodrun ...`: name horovodrun
+        program = program[1:]
+    name = os.path.basename(program[0])
     first = FirstFailure()
     with stopping.StopSignals() as stop:
         proc = subprocess.Popen(list(line), env=env, start_new_session=True, stdout=subprocess.PIPE,

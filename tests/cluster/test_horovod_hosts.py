@@ -92,3 +92,34 @@ def test_two_hosts_two_slots_as_printed(make_bed, table_export, tmp_path, launch
     # Every rank says where it runs and what it is, on its own host.
     for rank, host, local in ((0, "host0", 0), (1, "host0", 1), (2, "host1", 0), (3, "host1", 1)):
         assert f"rank {rank}/4" in out, out[-3000:]
+
+
+# A rank: harness's Horovod start (the interface, hvd.init, the ranks' GPUs compared), then a sum over the ranks.
+HVD_INIT = """
+import os
+import harness
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from harness.distribute import horovod
+_, context = horovod.init()
+total = float(hvd.allreduce(tf.constant(float(context.rank)), op=hvd.Sum))
+print("HVD_INIT", context.rank, total, os.environ["HOROVOD_GLOO_IFACE"], flush=True)
+"""
+
+
+def test_hosts_that_name_their_links_differently_join_under_network_interface(make_bed):
+    """host1's link is `enp129s0f1`, host0's `eth0`: horovodrun finds no name every host has, and given both
+    (`--network-interfaces eth0,enp129s0f1`) it set Gloo's interface to one of them on every rank, so the host
+    without it aborted in Gloo's C++ ("Unable to find address for", horovod/horovod#2431). Launched as
+    `harness launch horovod --network-interface eth0,enp129s0f1`, each rank takes the name its host has."""
+    bed = make_bed(2)
+    renamed = bed.hosts[1]
+    for args in (["link", "set", "eth0", "down"], ["link", "set", "eth0", "name", "enp129s0f1"],
+                 ["link", "set", "enp129s0f1", "up"]):
+        subprocess.run(["ip", "-n", renamed.netns, *args], check=True, capture_output=True)
+    renamed.interface = "enp129s0f1"
+    out = procs.run([*bed.hosts[0].enter_argv(), BIN / "harness", "launch", "horovod", "--np", "2",
+                     "-H", "host0:1,host1:1", "--network-interface", "eth0,enp129s0f1", "--",
+                     sys.executable, "-c", HVD_INIT], env=_bed_env(bed), timeout=RUN_TIMEOUT_S)
+    said = sorted(line.split("HVD_INIT ", 1)[1] for line in out.splitlines() if "HVD_INIT " in line)
+    assert said == ["0 1.0 eth0", "1 1.0 enp129s0f1"], out[-3000:]

@@ -381,5 +381,40 @@ def test_the_pipeline_is_sized_by_the_workers_resources(table):
                            resources=one)
     assert (plan.parallel_reads, plan.cpu_budget, plan.cache.kind) == (1, 1, "none")
     assert "of memory and no --cache-dir" in plan.cache.reason
-    assert P.apply_plan(plan, spec).options().autotune.cpu_budget == 1
+    options = P.apply_plan(plan, spec).options()
+    assert options.autotune.cpu_budget == 1 and options.threading.private_threadpool_size == 1
     assert plan.describe().endswith("prefetch: autotune, tf.data autotuning within 1 CPU")
+
+
+def test_a_budget_of_one_cpu_runs_one_map_call_at_a_time(table):
+    """tf.data's cpu_budget alone let an AUTOTUNE map run one call per core (tensorflow/tensorflow#62821): the
+    plan of a worker with 1 CPU of 2 ran 2 calls at once; its options (`_prefetch`) hold it to 1."""
+    import dataclasses
+    import os
+    import threading
+    import time
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one schedulable core: nothing to hold back")
+    lock, calls = threading.Lock(), {"now": 0, "most": 0}
+
+    def work(i):
+        with lock:
+            calls["now"] += 1
+            calls["most"] = max(calls["most"], calls["now"])
+        time.sleep(0.02)
+        with lock:
+            calls["now"] -= 1
+        return i
+
+    def most_at_once(budget):
+        calls["most"] = 0
+        plan = dataclasses.replace(P.plan_pipeline(*table, P.PipelineOptions(per_replica_batch_size=8, training=False)),
+                                   cpu_budget=budget)
+        ds = tf.data.Dataset.range(32).map(lambda i: tf.numpy_function(work, [i], tf.int64),
+                                           num_parallel_calls=tf.data.AUTOTUNE)
+        for _ in P._prefetch(ds, plan):
+            pass
+        return calls["most"]
+
+    assert most_at_once(1) == 1 and most_at_once(2) == 2

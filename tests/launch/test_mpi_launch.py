@@ -61,6 +61,57 @@ def test_horovodrun_command_and_controller(monkeypatch):
         launch_mpi.horovodrun_command(TRAIN, np=2, controller="nccl")
 
 
+def test_network_interfaces_where_hosts_name_their_links_differently():
+    """`--network-interface eno1,enp129s0f1`: mpirun includes those (each host the names it has) instead of
+    excluding lo and docker0, NCCL gets the list (a user's NCCL_SOCKET_IFNAME gives way to the flag); horovodrun
+    gets --network-interfaces, which skips its search for one name every host has (horovod/horovod#2431)."""
+    line = launch_mpi.mpirun_command(TRAIN, np=2, environ={"NCCL_SOCKET_IFNAME": "eth1"}, as_root=False,
+                                     interfaces="eno1, enp129s0f1")
+    joined = " ".join(line)
+    assert "-mca btl_tcp_if_include eno1,enp129s0f1 --tag-output" in joined and "btl_tcp_if_exclude" not in joined
+    assert _exported(line) == ["TF_USE_LEGACY_KERAS", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME=eno1,enp129s0f1"]
+    line = launch_mpi.horovodrun_command(TRAIN, np=2, horovodrun="horovodrun", interfaces="eno1,enp129s0f1",
+                                         local_interfaces=["lo", "enp129s0f1"])
+    assert line[:11] == ["env", "HARNESS_NETWORK_INTERFACES=eno1,enp129s0f1", "horovodrun", "-np", "2", "-H",
+                         "localhost:2", "--gloo", "--gloo-timeout-seconds", "120", "--network-interfaces"]
+    assert line[11] == "enp129s0f1"   # the launcher's host's name: horovodrun serves the rendezvous on it
+    with pytest.raises(ConfigError, match=r"^--network-interface eno1: none is on this host \(lo, eth0\)"):
+        launch_mpi.horovodrun_command(TRAIN, np=2, interfaces="eno1", local_interfaces=["lo", "eth0"])
+    for bad in ("eth0,", "a/b", "averyveryverylongname0"):
+        with pytest.raises(ConfigError, match="--network-interface expects interface names.*got '"):
+            launch_mpi.check_interfaces(bad)
+
+
+def test_each_rank_gives_gloo_the_interface_its_host_has():
+    from harness.distribute.horovod import gloo_interface
+    from harness.errors import ClusterConfigError
+
+    given = {"HOROVOD_GLOO_IFACE": "eno1", "NCCL_SOCKET_IFNAME": "eno1", "HOROVOD_RANK": "1",
+             "HARNESS_NETWORK_INTERFACES": "eno1,enp129s0f1"}
+    env = dict(given)
+    assert gloo_interface(env, ["lo", "enp129s0f1"]) == "enp129s0f1"
+    assert env == dict(given, HOROVOD_GLOO_IFACE="enp129s0f1", NCCL_SOCKET_IFNAME="eno1,enp129s0f1")
+    env = dict(given)
+    assert gloo_interface(env, ["lo", "eno1"]) == "eno1" and env == dict(given, NCCL_SOCKET_IFNAME="eno1,enp129s0f1")
+    assert gloo_interface({"HOROVOD_GLOO_IFACE": "eth0"}, ["lo", "eth0"]) == "eth0"   # horovodrun's own choice
+    assert gloo_interface({}, ["lo"]) is None
+    with pytest.raises(ClusterConfigError, match=r"^rank 1 on .*: none of the network interfaces given \(eno1, "
+                                                 r"enp129s0f1\) is on this host, which has lo, eth0: add this host's "
+                                                 r"name .* --network-interface eno1,enp129s0f1,eth0\)$"):
+        gloo_interface(dict(given), ["lo", "eth0"])
+
+
+def test_ranks_on_cpu_beside_ranks_on_gpus_are_named_before_the_first_collective():
+    from harness.distribute.horovod import agree_devices
+    from harness.errors import ClusterConfigError
+
+    agree_devices(0, lambda mine: [(0, "a"), (0, "b")])
+    agree_devices(1, lambda mine: [(1, "a"), (1, "a"), (1, "b")])
+    with pytest.raises(ClusterConfigError, match=r"^some ranks have no GPU \(ranks 2, 3 on b\) and the others have "
+                                                 r"\(ranks 0, 1 on a\): Horovod runs one rank per GPU"):
+        agree_devices(1, lambda mine: [(1, "a"), (1, "a"), (0, "b"), (0, "b")])
+
+
 @pytest.mark.parametrize("hosts, message", [("a:2,b", "host:slots"), ("a:0", "host:slots"),
                                             ("a:1,b:1", "offers 2 slots for --np 4")])
 def test_bad_hosts_are_named(hosts, message):

@@ -1,9 +1,12 @@
 """Build a strategy with make_strategy in a fresh process and print one JSON line about it.
 
 Usage: python build_strategy.py KIND [--num-cpu-replicas N] [--allreduce] [--init-tf-first] [--hold S]
+                                      [--agree-gpus N]
 
 --allreduce sums 1.0 over all replicas (proves the workers are connected); --init-tf-first runs a TensorFlow op
-before make_strategy (the too-late case); --hold sleeps S seconds after printing (a worker in training).
+before make_strategy (the too-late case); --hold sleeps S seconds after printing (a worker in training);
+--agree-gpus compares N as this worker's GPU count with the other workers' (`strategy.agree_devices`, under keys
+of its own: the strategy's own comparison ran already) and reports the error it raises.
 TF_CONFIG, if any, comes from the environment.
 """
 import argparse
@@ -22,6 +25,7 @@ p.add_argument("--num-cpu-replicas", type=int)
 p.add_argument("--allreduce", action="store_true")
 p.add_argument("--init-tf-first", action="store_true")
 p.add_argument("--hold", type=float, default=0.0)
+p.add_argument("--agree-gpus", type=int)
 args = p.parse_args()
 if args.init_tf_first:
     tf.constant(1.0) + 1.0
@@ -37,6 +41,19 @@ out = {"strategy": strategy_name(strategy), "default": strategy is tf.distribute
 if args.allreduce:
     per_replica = strategy.run(lambda: tf.constant(1.0))
     out["allreduce"] = float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
+if args.agree_gpus is not None:
+    from tensorflow.python.eager import context
+
+    from harness.distribute import environment
+    from harness.distribute.strategy import agree_devices
+    store = context.context()
+    try:
+        agree_devices(environment.read_tf_config(), args.agree_gpus, timeout_s=30,
+                      publish=lambda key, value: store.set_config_key_value("test/" + key, value),
+                      read=lambda key, timeout_in_ms: store.get_config_key_value("test/" + key, timeout_in_ms))
+        out["agree"] = None
+    except HarnessError as e:
+        out["agree"] = f"{type(e).__name__}: {e}"
 print(json.dumps(out), flush=True)
 if args.hold:
     import time

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from typing import Optional, Sequence, Union
 
 import tensorflow as tf
@@ -46,6 +45,7 @@ from harness.data.shards import Shard, read_buffer_bytes
 from harness.data.source import ShardSet
 from harness.data.spec import IMAGE, TIME, DataSpec, validate_spec
 from harness.tracing import graph_fn
+from harness.distribute import resources as resources_lib
 from harness.distribute.sharding import RECORD, ShardAssignment, assign_nonempty
 from harness.errors import BatchSizeError, SpecError
 
@@ -429,6 +429,7 @@ def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         num_input_pipelines=assignment.num_input_pipelines,
         cpu_count=resources.cpus if resources else None,
         available_memory=resources.memory_bytes if resources else None,
+        thread_limit=resources_lib.quota_threads(resources or resources_lib.for_this_process()),
         cache_name=lambda read_batch: cache_name(spec, assignment, compressions, read_batch=read_batch,
                                                  training=options.training))
     log.info("%s", plan.describe())
@@ -581,12 +582,12 @@ def _prefetch(ds: tf.data.Dataset, plan: PipelinePlan) -> tf.data.Dataset:
     options = tf.data.Options()
     if plan.cpu_budget:  # autotuning plans for this worker's CPUs, not every core of the host
         options.autotune.cpu_budget = plan.cpu_budget
-    if plan.cpu_budget and plan.cpu_budget < len(os.sched_getaffinity(0)):
+    if plan.thread_limit:
         # The budget alone does not bound an AUTOTUNE map: it ran one call per schedulable core (2 at once with
-        # cpu_budget=1 on 2 cores; tensorflow/tensorflow#62821), past a pod's CPU limit or a local worker's
-        # share. A private pool of the worker's CPUs does, for every map and parallel batch (the interleaved
-        # reads and the prefetch run on threads of their own).
-        options.threading.private_threadpool_size = plan.cpu_budget
+        # cpu_budget=1 on 2 cores; tensorflow/tensorflow#62821), past a pod's CPU limit. A private pool of the
+        # worker's CPUs does, for every map and parallel batch (the interleaved reads and the prefetch run on
+        # threads of their own).
+        options.threading.private_threadpool_size = plan.thread_limit
     # The harness shards by itself (assign_files); tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options)

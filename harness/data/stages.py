@@ -246,7 +246,9 @@ class PipelinePlan:
         `dropped` records per pass left out by it (an evaluation of the first `records_per_epoch` records).
       augment: `augment` (flips and rotations, training images), `brightness`, `contrast` (color jitter).
       prefetch: AUTOTUNE, or `prefetch_depth` batches; `map_parallelism`: calls in flight of every parallel map
-        (None: AUTOTUNE); `cpu_budget`: the CPUs tf.data's autotuning plans for (the parallel maps and
+        (None: AUTOTUNE); `thread_limit`: a private pool of this many threads for the maps and parallel
+        batches, set under a pod's CPU limit (`resources.quota_threads`), None: tf.data's shared pool;
+        `cpu_budget`: the CPUs tf.data's autotuning plans for (the parallel maps and
         the prefetch; `tf.data.Options().autotune.cpu_budget`, whose default is every schedulable core of the
         host): this worker's CPUs (`harness.distribute.resources`). None: TensorFlow's default.
     """
@@ -286,6 +288,7 @@ class PipelinePlan:
     first_epoch: int = 0
     skip_batches: int = 0
     cpu_budget: Optional[int] = None
+    thread_limit: Optional[int] = None
     map_parallelism: Optional[int] = None
     prefetch_depth: Optional[int] = None
 
@@ -329,6 +332,8 @@ class PipelinePlan:
         parts.append(f"augment: {', '.join(augment) if augment else 'none'}")
         budget = (f", tf.data autotuning within {self.cpu_budget} CPU{'s' if self.cpu_budget != 1 else ''}"
                   if self.cpu_budget else "")
+        if self.thread_limit:
+            budget += f" on a pool of {self.thread_limit} thread{'s' if self.thread_limit != 1 else ''} (CPU limit)"
         prefetch = f"{self.prefetch_depth} batches" if self.prefetch_depth else self.prefetch
         parts.append(f"prefetch: {prefetch}{budget}")
         return "; ".join(parts)
@@ -337,7 +342,7 @@ class PipelinePlan:
 def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequence[str], records: int,
            mean_record_bytes: float, decoded_record_bytes: int, image: bool, record_sharding: bool = False,
            input_pipeline_id: int = 0, num_input_pipelines: int = 1, cpu_count: Optional[int] = None,
-           available_memory: Optional[int] = None,
+           available_memory: Optional[int] = None, thread_limit: Optional[int] = None,
            cache_name: Callable[[Optional[int]], str] = lambda read_batch: "cache") -> PipelinePlan:
     """The stages of one input pipeline from its options, its files and the measured sizes (no TensorFlow).
 
@@ -350,6 +355,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
       image: the records are image patches (augmentation applies to images only).
       record_sharding: the assignment shards records, not files (`sharding.RECORD`).
       cpu_count: this worker's CPUs, for the parallel reads (default: `resources.for_this_process().cpus`).
+      thread_limit: the plan's `thread_limit` (a pod's CPU limit; default None).
       available_memory: this worker's bytes of memory for cache="auto" (default: measured now,
         `resources.for_this_process().memory_bytes`).
       cache_name: `fn(read_batch) -> str`, the file cache's name (digest of the files and spec; called only when
@@ -410,7 +416,7 @@ def decide(options: PipelineOptions, *, files: Sequence[str], compressions: Sequ
         shuffle_files=training and not record_sharding and len(files) > 1,
         parallel_reads=(max(1, min(len(files), o.parallel_reads)) if o.parallel_reads
                         else decide_parallel_reads(files, cpus)), cpu_budget=cpus,
-        map_parallelism=o.map_parallelism, prefetch_depth=o.prefetch,
+        thread_limit=thread_limit, map_parallelism=o.map_parallelism, prefetch_depth=o.prefetch,
         deterministic=True, record_sharding=record_sharding,
         read_batch=read_batch, parse=parse, cache=cache, cache_dir=o.cache_dir,
         cache_holds_records=records_cached or (per_record and cached),

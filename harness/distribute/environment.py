@@ -197,6 +197,9 @@ DEFAULT_PEER_TIMEOUT_S = 60.0
 # Horovod's Gloo rendezvous and collectives time out after this (Horovod's default 30 s); the harness sets it to
 # the worker wait where it is not set, so one setting bounds the wait for a late peer (harness.distribute.horovod).
 GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+# Every host's names for its link (`harness launch horovod --network-interface`): each rank gives Gloo the one its
+# host has (`harness.distribute.horovod.gloo_interface`).
+NETWORK_INTERFACES = "HARNESS_NETWORK_INTERFACES"
 
 
 def read_worker_wait_s(environ: Optional[Mapping[str, str]] = None) -> float:

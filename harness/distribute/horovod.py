@@ -123,7 +123,7 @@ def gloo_interface(environ=None, interfaces=None) -> Optional[str]:
     import socket
 
     here = [name for _, name in socket.if_nameindex()] if interfaces is None else list(interfaces)
-    listed = [n.strip() for n in env.get("HARNESS_NETWORK_INTERFACES", "").split(",") if n.strip()] or [given]
+    listed = [n.strip() for n in env.get(environment.NETWORK_INTERFACES, "").split(",") if n.strip()] or [given]
     if len(listed) > 1:
         env["NCCL_SOCKET_IFNAME"] = ",".join(listed)
     usable = [n for n in listed if n in here]

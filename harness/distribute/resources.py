@@ -239,6 +239,16 @@ def combine(*, local_size: int, host_cpus: int, affinity_cpus: int, cgroup_cpus:
                      cgroup_memory_limit_bytes=limit, cgroup_memory_free_bytes=free)
 
 
+def quota_threads(res: Resources) -> Optional[int]:
+    """`res.cpus` where a cgroup CPU quota (a pod's CPU limit) is below the cores this process may run on, else
+    None: the threads tf.data's maps must be held to (`PipelinePlan.thread_limit`). tf.data's autotune budget
+    alone does not hold them: an AUTOTUNE map ran one call per schedulable core with `cpu_budget=1`
+    (tensorflow/tensorflow#62821), and a process past its quota is throttled for the rest of the period."""
+    if res.cgroup_cpus and math.ceil(res.cgroup_cpus) < min(res.affinity_cpus, res.host_cpus):
+        return res.cpus
+    return None
+
+
 def detect(local_size: int = 1, *, proc_cgroup: str = PROC_CGROUP, mountinfo: str = PROC_MOUNTINFO,
            host_available_bytes: Optional[int] = None) -> Resources:
     """This process's `Resources`, measured now, for one of `local_size` workers on this host.

@@ -200,9 +200,6 @@ def check_interfaces(interfaces: Optional[str]) -> Optional[str]:
     return ",".join(names)
 
 
-NETWORK_INTERFACES = "HARNESS_NETWORK_INTERFACES"   # every host's names for its link, for each rank to choose from
-
-
 def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] = None, controller: str = "gloo",
                        extra: Sequence[str] = (), horovodrun: str = "horovodrun",
                        interfaces: Optional[str] = None, local_interfaces: Optional[Sequence[str]] = None
@@ -237,8 +234,8 @@ def horovodrun_command(command: Sequence[str], *, np: int, hosts: Optional[str] 
     if not mine:
         raise ConfigError(f"--network-interface {nics}: none is on this host ({', '.join(here)}), where horovodrun "
                           "serves the ranks' rendezvous: add this host's name for the link to the ranks' hosts")
-    return ["env", f"{NETWORK_INTERFACES}={nics}", horovodrun, "-np", str(np), "-H", hosts, f"--{controller}",
-            *wait, "--network-interfaces", ",".join(mine), *extra, *command]
+    return ["env", f"{environment.NETWORK_INTERFACES}={nics}", horovodrun, "-np", str(np), "-H", hosts,
+            f"--{controller}", *wait, "--network-interfaces", ",".join(mine), *extra, *command]
 
 
 # How mpirun and horovodrun name the rank that failed first (Open MPI 4's help messages, horovod/runner/gloo_run.py).

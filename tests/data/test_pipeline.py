@@ -382,17 +382,18 @@ def test_the_pipeline_is_sized_by_the_workers_resources(table):
     assert (plan.parallel_reads, plan.cpu_budget, plan.cache.kind) == (1, 1, "none")
     assert "of memory and no --cache-dir" in plan.cache.reason
     options = P.apply_plan(plan, spec).options()
-    assert options.autotune.cpu_budget == 1 and options.threading.private_threadpool_size == 1
+    assert options.autotune.cpu_budget == 1 and options.threading.private_threadpool_size is None   # a share
     assert plan.describe().endswith("prefetch: autotune, tf.data autotuning within 1 CPU")
 
 
-def test_a_budget_of_one_cpu_runs_one_map_call_at_a_time(table):
+def test_a_pod_limited_to_one_cpu_runs_one_map_call_at_a_time(table):
     """tf.data's cpu_budget alone let an AUTOTUNE map run one call per core (tensorflow/tensorflow#62821): the
-    plan of a worker with 1 CPU of 2 ran 2 calls at once; its options (`_prefetch`) hold it to 1."""
-    import dataclasses
+    plan of a worker in a pod limited to 1 CPU of 2 ran 2 calls at once; its thread limit holds it to 1."""
     import os
     import threading
     import time
+
+    from harness.distribute import resources
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one schedulable core: nothing to hold back")
@@ -407,14 +408,17 @@ def test_a_budget_of_one_cpu_runs_one_map_call_at_a_time(table):
             calls["now"] -= 1
         return i
 
-    def most_at_once(budget):
+    def most_at_once(cgroup_cpus):
         calls["most"] = 0
-        plan = dataclasses.replace(P.plan_pipeline(*table, P.PipelineOptions(per_replica_batch_size=8, training=False)),
-                                   cpu_budget=budget)
+        pod = resources.combine(local_size=1, host_cpus=2, affinity_cpus=2, cgroup_cpus=cgroup_cpus,
+                                host_available_bytes=10 ** 9)
+        plan = P.plan_pipeline(*table, P.PipelineOptions(per_replica_batch_size=8, training=False), resources=pod)
         ds = tf.data.Dataset.range(32).map(lambda i: tf.numpy_function(work, [i], tf.int64),
                                            num_parallel_calls=tf.data.AUTOTUNE)
         for _ in P._prefetch(ds, plan):
             pass
         return calls["most"]
 
-    assert most_at_once(1) == 1 and most_at_once(2) == 2
+    assert most_at_once(1) == 1 and most_at_once(None) == 2
+    assert resources.quota_threads(resources.combine(local_size=2, host_cpus=8, affinity_cpus=8, cgroup_cpus=None,
+                                                     host_available_bytes=1)) is None   # a share, not a limit

@@ -9,7 +9,8 @@ import logging
 import os
 import sys
 
-from harness.commands import bench as bench_cmd, data as data_cmd, launch as launch_cmd, plan as plan_cmd
+from harness.commands import bench as bench_cmd, data as data_cmd, evaluate as evaluate_cmd, launch as launch_cmd
+from harness.commands import plan as plan_cmd
 from harness.commands import predict as predict_cmd, train as train_cmd, tune as tune_cmd
 from harness import exit_codes
 from harness.errors import ClusterFault, HarnessError
@@ -20,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for commands in (data_cmd, plan_cmd, train_cmd, tune_cmd, predict_cmd, bench_cmd, launch_cmd):
+    for commands in (data_cmd, plan_cmd, train_cmd, tune_cmd, predict_cmd, evaluate_cmd, bench_cmd, launch_cmd):
         commands.add_parsers(sub)
     return parser
 

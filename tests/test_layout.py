@@ -1,5 +1,5 @@
-"""The package's imports run one way: cli → commands → bench → train / launch / predict → data / profile →
-distribute → errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy
+"""The package's imports run one way: cli → commands → bench / evaluate → train / launch / predict → data /
+profile → distribute → errors (issue 10). Read from the source with `ast`, imports inside functions included, so a lazy
 import cannot hide an upward one."""
 import ast
 import re
@@ -8,7 +8,8 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "harness"
 # A package may import itself and any package of a lower layer, never one of its own layer or above.
 LAYERS = [{"errors", "choices", "exit_codes", "redact", "ports", "tracing", "heavy_imports"},
-          {"distribute", "keras_kinds"}, {"data", "profile"}, {"train", "launch", "predict"}, {"bench"}, {"commands"}, {"cli"}]
+          {"distribute", "keras_kinds"}, {"data", "profile"}, {"train", "launch", "predict"}, {"bench", "evaluate"},
+          {"commands"}, {"cli"}]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 

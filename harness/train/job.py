@@ -183,6 +183,7 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
                "optimizer_iterations": int(optimizer.iterations.numpy()),
                "updates": {"steps": controller.steps_run, "skipped": controller.updates_skipped},
                "learning_rate": schedule.get_config(),
+               "loss": {"name": options.loss, "focal_gamma": options.focal_gamma},   # what val_loss is of
                "history": history, "timing": controller.timer.summary(), "model": model_path,
                "evaluation": _evaluation_counts(history, inputs.validation_plan),
                "spec": spec.replace(num_classes=inputs.num_classes).to_config(),  # what `harness predict` reads

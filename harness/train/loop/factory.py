@@ -3,6 +3,7 @@ the backend, the model, the optimizer, the loss and the epoch plan, as `harness 
 its input-cost probe, `harness bench train`, `harness train --tune` and every script in `benchmarks/` call it, so a
 benchmark times the step users run: the same loss (`harness.train.model.losses.make_loss`), the same divisor
 (`backend.loss_divisor(plan)`), the same backend seams (Horovod's tape and cross-rank sums), the same global batch.
+`build_evaluator` is its validation pass alone, for `harness evaluate`.
 """
 from __future__ import annotations
 
@@ -72,11 +73,17 @@ def build_run(backend, model, optimizer, plan, schedule: Schedule, *, loss_fn: O
     trainer = Trainer(backend=backend, model=model, optimizer=optimizer, loss_fn=loss_fn,
                       loss_divisor=backend.loss_divisor(batch), global_batch_size=batch.global_batch_size,
                       class_weights=class_weights, clip_norm=clip_norm, progress=progress)
-    evaluator = (Evaluator(backend=backend, model=model, loss_fn=loss_fn, metrics=metrics,
-                           before_evaluate=lambda: backend.align_model_state(model)) if metrics is not None else None)
+    evaluator = build_evaluator(backend, model, loss_fn, metrics) if metrics is not None else None
     ordered = ((EpochLines(backend.context, schedule.epochs),) if epoch_lines else ()) + tuple(actions)
     if guard is not None:
         ordered += tuple(guard.actions(trainer))
     controller = Controller(trainer, schedule, context=backend.context, evaluator=evaluator, actions=ordered,
                             backup=backup, callbacks=callbacks, timer=timer)
     return Run(controller, trainer, evaluator)
+
+
+def build_evaluator(backend, model, loss_fn: Callable, metrics) -> Evaluator:
+    """The validation pass of `build_run`'s runs, alone (`harness evaluate`: a trained model scored on an export):
+    `Evaluator` with the backend's model-state alignment before each pass."""
+    return Evaluator(backend=backend, model=model, loss_fn=loss_fn, metrics=metrics,
+                     before_evaluate=lambda: backend.align_model_state(model))

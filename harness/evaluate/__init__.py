@@ -1,0 +1,1 @@
+"""`harness evaluate`: a trained run scored on a labelled export with validation's own metrics (`run`)."""

@@ -1,0 +1,73 @@
+"""`harness evaluate` (harness/evaluate/run.py): the README's block run as printed (a table run, its test split
+scored on 1 worker and on 2 with `harness launch local`: the same counts), and the run's validation split scored
+again: equal to the validation metrics in its summary.json, to the last count; a model without its run refused."""
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from predict_support import run_cli
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def readme(tmp_path_factory):
+    """The fenced block of the README's `harness evaluate` section, word for word, in an empty folder: its
+    outputs, and the folder."""
+    folder = tmp_path_factory.mktemp("readme")
+    section = README.read_text().partition("\n## Scoring a test split: `harness evaluate`\n")[2].split("\n## ", 1)[0]
+    block = re.search(r"^```\n(.*?)^```$", section, re.S | re.M).group(1)
+    lines = [line for line in block.replace("\\\n", "").splitlines() if line.strip()]
+    assert [shlex.split(line)[:2] for line in lines] == [["harness", "synth"], ["harness", "train"],
+                                                         ["harness", "evaluate"], ["harness", "launch"]]
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
+    out = []
+    for line in lines:
+        r = subprocess.run(shlex.split(line), cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
+        out.append(r.stdout)
+    return folder, out
+
+
+def test_the_test_split_is_scored_on_one_worker_and_on_two_alike(readme):
+    folder, out = readme
+    report = json.loads((folder / "runs" / "points" / "test.json").read_text())
+    m = report["metrics"]
+    assert report["records"] == m["val_records"] == m["val_pixels"] == 200 and report["loss"] == "crossentropy"
+    assert np.sum(m["val_confusion_matrix"]) == 200 and set(report["per_class"]) == {"0", "1", "2"}
+    one, two = out[2].splitlines(), out[3]
+    assert "evaluate: 200 records of 1 file(s), 1 worker(s) x 1 replica(s), per-replica batch 32" in one
+    assert f"records 200, labels counted 200; crossentropy loss {m['val_loss']:.4f}" in one
+    assert any(line.split()[:1] == ["2"] and len(line.split()) == 5 for line in one), out[2]   # a row per class
+    # Two workers: the chief's lines, the same counts and metrics (the loss summed in another order)
+    assert "evaluate: 200 records of 1 file(s), 2 worker(s) x 1 replica(s)" in two, two[-2000:]
+    assert f"accuracy {m['val_accuracy']:.4f}  mean_iou {m['val_mean_iou']:.4f}" in two, two[-2000:]
+
+
+def test_the_validation_split_scored_again_equals_the_runs_last_validation(readme, tmp_path):
+    folder, _ = readme
+    summary = json.loads((folder / "runs" / "points" / "summary.json").read_text())
+    run_cli("evaluate", "--model", folder / "runs" / "points", "--data", folder / "points" / "export-00002.tfrecord.gz",
+            "--output", tmp_path / "out")
+    metrics, last = json.loads((tmp_path / "out" / "evaluation.json").read_text())["metrics"], summary["history"][-1]
+    assert (metrics["val_records"], metrics["val_pixels"]) == (last["val_records"], last["val_pixels"]) == (200, 200)
+    assert metrics["val_confusion_matrix"] == last["val_confusion_matrix"]
+    for key in ("val_accuracy", "val_mean_iou", "val_precision", "val_recall", "val_f1", "val_iou"):
+        np.testing.assert_allclose(metrics[key], last[key], rtol=1e-12, err_msg=key)   # of the same counts
+    np.testing.assert_allclose(metrics["val_loss"], last["val_loss"], rtol=1e-6)
+
+
+def test_a_model_without_its_run_is_refused(readme, tmp_path):
+    import shutil
+
+    folder, _ = readme
+    shutil.copy(folder / "runs" / "points" / "model.keras", tmp_path / "bare.keras")
+    r = run_cli("evaluate", "--model", tmp_path / "bare.keras", "--data", folder / "points", ok=False)
+    assert r.returncode == 2
+    assert "no run summary.json with a labelled spec beside the model" in r.stderr, r.stderr[-2000:]

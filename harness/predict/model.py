@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 import tensorflow as tf
 
 from harness.data.run_folder import find_model
-from harness.data.spec import IMAGE, TIME, DataSpec
+from harness.data.spec import IMAGE, TABLE, TIME, DataSpec
 from harness.errors import ModelMismatchError, PredictError
 
 
@@ -119,6 +119,8 @@ class Geometry:
       resize: the side the model runs at when its run resized the patches (spec `resize: R`), else 0: the
         input_side patch is resized to R x R (bilinear, as in training) and the model's R x R output (logits,
         probabilities or values) resized back to input_side (bilinear) before the crop and the argmax.
+      per_pixel: a model trained on a table export (rows of bands) over an image export: each patch's central
+        P x P pixels are its rows (`pixels`), its outputs the P x P map (crop 0: cut before the model).
     """
 
     input_side: int
@@ -126,6 +128,18 @@ class Geometry:
     patch: int
     channels: int
     resize: int = 0
+    per_pixel: bool = False
+
+    def pixels(self, x):
+        """A per-pixel model's input: float32 `[b, S, S, C]` patches -> `[b * P * P, C]` rows of their central
+        P x P pixels (the kernel margin cut: a row model sees no neighbours)."""
+        m = (self.input_side - self.patch) // 2
+        x = x[:, m:m + self.patch, m:m + self.patch]
+        return tf.reshape(x, [-1, tf.shape(x)[-1]])
+
+    def per_pixel_map(self, y, batch):
+        """A per-pixel model's output `[b * P * P(, outputs)]` -> `[b, P, P(, outputs)]`."""
+        return tf.reshape(y, tf.concat([[batch, self.patch, self.patch], tf.shape(y)[1:]], 0))
 
     def restore(self, y):
         """The model's output float32 `[b, side, side, channels]` -> `[b, P, P, channels]`: resized back to
@@ -153,6 +167,8 @@ def check(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
         whose rank is not that of a per-pixel (image) or per-row (table) output.
     """
     model, name = loaded.model, loaded.path
+    if spec.kind == IMAGE and loaded.spec is not None and loaded.spec.kind != IMAGE:
+        return _per_pixel(loaded, spec, where)
     side = _input_side(loaded, spec, where)
     if spec.kind == IMAGE and spec.resize and spec.resize != spec.output_size_before_resize:
         return _resized(loaded, spec, where, side)
@@ -182,6 +198,28 @@ def check(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
                                  f"or [batch, {p}, {p}(, outputs)] (already cropped)")
     crop = (out.shape[1] - p) // 2
     return Geometry(side, crop, p, 1 if out.shape.rank == 3 else int(out.shape[-1]))
+
+
+def _per_pixel(loaded: LoadedModel, spec: DataSpec, where: str) -> Geometry:
+    """The geometry of a model trained on a table export (one row of bands per example) over an image export:
+    applied to every pixel of the central P x P of each patch, as 1x1 convolutions would be (layers that act on
+    the last axis see one pixel's bands as one row). A run with band groups delivers its rows as several inputs or
+    a time axis, which no patch reshapes into: refused, as a model whose rows are not `[batch, bands]`."""
+    model, name, run = loaded.model, loaded.path, loaded.spec
+    if run.band_groups:
+        raise ModelMismatchError(f"{name}: the run was trained on a table export with band groups "
+                                 f"({_delivery(run)}); a per-pixel prediction over {where}'s patches feeds one row "
+                                 "of every band per pixel: train without groups to map an image export")
+    rows = DataSpec(kind=TABLE, bands=spec.bands, depths=spec.depths)
+    _input_side(loaded, rows, where)   # [batch, bands]: the bands in the run's order, matched by name
+    out = _dry_run(model, _zeros(rows, None))
+    if out.shape.rank not in (1, 2):
+        raise ModelMismatchError(f"{name}: output shape {out.shape} is not [batch] or [batch, outputs]: not a "
+                                 "per-row model")
+    if spec.kernel_margin % 2:
+        raise ModelMismatchError(f"{where}: an odd kernel margin {spec.kernel_margin} cannot be cut by k/2 per side")
+    return Geometry(spec.patch_size + spec.kernel_margin, 0, spec.patch_size,
+                    1 if out.shape.rank == 1 else int(out.shape[-1]), per_pixel=True)
 
 
 def _resized(loaded: LoadedModel, spec: DataSpec, where: str, side: Optional[int]) -> Geometry:

@@ -150,9 +150,12 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
     predict reads none."""
     run = loaded.spec
     exported = spec_lib.infer_spec(list(shards.shards), mixer=shards.mixer, read=shards.first_examples)
-    if run is not None and run.kind != exported.kind:
-        raise model_lib.ModelMismatchError(f"{loaded.path}: the run was trained on a {run.kind} export, "
-                                           f"{shards.shards[0].path} is a {exported.kind} export")
+    if run is not None and run.kind != exported.kind and not (run.kind == spec_lib.TABLE and
+                                                              exported.kind == spec_lib.IMAGE):
+        raise model_lib.ModelMismatchError(
+            f"{loaded.path}: the run was trained on a {run.kind} export, {shards.shards[0].path} is a "
+            f"{exported.kind} export: a patch model maps patches, not table rows (a model trained on a table "
+            "export maps an image export pixel by pixel)")
     bands = options.bands or (run.bands if run else exported.bands)
     schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
     # The run's layout (array depths, collapsed features, sequences) is how its bands are stored: read the same.
@@ -327,7 +330,10 @@ def _step_fn(job: Job):
     forward = user_code(lambda inputs: model(inputs, training=False))
 
     def step(inputs):
-        y = tf.cast(forward(inputs), tf.float32)
+        if g.per_pixel:   # a table run's model over patches: one row per pixel of the central P x P
+            y = g.per_pixel_map(tf.cast(forward(g.pixels(inputs)), tf.float32), tf.shape(inputs)[0])
+        else:
+            y = tf.cast(forward(inputs), tf.float32)
         if y.shape.rank == (3 if job.image else 1):
             y = y[..., None]
         if job.image:

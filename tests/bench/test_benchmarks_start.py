@@ -55,6 +55,11 @@ RUNS = {
         "read limit ratio": rf"^  harness / read limit \(fastest raw read\) = {NUM} \[",
         "points": r"^== small records \(Earth Engine point export\): 1 shard\(s\), 256 records",
         "patches": r"^== large records \(256x256x8 float GZIP patches\): 2 shard\(s\), 4 records"})],
+    "per_pixel.py": [([], {
+        "title": r"^4 patches of 24x24x4 \(P=16, k=8\) in 2 shards, batch 2, pixel classifier \(64, 64\), 1 timed runs",
+        **{f"row {name}": rf"^  {name}\s+{NUM} examples/s  spread" for name in ("per-pixel", "converted")},
+        "same": r"^  pixels whose class differs: 0 of 1024$",
+        "ratio": rf"^  per-pixel / converted = {NUM} \[{NUM}-{NUM}\] \(target >= 1\.0: (?:ok|MISSED)\)$"})],
     "predict.py": [([], {
         "title": r"^4 patches of 24x24x4 \(P=16, k=8\) in 2 shards, batch 2, U-Net, 1 timed runs",
         "predict": rf"^  predict\s+{NUM} examples/s  spread",

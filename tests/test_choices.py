@@ -34,6 +34,8 @@ FLAGS = {
     (("bench", "train"), "--strategy"): choices.STRATEGIES,
     (("bench", "train"), "--cache"): choices.CACHE_MODES,
     (("plan",), "--scale-lr"): choices.LR_SCALINGS,
+    (("evaluate",), "--backend"): choices.BACKENDS,
+    (("evaluate",), "--strategy"): choices.STRATEGIES,
     (("predict",), "--task"): choices.TASKS,
     (("predict",), "--format"): choices.PREDICTION_FORMATS,
     (("export",), "--format"): choices.EXPORT_FORMATS,

@@ -128,8 +128,9 @@ def format_report(report: dict) -> list[str]:
     if scalars:
         lines.append("  ".join(f"{k[4:]} {m[k]:.4f}" for k in scalars))
     if report.get("per_class"):
-        lines.append(f"{'class':<16} {'precision':>9} {'recall':>9} {'f1':>9} {'iou':>9}")
+        from harness.choices import PER_CLASS_METRICS
+        lines.append(f"{'class':<16} " + " ".join(f"{k:>9}" for k in PER_CLASS_METRICS))
         for name, row in report["per_class"].items():
             lines.append(f"{name[:16]:<16} " + " ".join(f"{row.get(k, float('nan')):>9.4f}"
-                                                        for k in ("precision", "recall", "f1", "iou")))
+                                                        for k in PER_CLASS_METRICS))
     return lines

@@ -310,7 +310,8 @@ def test_mwms_worker_late_by_25_s_on_its_host_is_awaited_and_said(make_bed, tabl
     finally:
         kill_groups(*procs)
     text = (tmp_path / "w0.log").read_text()
-    assert [p.returncode for p in procs] == [0, 0], text[-3000:]
+    other = (tmp_path / "w1.log").read_text()
+    assert [p.returncode for p in procs] == [0, 0], text[-3000:] + "\n--- worker 1 ---\n" + other[-3000:]
     assert (f"harness: waiting for worker 1 at {bed.hosts[1].address}:{PORT}, 15 of 120 s (HARNESS_WORKER_WAIT_S)"
             in text), text[-3000:]
     summary = json.loads((output / "summary.json").read_text())

@@ -250,9 +250,13 @@ def test_killed_rank_under_horovodrun_stops_the_job_and_restart_resumes_from_ran
     finally:
         _kill_session(launcher)
     assert launcher.returncode != 0, out[-3000:] + err[-3000:]
-    # horovodrun (Gloo) stops the other rank itself and names the first one that failed
-    named = re.search(r"exited with non-zero status.*\s+Process name: 1\s+Exit code: 137", out + err, re.S)
-    assert named, err[-3000:]
+    # horovodrun (Gloo) stops the other rank itself and names the first exit it saw: the killed rank 1 (137), or
+    # rank 0 (138), which on a loaded machine ended first with its own line naming rank 1 lost (seen once in a
+    # fresh clone's suite: "Process name: 0 Exit code: 138" after "PeerLostError: rank 1 on vm is lost")
+    killed = re.search(r"exited with non-zero status.*\s+Process name: 1\s+Exit code: 137", out + err, re.S)
+    lost = (re.search(r"exited with non-zero status.*\s+Process name: 0\s+Exit code: 138", out + err, re.S)
+            and re.search(r"PeerLostError: rank 1 on \S+ is lost", out + err))
+    assert killed or lost, err[-3000:]
     assert stop_s < STOP_S
     assert max(_epochs_printed(out + err)) == resumed_from // 16
 

@@ -74,9 +74,9 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
     plan = plan_lib.make_plan(shards.counts, workers=context.num_workers,
                               replicas_per_worker=context.replicas_per_worker,
                               per_replica_batch_size=options.per_replica_batch_size, evaluation=True)
-    loss_name = options.loss or run_summary.get("loss", {}).get("name")
+    given_loss = options.loss or run_summary.get("loss", {}).get("name")
     train_options = TrainOptions(data=tuple(options.data), per_replica_batch_size=options.per_replica_batch_size,
-                                 loss=loss_name, focal_gamma=run_summary.get("loss", {}).get("focal_gamma", 2.0))
+                                 loss=given_loss, focal_gamma=run_summary.get("loss", {}).get("focal_gamma", 2.0))
     loss_fn = losses.resolve(train_options, spec.task, ignore=spec.ignore_label is not None)
     inputs = Inputs(train=shards, validation=shards, spec=spec, plan=plan, validation_plan=plan,
                     num_classes=spec.num_classes, mean=None, variance=None, class_weights=None,
@@ -87,7 +87,8 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
     scores = evaluator.evaluate(backend.distribute(inputs.dataset_fn(False)))
     class_names = list(spec.class_names) or [str(c) for c in range(spec.num_classes or 0)]
     report = {"model": loaded.path, "data": list(options.data), "records": scores["val_records"],
-              "pixels": scores["val_pixels"], "loss": loss_fn_name(train_options, spec.task), "metrics": scores,
+              "pixels": scores["val_pixels"], "loss": losses.loss_name(train_options, spec.task),
+              "metrics": scores,
               **({"class_names": class_names, "per_class": metrics.by_class(scores, class_names)}
                  if spec.task == "classification" else {})}
     for line in format_report(report):
@@ -100,12 +101,6 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
             json.dump(report, f, indent=1)
         say(f"wrote {path}")
     return report
-
-
-def loss_fn_name(options, task: str) -> str:
-    """The loss's name as resolved (`losses.resolve`): the option, else the task's default."""
-    from harness.choices import CLASSIFICATION_LOSSES, TASK_LOSSES
-    return options.loss or TASK_LOSSES.get(task, CLASSIFICATION_LOSSES)[0]
 
 
 def _summary(model_path: str) -> dict:

@@ -181,6 +181,11 @@ def load_user_loss(text: str) -> Callable:
     return fn
 
 
+def loss_name(options, task: str = "classification") -> str:
+    """The run's loss name: `options.loss`, else the task's default (crossentropy, or mse for regression)."""
+    return options.loss or TASK_LOSSES.get(task, CLASSIFICATION_LOSSES)[0]
+
+
 def resolve(options, task: str = "classification", ignore: bool = False) -> Callable:
     """The run's loss from `TrainOptions` (`loss`, `focal_gamma`, `class_weights`) and the spec's task and nodata
     declaration, resolved before any data is read. `options.loss` None: crossentropy (classification) or mse
@@ -191,7 +196,7 @@ def resolve(options, task: str = "classification", ignore: bool = False) -> Call
         regression.
       UserCodeError: from `load_user_loss`.
     """
-    name = options.loss or TASK_LOSSES.get(task, CLASSIFICATION_LOSSES)[0]
+    name = loss_name(options, task)
     if task == "regression" and options.class_weights != "none":
         raise ConfigError(f"--class-weights {options.class_weights} weighs classes; task regression has none")
     if name in BUILTIN:

@@ -86,3 +86,52 @@ def grouped_image_run(folder, delivery, *, model_delivery=None):
                     patch_size=P, kernel_margin=K, num_classes=3)
     (folder / "summary.json").write_text(json.dumps({"spec": spec.to_config()}))
     return folder, spec
+
+
+def check_map(folder: pathlib.Path, prefix: str, *, band: str = "class", probabilities=None) -> dict:
+    """Open `<prefix>.tif` of a predict output folder with rasterio and check it against the TFRecord predictions
+    and the mixer: CRS and affine transform from the mixer, patch i at grid row i // patchesPerRow, column
+    i % patchesPerRow, every pixel equal to `band`'s values, the slots with no patch nodata, a valid
+    Cloud-Optimized GeoTIFF (rio-cogeo's validator, GDAL's rules), overviews when larger than one tile. With
+    `probabilities` (the class names), `<prefix>-probabilities.tif` likewise, one band per class. Returns
+    {"profile", "colormap", "overviews"} of the class map."""
+    import rasterio
+    from rio_cogeo.cogeo import cog_validate
+
+    from harness.predict.run import read_outputs
+
+    mixer = json.loads((folder / f"{prefix}-mixer.json").read_text())
+    p, per_row, total = mixer["patchDimensions"][0], mixer["patchesPerRow"], mixer["totalPatches"]
+    rows = read_outputs(sorted(folder.glob(f"{prefix}-*.tfrecord")))
+    assert len(rows) == total
+    grid_rows = -(-total // per_row)
+    files = [(folder / f"{prefix}.tif", [band])]
+    if probabilities:
+        files.append((folder / f"{prefix}-probabilities.tif", [f"probability_{i}" for i in range(len(probabilities))]))
+    found = {}
+    for path, bands in files:
+        valid, errors, _ = cog_validate(str(path), quiet=True)
+        assert valid, (path, errors)
+        with rasterio.open(path) as src:
+            assert src.crs == rasterio.crs.CRS.from_user_input(mixer["projection"]["crs"])
+            assert tuple(src.transform)[:6] == tuple(mixer["projection"]["affine"]["doubleMatrix"])
+            assert (src.width, src.height, src.count) == (per_row * p, grid_rows * p, len(bands))
+            data = src.read()
+            if src.width > 256 or src.height > 256:
+                assert src.overviews(1), path
+            for i in range(grid_rows * per_row):
+                r, c = divmod(i, per_row)
+                window = data[:, r * p:(r + 1) * p, c * p:(c + 1) * p]
+                if i < total:
+                    want = np.stack([rows[i][b].reshape(p, p) for b in bands])
+                    np.testing.assert_array_equal(window, want.astype(window.dtype))
+                elif src.dtypes[0] == "uint8":
+                    assert (window == src.nodata).all()
+                else:
+                    assert np.isnan(window).all()
+            if path.name == f"{prefix}.tif":
+                found = {"profile": src.profile, "overviews": src.overviews(1), "descriptions": src.descriptions,
+                         "colormap": src.colormap(1) if src.dtypes[0] == "uint8" else None}
+            else:
+                assert src.descriptions == tuple(probabilities)
+    return found

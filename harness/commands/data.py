@@ -14,10 +14,15 @@ from harness.errors import ConfigError
 def inspect(args) -> int:
     """`harness inspect PATH... [--mixer M] [--kernel-margin K] [--records N] [--json]`."""
     from harness.data import inspect as inspect_lib
+    from harness.predict import describe
 
+    predictions = describe.describe(args.paths)   # a predict output folder: read as predictions
     rep = inspect_lib.report(args.paths, mixer_path=args.mixer, kernel_margin=args.kernel_margin,
-                             records_to_read=args.records)
-    print(json.dumps(rep, indent=2) if args.json else inspect_lib.format_text(rep))
+                             records_to_read=args.records, infer=predictions is None)
+    if predictions is not None:
+        rep["predictions"] = predictions
+    text = inspect_lib.format_text(rep) + (f"\n{describe.format_text(predictions)}" if predictions else "")
+    print(json.dumps(rep, indent=2) if args.json else text)
     return 0
 
 

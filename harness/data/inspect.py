@@ -46,8 +46,9 @@ def _patch_text(info: records.FeatureInfo, mixer: Optional[Mixer], margin: Optio
 
 
 def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[int] = None,
-           records_to_read: int = 8) -> dict:
-    """Everything `inspect` prints, as a JSON-ready dict (features, shards, mixer, warnings, config)."""
+           records_to_read: int = 8, infer: bool = True) -> dict:
+    """Everything `inspect` prints, as a JSON-ready dict (features, shards, mixer, warnings, config).
+    `infer=False`: no spec is inferred (config None): a folder of predictions is not an export to train on."""
     shards = discover_shards(paths)
     mixer = find_mixer(shards, mixer_path)
     stats = index.record_stats(shards)
@@ -72,13 +73,17 @@ def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[i
     empty = [s.path for s, st in zip(shards, stats) if st.records == 0]
     if empty:
         warnings.append(f"{len(empty)} zero-record shard(s): {', '.join(empty)}")
+    config, groups, image_side = None, {}, None
     try:
+        if not infer:
+            raise _NotInferred
         spec = spec_lib.infer_spec(shards, mixer=mixer, kernel_margin=kernel_margin, schema=schema)
         config = {"data": spec.to_config()}
         groups = spec_lib.guess_band_groups(spec.bands)
         image_side = spec.stored_size if spec.kind == spec_lib.IMAGE else 0
+    except _NotInferred:
+        pass
     except SpecError as e:
-        config, groups, image_side = None, {}, None
         warnings.append(f"no config inferred: {e}")
     return {
         "features": [{"name": n, "dtype": i.dtype, "values": i.length,
@@ -94,6 +99,10 @@ def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[i
         "warnings": warnings,
         "config": config,
     }
+
+
+class _NotInferred(Exception):
+    pass
 
 
 def format_text(rep: dict) -> str:

@@ -62,8 +62,9 @@ _TFDS = re.compile(r"^(?P<prefix>.+?)-(?P<index>\d+)-of-(?P<total>\d+)(?P<ext>(\
 # A 5-digit (or longer) index after a dash, as Earth Engine writes it; `image_2021` is a plain name, not shard 2021.
 _INDEXED = re.compile(r"^(?P<prefix>.+?)-(?P<index>\d{5,})(?P<ext>(\.[A-Za-z]+[A-Za-z0-9]*)*)$")
 _PLAIN = re.compile(r"^(?P<prefix>.+?)(?P<ext>(\.[A-Za-z]+[A-Za-z0-9]*)*)$")
-# Files in a folder that are not shards (sidecars, docs, checksums).
-_NOT_SHARD = re.compile(r"(\.json|\.md|\.txt|\.pbtxt|\.csv|\.yaml|\.yml|\.crc|\.lock|\.index|/\.[^/]*)$",
+# Files in a folder that are not shards (sidecars, docs, checksums; the maps and pages predict and report write).
+_NOT_SHARD = re.compile(r"(\.json|\.md|\.txt|\.pbtxt|\.csv|\.yaml|\.yml|\.crc|\.lock|\.index|\.tiff?|\.png|"
+                        r"\.jpe?g|\.xml|\.html|/\.[^/]*)$",
                         re.IGNORECASE)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 

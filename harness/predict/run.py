@@ -29,11 +29,11 @@ from harness.data.source import ShardSet, open_shards
 from harness.distribute.context import WorkerContext
 from harness.distribute.sharding import contiguous_runs, files_with_records
 from harness.errors import ConfigError, MissingFeatureError, MixerError, OutputExistsError
-from harness.predict import model as model_lib, reader, upload, writer
+from harness.predict import describe, geotiff, model as model_lib, reader, upload, writer
 from harness.predict.options import CLASSIFICATION, CSV, PredictOptions
 from harness.tracing import graph_function, user_code
 
-MANIFEST = "predict.json"
+MANIFEST = describe.MANIFEST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,7 @@ class Job:
     kept: dict                        # table: property -> storage dtype
     prefix: str
     outputs: tuple[str, ...]          # output path per input shard, in order
+    maps: Optional[geotiff.MapPaths]  # image exports with a mixer: the GeoTIFFs and the PNG (`geotiff`)
 
     @property
     def image(self) -> bool:
@@ -101,9 +102,13 @@ def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
         written.append(job.outputs[i])
         say(f"  {os.path.basename(job.outputs[i])}: {n} {'patches' if job.image else 'rows'} from "
             f"{os.path.basename(job.shards.shards[i].path)}")
-    if not job.image and options.format == CSV and all(tf.io.gfile.exists(p) for p in job.outputs):
-        rows = writer.concatenate_csv(job.merged_csv, job.outputs)  # the last worker to finish sees every part
+    complete = all(tf.io.gfile.exists(p) for p in job.outputs)   # the last worker to finish sees every part
+    if not job.image and options.format == CSV and complete:
+        rows = writer.concatenate_csv(job.merged_csv, job.outputs)
         say(f"  {os.path.basename(job.merged_csv)}: {rows} rows (the whole table)")
+    if job.maps is not None and complete and (written or not all(map(tf.io.gfile.exists, job.maps.all()))):
+        for line in write_maps(job):
+            say(line)
     upload_cmds = upload_lines(job) if context.is_chief else []
     for line in upload_cmds:
         say(line)
@@ -140,8 +145,12 @@ def prepare(options: PredictOptions) -> Job:
     prefix = options.prefix or os.path.basename(shards.shards[0].prefix)
     ext = ".tfrecord" if spec.kind == spec_lib.IMAGE or options.format != CSV else ".csv"
     outputs = tuple(os.path.join(options.output, f"{prefix}-{i:05d}{ext}") for i in _indices(shards.shards))
+    maps = None
+    if spec.kind == spec_lib.IMAGE and shards.mixer is not None:
+        geotiff.Grid.from_mixer(shards.mixer, geometry.patch)   # a mixer without a projection fails here, first
+        maps = geotiff.MapPaths.under(options.output, prefix, task == CLASSIFICATION and len(names) > 1)
     return Job(options=options, loaded=loaded, shards=shards, spec=spec, geometry=geometry, task=task,
-               band_names=names, kept=kept, prefix=prefix, outputs=outputs)
+               band_names=names, kept=kept, prefix=prefix, outputs=outputs, maps=maps)
 
 
 def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: ShardSet) -> spec_lib.DataSpec:
@@ -236,7 +245,8 @@ def _prepare_output(job: Job, mine: range, context: WorkerContext) -> None:
     out, options = job.options.output, job.options
     tf.io.gfile.makedirs(out)
     manifest, path = job.manifest(), os.path.join(out, MANIFEST)
-    ours = {MANIFEST, *(os.path.basename(p) for p in (*job.outputs, job.mixer_copy, job.merged_csv))}
+    ours = {MANIFEST, *(os.path.basename(p) for p in (*job.outputs, job.mixer_copy, job.merged_csv,
+                                                      *(job.maps.all() if job.maps else ())))}
     listed = tf.io.gfile.listdir(out)
     names = [n for n in listed if not writer.is_temporary(n)]
     my_outputs = {os.path.basename(job.outputs[i]) for i in mine}
@@ -312,6 +322,31 @@ def predict_shards(job: Job, indices) -> Iterator[tuple[int, int]]:
         found, group = next(stream)
         assert found == i, (found, i)  # the stream is in shard order
         yield i, write(job.outputs[i], group)
+
+
+def class_names(job: Job) -> tuple[str, ...]:
+    """One name per class: the run's `class_names` when it has one per model output, else `class <i>`."""
+    names = tuple(job.loaded.spec.class_names) if job.loaded.spec else ()
+    return names if len(names) == job.geometry.channels else tuple(f"class {i}" for i in range(job.geometry.channels))
+
+
+def write_maps(job: Job) -> list[str]:
+    """Write the map of the whole export (`geotiff.write`: every output shard must be complete) and return the
+    lines to say: each file, and how to open it."""
+    grid = geotiff.Grid.from_mixer(job.shards.mixer, job.geometry.patch)
+    classification = job.task == CLASSIFICATION
+    written = geotiff.write(job.outputs, grid, job.maps, classification=classification, bands=job.band_names,
+                            classes=class_names(job) if classification else ())
+    lines = []
+    for path in written:
+        what = ("PNG quick-look" if path == job.maps.quicklook else
+                f"Cloud-Optimized GeoTIFF, {grid.width} x {grid.height} pixels, {grid.crs}, " +
+                ("class ids with a colour table" if classification and path == job.maps.map else
+                 "one float32 band per " + ("class" if classification else "output")))
+        lines.append(f"  {os.path.basename(path)}: {what}")
+    if job.maps.quicklook not in written:
+        lines.append("  (no PNG quick-look: matplotlib is not installed; it comes with the `profile` extra)")
+    return lines
 
 
 def _step_fn(job: Job):

@@ -105,7 +105,7 @@ def test_train_from_a_bucket_writes_the_model_and_backup_there_and_resumes_from_
 
 
 def test_predict_from_and_to_a_bucket_writes_what_a_local_run_writes_with_the_mixer_copy(gcs, folder, tmp_path):
-    from predict_support import BANDS, K, P, band_picker
+    from predict_support import BANDS, K, P, band_picker, check_map
 
     local = tmp_path / "scene"
     synth.write_image_export(str(local), prefix="scene", shards=2, records=5, bands=BANDS, label=None,
@@ -124,6 +124,12 @@ def test_predict_from_and_to_a_bucket_writes_what_a_local_run_writes_with_the_mi
         if name.endswith(".tfrecord"):
             assert theirs[name] == mine[name], name
     assert f"{folder}/preds/scene-mixer.json" in out.stdout      # the upload line names the objects
+    # The map written to the bucket: the local run's bytes, and (downloaded) right by the mixer and the records
+    assert {"scene.tif", "scene.png"} <= set(theirs) and theirs["scene.tif"] == mine["scene.tif"]
+    (tmp_path / "downloaded").mkdir()
+    for name, data in theirs.items():
+        (tmp_path / "downloaded" / name).write_bytes(data)
+    assert check_map(tmp_path / "downloaded", "scene")["profile"]["dtype"] == "uint8"
 
 
 def test_reshard_from_and_to_a_bucket_writes_what_a_local_reshard_writes(gcs, folder, tmp_path):

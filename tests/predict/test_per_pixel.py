@@ -7,13 +7,13 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import run_cli
+from predict_support import check_map, run_cli
 
 from harness.data import synth
-from harness.predict import model as model_lib
+from harness.predict import describe, model as model_lib
 from harness.predict.run import read_outputs
 
-BANDS, P, K = ("B2", "B3", "B8"), 8, 4
+BANDS, P, K = ("B2", "B3", "B8"), 96, 4    # 5 patches, 3 per row: a 288 x 192 map, overviews
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,8 @@ def _expected(root) -> np.ndarray:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_every_pixel_is_the_table_model_applied_to_its_bands(points_and_scene, tmp_path, workers):
     root = points_and_scene
-    predict = ["predict", "--model", root / "run", "--data", root / "scene", "--output", tmp_path / "preds"]
+    predict = ["predict", "--model", root / "run", "--data", root / "scene", "--output", tmp_path / "preds",
+               *(["--probabilities"] if workers == 2 else [])]
     if workers == 1:
         run_cli(*predict)
     else:
@@ -59,6 +60,18 @@ def test_every_pixel_is_the_table_model_applied_to_its_bands(points_and_scene, t
     np.testing.assert_array_equal(got, want)
     mixer = json.loads((tmp_path / "preds" / "scene-mixer.json").read_text())
     assert mixer["totalPatches"] == 5
+    # The map: placed by the mixer, the sixth slot of the 3 x 2 grid nodata; 2 workers add the probabilities.
+    names = ["class 0", "class 1", "class 2"] if workers == 2 else None
+    found = check_map(tmp_path / "preds", "scene", probabilities=names)
+    assert found["overviews"] == [2] and found["profile"]["dtype"] == "uint8" and found["profile"]["nodata"] == 255
+    assert len({found["colormap"][i] for i in range(3)}) == 3 and found["colormap"][255] == (0, 0, 0, 0)
+    assert (tmp_path / "preds" / "scene.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # `harness inspect` of the folder reads it as predictions: the map's pixels per class, the empty slot nodata
+    predictions = describe.describe([str(tmp_path / "preds")])
+    counts = np.bincount(got.ravel(), minlength=3)
+    assert predictions["maps"][0]["class_counts"] == {f"class {i}": int(counts[i]) for i in range(3)}
+    assert predictions["maps"][0]["nodata_pixels"] == P * P and predictions["bands"] == list(BANDS)
+    assert f"nodata {P * P}" in describe.format_text(predictions)
 
 
 

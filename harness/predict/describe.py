@@ -1,0 +1,87 @@
+"""`harness inspect` of a `harness predict` output folder: the predictions read as what they are (the run that
+made them, the export they map, the bands written, and each map's size, CRS and class counts), not as an export
+to train on."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from harness.predict import geotiff
+
+MANIFEST = "predict.json"   # written by every predicting worker (`harness.predict.run`)
+
+
+def describe(paths: Sequence[str]) -> Optional[dict]:
+    """The predictions in `paths` when it is one predict output folder (it holds `predict.json`), else None.
+
+    Returns:
+      {"folder", "model_sha256", "source": [[input shard name, records], ...], "bands": the model's input bands,
+       "options": the predict options that name the run, "outputs": the TFRecord/CSV files, "maps": [one dict per
+       GeoTIFF: "file", "width", "height" (pixels), "crs", "bands" (band descriptions), "dtype", "overviews"
+       (decimation factors), and for a class map "class_counts" {class name: pixels} and "nodata_pixels"]}.
+    """
+    if len(paths) != 1:
+        return None
+    folder = str(paths[0]).rstrip("/")
+    manifest_path = os.path.join(folder, MANIFEST)
+    if not tf.io.gfile.isdir(folder) or not tf.io.gfile.exists(manifest_path):
+        return None
+    with tf.io.gfile.GFile(manifest_path) as f:
+        manifest = json.load(f)
+    names = [n for n in tf.io.gfile.listdir(folder) if n.endswith(geotiff.SUFFIX) and not n.startswith(".")]
+    maps = [describe_map(os.path.join(folder, n)) for n in sorted(names, key=lambda n: (len(n), n))]  # map first
+    return {"folder": folder, "model_sha256": manifest["model_sha256"], "source": manifest["data"],
+            "bands": manifest["bands"], "options": manifest["options"], "outputs": manifest["outputs"],
+            "maps": maps}
+
+
+def describe_map(path: str) -> dict:
+    """One GeoTIFF's size, CRS, bands and overviews; a class map's pixels per class, read tile by tile (a gs://
+    file is copied to a local temporary file first: GDAL reads gs:// only with its own credentials)."""
+    import rasterio
+
+    local, folder = path, None
+    if not os.path.exists(path):
+        folder = tempfile.mkdtemp(prefix="harness-inspect-")
+        local = os.path.join(folder, os.path.basename(path))
+        tf.io.gfile.copy(path, local)
+    try:
+        with rasterio.open(local) as src:
+            out = {"file": path, "width": src.width, "height": src.height, "crs": src.crs.to_string() if src.crs
+                   else None, "bands": list(src.descriptions), "dtype": src.dtypes[0],
+                   "overviews": src.overviews(1)}
+            names = src.tags().get("CLASS_NAMES")
+            if names is not None and src.count == 1 and src.dtypes[0].startswith("uint"):
+                names = names.split(",")
+                counts = np.zeros(int(src.nodata) + 1, np.int64)
+                for _, window in src.block_windows(1):
+                    counts += np.bincount(src.read(1, window=window).ravel(), minlength=len(counts))
+                out["class_counts"] = {n: int(c) for n, c in zip(names, counts)}
+                out["nodata_pixels"] = int(counts[int(src.nodata)])
+        return out
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def format_text(pred: dict) -> str:
+    """What `harness inspect` prints of `describe`'s result."""
+    records = sum(n for _, n in pred["source"])
+    lines = [f"predictions (predict.json): model sha256 {pred['model_sha256'][:12]}..., bands "
+             f"{', '.join(pred['bands'])}; {records} records of {len(pred['source'])} input shard(s) "
+             f"({pred['source'][0][0]}{', ...' if len(pred['source']) > 1 else ''})"]
+    for m in pred["maps"]:
+        lines.append(f"  map {m['file']}: {m['width']} x {m['height']} pixels, {m['crs']}, {m['dtype']} bands "
+                     f"{', '.join(b or '?' for b in m['bands'])}, overviews {m['overviews'] or 'none'}")
+        if "class_counts" in m:
+            total = sum(m["class_counts"].values()) or 1
+            lines.append("    pixels per class: " + ", ".join(f"{n} {c} ({100 * c / total:.1f}%)"
+                                                              for n, c in m["class_counts"].items()) +
+                         f"; nodata {m['nodata_pixels']}")
+    return "\n".join(lines)

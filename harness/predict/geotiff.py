@@ -1,0 +1,255 @@
+"""Predictions of an image export as a map a GIS opens: Cloud-Optimized GeoTIFFs placed by the export's mixer,
+and a PNG quick-look beside them.
+
+Placement (docs/GEE_FORMAT.md, "mixer.json" and "Predictions back"): the mixer's `projection` holds the export's
+CRS and its affine transform `doubleMatrix` [a, b, c, d, e, f] (x = a*col + b*row + c, y = d*col + e*row + f:
+GDAL's and rasterio's `Affine(a, b, c, d, e, f)` order). It is what Earth Engine places the uploaded predictions
+with, and those are P x P per patch (the kernel margin cut), so its origin is the top-left corner of patch 0's
+central P x P. Patch i covers rows `(i // patchesPerRow) * P` and columns `(i % patchesPerRow) * P`; the grid has
+ceil(totalPatches / patchesPerRow) rows, and a slot past totalPatches (Earth Engine wrote no patch there) is nodata.
+
+Files (under the output folder, named after the prefix):
+- `<prefix>.tif`: classification: the class ids, uint8 (uint16 past 255 classes) with a colour table, nodata
+  the largest value of the type; regression: one float32 band per output, nodata NaN.
+- `<prefix>-probabilities.tif` (classification with `--probabilities`): one float32 band per class, named after
+  the class (the run's `class_names`, else `class <i>`), nodata NaN.
+- `<prefix>.png`: the map at most QUICKLOOK_PIXELS on its long side, classes in the GeoTIFF's colours with a
+  legend (or the first regression output with a colour bar).
+Each GeoTIFF is written with GDAL's COG driver (gdal.org/drivers/raster/cog.html: tiles of BLOCK pixels, DEFLATE,
+overviews down to one tile; class ids resampled by their mode, values by their mean) into a local temporary
+folder, then copied to its place (a local folder or gs://) under a temporary name and renamed whole.
+"""
+from __future__ import annotations
+
+import colorsys
+import dataclasses
+import math
+import os
+import shutil
+import tempfile
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from harness.predict import writer
+
+BLOCK = 256              # COG tile side, pixels (GDAL's COG driver default is 512; 256 is what web maps tile by)
+QUICKLOOK_PIXELS = 1024  # the PNG's long side at most, pixels
+SUFFIX, PROBABILITIES_SUFFIX, QUICKLOOK_SUFFIX = ".tif", "-probabilities.tif", ".png"
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """Where each patch of an image export lies (from its mixer).
+
+    Attributes:
+      crs: the projection's CRS as Earth Engine writes it ("EPSG:4326", or WKT).
+      transform: the affine transform [a, b, c, d, e, f] of the P-pixel grid (see the module's docstring).
+      patch: P, the side of every predicted patch, pixels.
+      per_row: patchesPerRow; total: totalPatches.
+    """
+
+    crs: str
+    transform: tuple[float, ...]
+    patch: int
+    per_row: int
+    total: int
+
+    @classmethod
+    def from_mixer(cls, mixer, patch: int) -> "Grid":
+        """The grid of `mixer` (`harness.data.shards.Mixer`) for predictions of side `patch`.
+
+        Raises:
+          ValueError: naming the mixer file, if its projection has no crs or no 6-value affine transform.
+        """
+        projection = mixer.projection or {}
+        matrix = (projection.get("affine") or {}).get("doubleMatrix")
+        if not projection.get("crs") or not matrix or len(matrix) != 6:
+            raise ValueError(f"{mixer.path}: its projection has no crs and 6-value affine.doubleMatrix "
+                             f"({projection!r}): the patches cannot be placed on a map")
+        return cls(str(projection["crs"]), tuple(float(v) for v in matrix), patch, mixer.patches_per_row,
+                   mixer.total_patches)
+
+    @property
+    def rows(self) -> int:
+        return math.ceil(self.total / self.per_row)
+
+    @property
+    def width(self) -> int:
+        return self.per_row * self.patch
+
+    @property
+    def height(self) -> int:
+        return self.rows * self.patch
+
+    def origin(self, i: int) -> tuple[int, int]:
+        """(row, column) of patch i's top-left pixel in the map."""
+        r, c = divmod(i, self.per_row)
+        return r * self.patch, c * self.patch
+
+
+@dataclasses.dataclass(frozen=True)
+class MapPaths:
+    """The files `write` makes; `probabilities` is None when none are written."""
+
+    map: str
+    quicklook: str
+    probabilities: Optional[str]
+
+    @classmethod
+    def under(cls, folder: str, prefix: str, probabilities: bool) -> "MapPaths":
+        join = os.path.join
+        return cls(join(folder, prefix + SUFFIX), join(folder, prefix + QUICKLOOK_SUFFIX),
+                   join(folder, prefix + PROBABILITIES_SUFFIX) if probabilities else None)
+
+    def all(self) -> list[str]:
+        return [p for p in (self.map, self.probabilities, self.quicklook) if p]
+
+
+def colours(n: int) -> list[tuple[int, int, int]]:
+    """n distinct RGB colours (0-255), the same for every run: hues spaced by the golden ratio."""
+    return [tuple(round(255 * v) for v in colorsys.hsv_to_rgb((0.6 + i * 0.618034) % 1.0, 0.65, 0.9))
+            for i in range(n)]
+
+
+def class_dtype(classes: int) -> tuple[str, int]:
+    """(dtype, nodata) of a class-id band: uint8 up to 255 classes (nodata 255), else uint16 (nodata 65535)."""
+    return ("uint8", 255) if classes <= 255 else ("uint16", 65535)
+
+
+def _patches(paths: Sequence[str], bands: Sequence[str], patch: int, ids: Optional[str]) -> Iterator[dict]:
+    """The predictions in patch order: {band: [P, P] array} per Example of the TFRecord files `paths` (the band
+    `ids` int64, the others float32)."""
+    import tensorflow as tf
+
+    description = {b: tf.io.FixedLenFeature([patch * patch], tf.int64 if b == ids else tf.float32) for b in bands}
+    data = tf.data.TFRecordDataset(list(paths)).batch(64).map(lambda x: tf.io.parse_example(x, description))
+    for batch in data.as_numpy_iterator():
+        for j in range(len(batch[bands[0]])):
+            yield {b: batch[b][j].reshape(patch, patch) for b in bands}
+
+
+def _write_cog(local_tiff: str, target: str, resampling: str) -> None:
+    """Copy the tiled GeoTIFF `local_tiff` as a COG to `target` (local or gs://), whole or not at all."""
+    from rasterio.shutil import copy as rio_copy
+
+    cog = local_tiff[:-len(SUFFIX)] + ".cog" + SUFFIX
+    rio_copy(local_tiff, cog, driver="COG", blocksize=BLOCK, compress="DEFLATE", overview_resampling=resampling,
+             overviews="AUTO")
+    _put(cog, target)
+
+
+def _put(local: str, target: str) -> None:
+    import tensorflow as tf
+
+    with writer.atomic(target) as tmp:
+        tf.io.gfile.copy(local, tmp, overwrite=True)
+
+
+def write(paths: Sequence[str], grid: Grid, out: MapPaths, *, classification: bool, bands: Sequence[str],
+          classes: Sequence[str] = ()) -> list[str]:
+    """Write the map files of predictions `paths` (TFRecord outputs in patch order, as `harness.predict.writer`
+    writes them) and return their paths.
+
+    Args:
+      bands: the written bands in order: for classification `class` (int64 ids) first, then one probability per
+        class when `out.probabilities`; for regression one float32 band per output.
+      classes: the class names, one per class (classification), named in the colour table's legend, the
+        probability bands' descriptions and the PNG.
+    Raises:
+      ValueError: if the files hold more patches than the grid.
+    """
+    import rasterio
+    from rasterio.transform import Affine
+
+    p = grid.patch
+    base = dict(driver="GTiff", width=grid.width, height=grid.height, crs=rasterio.crs.CRS.from_user_input(grid.crs),
+                transform=Affine(*grid.transform), tiled=True, blockxsize=BLOCK, blockysize=BLOCK,
+                compress="DEFLATE")
+    written = []
+    folder = tempfile.mkdtemp(prefix="harness-map-")
+    try:
+        class_type, class_nodata = class_dtype(len(classes))
+        value_bands = list(bands[1:]) if classification else list(bands)
+        maps = []   # (local path, band names read into it, dtype, nodata)
+        if classification:
+            maps.append((os.path.join(folder, "map.tif"), [bands[0]], class_type, class_nodata))
+        if value_bands:
+            maps.append((os.path.join(folder, "values.tif"), value_bands, "float32", float("nan")))
+        datasets = [rasterio.open(path, "w", count=len(names), dtype=dt, nodata=nd, **base)
+                    for path, names, dt, nd in maps]
+        try:
+            if classification:
+                datasets[0].write_colormap(1, {**{i: (*c, 255) for i, c in enumerate(colours(len(classes)))},
+                                               class_nodata: (0, 0, 0, 0)})
+                datasets[0].set_band_description(1, "class")
+                datasets[0].update_tags(CLASS_NAMES=",".join(classes))
+            if value_bands:
+                names = list(classes) if classification else value_bands
+                for b, name in enumerate(names, 1):
+                    datasets[-1].set_band_description(b, name)
+            n = 0
+            for n, patch in enumerate(_patches(paths, bands, p, bands[0] if classification else None), 1):
+                if n > grid.total:
+                    raise ValueError(f"{paths[-1]}: more predicted patches than the mixer's totalPatches "
+                                     f"{grid.total}")
+                window = rasterio.windows.Window(grid.origin(n - 1)[1], grid.origin(n - 1)[0], p, p)
+                for ds, (_, names, dt, _) in zip(datasets, maps):
+                    ds.write(np.stack([patch[b] for b in names]).astype(dt), window=window)
+            for i in range(n, grid.rows * grid.per_row):   # no patch from Earth Engine here: nodata
+                window = rasterio.windows.Window(grid.origin(i)[1], grid.origin(i)[0], p, p)
+                for ds, (_, names, dt, nd) in zip(datasets, maps):
+                    ds.write(np.full((len(names), p, p), nd, dt), window=window)
+        finally:
+            for ds in datasets:
+                ds.close()
+        targets = [out.map] if classification else []
+        targets += [out.probabilities if classification else out.map] if value_bands else []
+        for (path, _, dt, _), target in zip(maps, targets):
+            _write_cog(path, target, "MODE" if dt.startswith("uint") else "AVERAGE")
+            written.append(target)
+        png = os.path.join(folder, "quicklook.png")
+        if quicklook(maps[0][0], png, classes=classes if classification else (), title=os.path.basename(out.map)):
+            _put(png, out.quicklook)
+            written.append(out.quicklook)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return written
+
+
+def quicklook(tiff: str, png: str, *, classes: Sequence[str] = (), title: str = "") -> bool:
+    """Draw the GeoTIFF `tiff`'s first band into `png` (at most QUICKLOOK_PIXELS on its long side): class ids in
+    the colours of its colour table with a legend of `classes`, or values with a colour bar. False (and no file)
+    when matplotlib is not installed (it comes with the `profile` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    import rasterio
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    with rasterio.open(tiff) as src:
+        scale = max(1, math.ceil(max(src.width, src.height) / QUICKLOOK_PIXELS))
+        shape = (max(1, src.height // scale), max(1, src.width // scale))
+        band = src.read(1, out_shape=shape, masked=True)
+        bounds = src.bounds
+    fig, ax = plt.subplots(figsize=(8, 8 * shape[0] / shape[1] + 0.6))
+    extent = (bounds.left, bounds.right, bounds.bottom, bounds.top)
+    if classes:
+        palette = colours(len(classes))
+        cmap = ListedColormap([tuple(v / 255 for v in c) for c in palette]).with_extremes(bad=(0, 0, 0, 0))
+        ax.imshow(band, cmap=cmap, vmin=-0.5, vmax=len(classes) - 0.5, interpolation="nearest", extent=extent)
+        ax.legend(handles=[Patch(color=tuple(v / 255 for v in c), label=name) for c, name in zip(palette, classes)],
+                  loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    else:
+        image = ax.imshow(band, cmap="viridis", interpolation="nearest", extent=extent)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return True

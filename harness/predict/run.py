@@ -29,7 +29,7 @@ from harness.data.source import ShardSet, open_shards
 from harness.distribute.context import WorkerContext
 from harness.distribute.sharding import contiguous_runs, files_with_records
 from harness.errors import ConfigError, MissingFeatureError, MixerError, OutputExistsError
-from harness.predict import describe, geotiff, model as model_lib, reader, upload, writer
+from harness.predict import describe, geotiff, identity, model as model_lib, reader, upload, writer
 from harness.predict.options import CLASSIFICATION, CSV, PredictOptions
 from harness.tracing import graph_function, user_code
 
@@ -47,7 +47,8 @@ class Job:
     geometry: model_lib.Geometry
     task: str
     band_names: tuple[str, ...]       # written bands / prediction columns
-    kept: dict                        # table: property -> storage dtype
+    kept: dict                        # table: property -> storage dtype, the truth's label last
+    truth: Optional[str]              # table: the run's label, written as `<label>_true`, or None
     prefix: str
     outputs: tuple[str, ...]          # output path per input shard, in order
     maps: Optional[geotiff.MapPaths]  # image exports with a mixer: the GeoTIFFs and the PNG (`geotiff`)
@@ -63,6 +64,11 @@ class Job:
     @property
     def merged_csv(self) -> str:
         return os.path.join(self.options.output, f"{self.prefix}.csv")
+
+    @property
+    def kept_columns(self) -> list[str]:
+        """The table's columns before the predictions: the kept properties, the truth as `<label>_true`."""
+        return [f"{k}{TRUTH_SUFFIX}" if k == self.truth else k for k in self.kept]
 
     def manifest(self) -> dict:
         return {"model_sha256": self.loaded.sha256, "options": self.options.identity(),
@@ -114,6 +120,8 @@ def run(options: PredictOptions, *, context: Optional[WorkerContext] = None,
         say(line)
     if context.is_chief and job.image and job.shards.mixer is None:
         say(NO_MIXER)
+    if context.is_chief and not job.image and identity.location_flags(job.kept_columns) is None:
+        say(identity.NO_LOCATION)
     if upload_cmds:
         pending = [p for p in job.outputs if not tf.io.gfile.exists(p)]
         if pending:
@@ -141,7 +149,7 @@ def prepare(options: PredictOptions) -> Job:
         spec = spec.replace(crop_margin=geometry.input_side == spec.patch_size and spec.kernel_margin > 0)
     task = options.task or (loaded.spec.task if loaded.spec else CLASSIFICATION)
     names = _band_names(options, task, geometry.channels)
-    kept = _kept(options, shards, spec, names)
+    kept, truth = _kept(options, loaded, shards, spec, names)
     prefix = options.prefix or os.path.basename(shards.shards[0].prefix)
     ext = ".tfrecord" if spec.kind == spec_lib.IMAGE or options.format != CSV else ".csv"
     outputs = tuple(os.path.join(options.output, f"{prefix}-{i:05d}{ext}") for i in _indices(shards.shards))
@@ -150,7 +158,7 @@ def prepare(options: PredictOptions) -> Job:
         geotiff.Grid.from_mixer(shards.mixer, geometry.patch)   # a mixer without a projection fails here, first
         maps = geotiff.MapPaths.under(options.output, prefix, task == CLASSIFICATION and len(names) > 1)
     return Job(options=options, loaded=loaded, shards=shards, spec=spec, geometry=geometry, task=task,
-               band_names=names, kept=kept, prefix=prefix, outputs=outputs, maps=maps)
+               band_names=names, kept=kept, truth=truth, prefix=prefix, outputs=outputs, maps=maps)
 
 
 def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: ShardSet) -> spec_lib.DataSpec:
@@ -212,12 +220,30 @@ def _band_names(options: PredictOptions, task: str, channels: int) -> tuple[str,
     return tuple(given) + default[len(given):wanted]
 
 
-def _kept(options: PredictOptions, shards: ShardSet, spec, names) -> dict:
-    if not options.keep:
-        return {}
+TRUTH_SUFFIX = "_true"   # the label's column beside the prediction: `class_true`, `landcover_true`
+
+
+def _kept(options: PredictOptions, loaded: model_lib.LoadedModel, shards: ShardSet, spec,
+          names) -> tuple[dict, Optional[str]]:
+    """The properties copied into each table row (property -> storage dtype, in order) and the run's label when
+    it is written as the truth (`<label>_true`) beside the prediction, else None. Without `--keep`: the
+    identifying properties (`identity.identifying`: ids, coordinates, geometry) and the label when the records
+    hold it; with `--keep`: those properties, and the label unless kept under its own name."""
     if spec.kind == spec_lib.IMAGE:
-        raise ConfigError("--keep copies properties of table exports; an image export's predictions are bands")
+        if options.keep:
+            raise ConfigError("--keep copies properties of table exports; an image export's predictions are bands")
+        return {}, None
     schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
+    label = loaded.spec.label if loaded.spec is not None else None
+    truth = label if label in schema and schema[label].length == 1 and label not in options.keep else None
+    if not options.keep:
+        found = [n for n in identity.identifying(schema, exclude=(*spec.features, label or ""))
+                 if schema[n].length == 1]
+        clash = sorted({*found, *(f"{truth}{TRUTH_SUFFIX}" for _ in [truth] if truth)} & set(names))
+        if clash:
+            raise ConfigError(f"property {clash[0]!r} of the records has the name of a prediction column; rename "
+                              "the prediction with --output-bands")
+        return {**{k: schema[k].dtype for k in found}, **({truth: schema[truth].dtype} if truth else {})}, truth
     absent = reader.missing_kept(options.keep, schema)
     if absent:
         raise MissingFeatureError(f"{shards.shards[0].path}: --keep {absent[0]!r} is absent from the records "
@@ -225,7 +251,7 @@ def _kept(options: PredictOptions, shards: ShardSet, spec, names) -> dict:
     clash = sorted(set(options.keep) & set(names))
     if clash:
         raise ConfigError(f"--keep {clash[0]!r} has the name of a prediction column; rename it with --output-bands")
-    return {k: schema[k].dtype for k in options.keep}
+    return {**{k: schema[k].dtype for k in options.keep}, **({truth: schema[truth].dtype} if truth else {})}, truth
 
 
 def _indices(shards) -> list[int]:
@@ -294,7 +320,9 @@ def predict_shards(job: Job, indices) -> Iterator[tuple[int, int]]:
       the data layer's named errors (`scan.named_error`) for a record that fails to parse.
     """
     step = _step_fn(job)
-    columns = [*job.kept, *job.band_names]
+    columns = [*job.kept_columns, *job.band_names]
+    # a class label is stored as a float (3.0; docs/GEE_FORMAT.md): its truth column holds the class id
+    as_id = job.truth if job.task == CLASSIFICATION and job.kept.get(job.truth) != "bytes" else None
     shards = [job.shards.shards[i] for i in indices]
     empty = {i for i in indices if job.shards.stats[i].records == 0}
 
@@ -302,7 +330,7 @@ def predict_shards(job: Job, indices) -> Iterator[tuple[int, int]]:
         try:
             for position, inputs, kept in reader.ordered_batches(shards, job.spec, job.options.batch_size, job.kept):
                 outputs = [o.numpy() for o in step(inputs)]
-                kept = {k: v.numpy() for k, v in kept.items()}
+                kept = {k: np.rint(v.numpy()).astype(np.int64) if k == as_id else v.numpy() for k, v in kept.items()}
                 i = indices[int(position)]
                 for j in range(outputs[0].shape[0]):
                     yield i, [kept[k][j] for k in job.kept] + [o[j] for o in outputs]
@@ -404,10 +432,12 @@ def upload_lines(job: Job) -> list[str]:
     if job.image and job.shards.mixer is None:
         return []
     if job.image:
-        files = [*files, job.mixer_copy]
-    elif job.options.format == CSV:
-        files = [job.merged_csv]
-    return upload.lines(files, image=job.image) if files else []
+        return upload.lines([*files, job.mixer_copy], image=True) if files else []
+    flags = identity.location_flags(job.kept_columns)
+    if flags is None:   # no location in the rows: `identity.NO_LOCATION` is said instead
+        return []
+    files = [job.merged_csv] if job.options.format == CSV else files
+    return upload.lines(files, image=False, table_flags=flags) if files else []
 
 
 def read_outputs(paths) -> list[dict]:

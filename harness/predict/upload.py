@@ -28,12 +28,14 @@ def is_cloud(path: str) -> bool:
     return path.startswith("gs://")
 
 
-def commands(files: Sequence[str], *, image: bool, staging: str = STAGING) -> list[list[str]]:
+def commands(files: Sequence[str], *, image: bool, staging: str = STAGING,
+             table_flags: Sequence[str] = ()) -> list[list[str]]:
     """The argv of each command, in the order to run them, that uploads `files` as one Earth Engine asset.
 
     files: for an image, its TFRecord files in patch order and the mixer last; for a table, its files (one CSV, or
       TFRecord files: the CLI takes one file per table, so each becomes its own table, `...ASSET-00000`, ...).
       All on Cloud Storage, or all local (then the first command copies them to `staging`).
+    table_flags: for a table, the flags that give its rows their location (`harness.predict.identity`).
     Raises:
       ValueError: if `files` is empty, or mixes `gs://` objects and local files."""
     if not files:
@@ -48,12 +50,13 @@ def commands(files: Sequence[str], *, image: bool, staging: str = STAGING) -> li
     if image:
         out.append(["earthengine", "upload", "image", f"--asset_id={ASSET}", *files])
     elif len(files) == 1:
-        out.append(["earthengine", "upload", "table", f"--asset_id={ASSET}", files[0]])
+        out.append(["earthengine", "upload", "table", f"--asset_id={ASSET}", *table_flags, files[0]])
     else:
-        out += [["earthengine", "upload", "table", f"--asset_id={ASSET}-{i:05d}", f] for i, f in enumerate(files)]
+        out += [["earthengine", "upload", "table", f"--asset_id={ASSET}-{i:05d}", *table_flags, f]
+                for i, f in enumerate(files)]
     return out
 
 
-def lines(files: Sequence[str], *, image: bool, staging: str = STAGING) -> list[str]:
+def lines(files: Sequence[str], *, image: bool, staging: str = STAGING, table_flags: Sequence[str] = ()) -> list[str]:
     """`commands` as shell lines (shlex-quoted), in order."""
-    return [shlex.join(c) for c in commands(files, image=image, staging=staging)]
+    return [shlex.join(c) for c in commands(files, image=image, staging=staging, table_flags=table_flags)]

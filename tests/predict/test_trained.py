@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import tensorflow as tf
-from predict_support import run_cli
+from predict_support import check_map, run_cli
 
 from harness.data import inspect as inspect_lib
 from harness.predict.run import read_outputs
@@ -57,7 +57,10 @@ def test_the_real_aces_patch(tmp_path, shared_data):
     out = tmp_path / "pred"
     r = run_cli("predict", "--model", run_dir, "--data", aces, "--output", out)
     assert sorted(p.name for p in out.iterdir()) == ["image_2021-00000.tfrecord", "image_2021-mixer.json",
-                                                     "predict.json"]
+                                                     "image_2021.png", "image_2021.tif", "predict.json"]
+    # the real export's georeference: EPSG:4326, 8.98e-5 degrees per pixel from (89.39, 27.448), every pixel
+    found = check_map(out, "image_2021")
+    assert found["profile"]["crs"].to_epsg() == 4326 and found["profile"]["transform"].c == 89.39005136557161
     mixer = json.loads((out / "image_2021-mixer.json").read_text())
     assert mixer == json.loads((aces / "image_2021.json").read_text())
     (row,) = read_outputs([out / "image_2021-00000.tfrecord"])

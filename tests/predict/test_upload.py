@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from harness.predict import upload
+from harness.predict import identity, upload
 
 if importlib.util.find_spec("ee") is None:
     pytest.skip("earthengine-api (setup.cfg's test extra) not installed", allow_module_level=True)
@@ -55,8 +55,10 @@ def test_local_image_outputs_are_copied_then_uploaded_in_order_mixer_last():
 def test_outputs_on_cloud_storage_are_uploaded_where_they_are():
     (line,) = upload.lines(IMAGE_GCS, image=True)
     assert _manifest(line)["tilesets"][0]["sources"] == [{"uris": IMAGE_GCS}]
-    (line,) = upload.lines(["gs://b/preds/points.csv"], image=False)
-    assert _manifest(line)["sources"] == [{"uris": ["gs://b/preds/points.csv"]}]
+    (line,) = upload.lines(["gs://b/preds/points.csv"], image=False, table_flags=identity.location_flags(
+        ["system:index", "longitude", "latitude"]))
+    assert _manifest(line)["sources"] == [{"uris": ["gs://b/preds/points.csv"], "x_column": "longitude",
+                                           "y_column": "latitude"}]   # the points placed by their coordinates
 
 
 def test_a_table_of_several_files_is_one_table_per_file():

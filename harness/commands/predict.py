@@ -50,7 +50,8 @@ def export(args) -> int:
 def add_parsers(sub) -> None:
     """`harness predict`: predictions in the export's order, ready for `earthengine upload`; `harness export`."""
     p = command(sub, "predict", predict,
-                "Predict every record of an export in order and write it back as Earth Engine uploads it")
+                "Predict every record of an export in order and write it back as Earth Engine uploads it (an image "
+                "export with a mixer also as <prefix>.tif, a Cloud-Optimized GeoTIFF, and a <prefix>.png quick-look)")
     D = defaults(PredictOptions)   # each default below is the library's
     p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json) or a .keras file")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",
@@ -62,12 +63,15 @@ def add_parsers(sub) -> None:
                                               "every band of the export)")
     p.add_argument("--task", choices=TASKS,
                    help="default: the run's; classification: class ids (argmax); regression: the raw outputs")
-    p.add_argument("--probabilities", action="store_true", help="also one float band per class (softmax)")
+    p.add_argument("--probabilities", action="store_true", help="also one float band per class (softmax; images: "
+                                                                "also <prefix>-probabilities.tif)")
     p.add_argument("--output-bands", nargs="+", metavar="NAME",
                    help="names of the written bands: class band, then one per class (default class, "
                         "probability_<i>; regression: prediction or prediction_<i>)")
     p.add_argument("--format", choices=PREDICTION_FORMATS, default=D["format"], help="table exports' output")
-    p.add_argument("--keep", nargs="+", metavar="PROPERTY", help="table exports: input properties copied to each row")
+    p.add_argument("--keep", nargs="+", metavar="PROPERTY",
+                   help="table exports: input properties copied to each row (default: ids and coordinates by name, "
+                        "e.g. system:index, longitude, latitude; the run's label is written as <label>_true)")
     p.add_argument("--prefix", help="output file prefix (default: the input shards')")
     p.add_argument("--overwrite", action="store_true", help="replace another run's files in --output")
 

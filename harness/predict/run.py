@@ -418,8 +418,9 @@ def _step_fn(job: Job):
 # patch. Patches which exceed this allowance will be dropped rather than written to files. If this field is set to
 # anything but 1, the JSON sidecar will not be produced." (docs/GEE_FORMAT.md, "Layout options")
 NO_MIXER = ("no upload: the export has no mixer.json, which Earth Engine writes only when no patch was dropped "
-            "(maxMaskedRatio below 1 drops patches with more masked pixels and then writes no sidecar), so it "
-            "cannot place these patches back as a mosaic; the predictions above are in the export's patch order. "
+            "(maxMaskedRatio below 1 drops patches with more masked pixels and then writes no sidecar), so neither "
+            "Earth Engine nor a GeoTIFF can place these patches (no map is written); the predictions above are in "
+            "the export's patch order. "
             "To upload a mosaic, export the image again with maxMaskedRatio 1 (the default; masked pixels are then "
             "filled with defaultValue) and predict on that export")
 

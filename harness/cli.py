@@ -11,27 +11,41 @@ import sys
 
 from harness.commands import bench as bench_cmd, data as data_cmd, evaluate as evaluate_cmd, launch as launch_cmd
 from harness.commands import plan as plan_cmd
-from harness.commands import predict as predict_cmd, train as train_cmd, tune as tune_cmd
+from harness.commands import predict as predict_cmd, report as report_cmd, train as train_cmd, tune as tune_cmd
 from harness import exit_codes
+from harness.commands.args import unknown_flag
 from harness.errors import ClusterFault, HarnessError
+
+
+DESCRIPTION = """Train TensorFlow models on Google Earth Engine TFRecord exports, on one GPU or many, and write the
+predictions back as Earth Engine and a GIS read them.
+
+from an export to a map:
+  harness inspect EXPORT                                   what the export holds
+  harness train --data EXPORT --label NAME --output RUN    a run folder: model.keras, summary.json
+  harness predict --model RUN --data EXPORT --output OUT   predictions in order, the map, the upload line
+  harness launch local --workers 2 -- harness train ...    the same on several workers"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `harness` parser: each command's own parser, built beside its handler (`harness.commands.<name>`)."""
-    parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="harness", description=DESCRIPTION, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for commands in (data_cmd, plan_cmd, train_cmd, tune_cmd, predict_cmd, evaluate_cmd, bench_cmd, launch_cmd):
+    for commands in (data_cmd, plan_cmd, train_cmd, tune_cmd, predict_cmd, evaluate_cmd, report_cmd, bench_cmd,
+                     launch_cmd):
         commands.add_parsers(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("tensorflow", "absl", "h5py"):   # their INFO lines drown ours
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        unknown_flag(parser, argv, extras)
+    quiet(args.verbose)
     name = " ".join(filter(None, [args.command, getattr(args, "launcher", None)]))
     try:
         if args.command != "launch":   # a launcher's workers check for themselves
@@ -62,6 +76,32 @@ def main(argv=None) -> int:
         print(f"harness {name}: {type(e).__name__}: {_for_flags(e, args)}", file=sys.stderr)
         # A launcher passes on the code of the worker that failed first (WorkerFailedError.exit_code).
         return getattr(e, "exit_code", exit_codes.PERMANENT)
+
+
+class _Short(logging.Formatter):
+    """`warning: message` (what a person reads), not `WARNING harness.data.pipeline: message`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def quiet(verbose: bool) -> None:
+    """Quiet by default: the harness's own lines, its warnings, and nothing else's INFO. `-v` shows everything:
+    DEBUG and INFO logs (each worker's input pipelines, record counting, the strategy) with their logger's name,
+    and the banners TensorFlow's C++ libraries print while they load (`harness.heavy_imports`)."""
+    import warnings
+
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+    else:
+        handler = logging.StreamHandler()
+        handler.setFormatter(_Short())
+        logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    for noisy in ("tensorflow", "absl", "h5py"):   # their INFO lines drown ours
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # google-api-core (with earthengine-api) warns at import that it will drop Python 3.11 in 2027: not the user's
+    # business on every command
+    warnings.filterwarnings("ignore", message="You are using a Python version", category=FutureWarning)
 
 
 def _check_cloud_storage(args: argparse.Namespace) -> None:

@@ -13,11 +13,51 @@ collected (the objects the first import's collections found: ~700, a few hundred
 `gc.freeze`: "to avoid the cost of walking [objects that live for the life of the process] ... and to make the
 objects be ignored by future collections" (docs.python.org/3/library/gc.html#gc.freeze).
 """
+import contextlib
 import gc
 import importlib.util
+import os
+import re
 import sys
+import tempfile
 
 HEAVY = ("tensorflow", "tf_keras", "keras", "horovod.tensorflow")
+
+# What TensorFlow's C++ libraries print on stderr while they load, whatever TF_CPP_MIN_LOG_LEVEL says (absl logs
+# before its InitializeLog go to stderr unfiltered): not the user's business on every command. Left out of what the
+# import wrote; every other line is written back. With DEBUG logging on (`harness -v`) they are kept.
+_BANNERS = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+                      r"|I\d{4} [\d:. ]+\d+ (port\.cc:\d+\] oneDNN custom operations are on"
+                      r"|cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized)"
+                      r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler"
+                      r" flags\.)")
+
+
+@contextlib.contextmanager
+def _without_banners():
+    """Capture file descriptor 2 during the block into a temporary file, then write back every line but
+    `_BANNERS` (in order, also when the block raises)."""
+    import logging
+
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _BANNERS.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 class _CollectorOffLoader:
@@ -38,7 +78,8 @@ class _CollectorOffLoader:
         HeavyImports.depth += 1
         gc.disable()
         try:
-            self._loader.exec_module(module)
+            with _without_banners() if outermost else contextlib.nullcontext():
+                self._loader.exec_module(module)
         finally:
             HeavyImports.depth -= 1
             module.__spec__.loader = module.__loader__ = self._loader   # as if it had never been wrapped

@@ -129,3 +129,79 @@ def test_bench_input_without_label_asks_for_the_flag(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "harness bench: SpecError: the spec has no label: give --label NAME" in err
     assert "declare `label:`" not in err
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["train", "--data", "x", "--lable", "class"], "usage: harness train --data EXPORT",
+     "harness train: error: unrecognized arguments: --lable class (did you mean --label?)"),
+    (["train", "--epoch", "2"], "usage: harness train", "(did you mean --epochs?)"),    # no abbreviation taken
+    (["predict", "--model", "m", "--data", "d", "--output", "o", "--probs"], "usage: harness predict",
+     "harness predict: error: unrecognized arguments: --probs (did you mean --probabilities?)"),
+    (["launch", "local", "--workers", "2", "--timout", "4", "--", "harness", "train", "--anything"],
+     "usage: harness launch local", "unrecognized arguments: --timout (did you mean --timeout?)"),
+    (["inspect", "x", "--zzz"], "usage: harness inspect", "unrecognized arguments: --zzz (see harness inspect --help)"),
+])
+def test_an_unknown_flag_gets_its_subcommands_usage_and_the_closest_flag(capsys, argv, usage, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(usage) and err.rstrip().endswith(message), err
+
+
+def test_train_help_groups_its_flags_by_what_they_decide(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = capsys.readouterr().out
+    titles = [line[:-1] for line in out.splitlines() if line and not line[0].isspace() and line.endswith(":")]
+    assert titles == ["options", "data", "distribution", "optimization", "optimizer and schedule", "loss",
+                      "training control", "model", "output", "performance", "example"], titles
+    options = out.split("\noptions:\n", 1)[1].split("\n\n", 1)[0]
+    assert options.split() == ["-h,", "--help", "show", "this", "help", "message", "and", "exit"]
+    assert out.startswith("usage: harness train --data EXPORT") and len(out.split("\n\n", 1)[0].splitlines()) <= 2
+
+
+# The fenced blocks that tests run line by line as printed: their commands are the examples --help may show.
+RUN_BLOCKS = {"README.md": "## Quick start",                                   # tests/test_quickstart.py
+              "docs/predictions.md": "## Predictions back to Earth Engine",  # tests/predict/test_readme_roundtrip.py
+              "docs/predictions.md#evaluate": "## Scoring a test split",     # tests/evaluate/test_evaluate.py
+              "docs/data.md": "## Time series"}                              # tests/train/test_layouts_run.py
+# No command of a block run as printed shows these; their pages say how they run.
+WITHOUT_EXAMPLE = {"reshard", "data-service dispatcher", "data-service worker", "demo", "tune", "bench input",
+                   "bench train", "bench scale", "bench allreduce", "launch mpi", "launch horovod",
+                   "launch k8s"}
+
+
+def _run_commands() -> set:
+    import pathlib
+    import re
+
+    root, found = pathlib.Path(__file__).resolve().parents[1], set()
+    for page, heading in RUN_BLOCKS.items():
+        text = (root / page.split("#")[0]).read_text().partition("\n" + heading)[2].split("\n## ", 1)[0]
+        block = re.search(r"^```\n(.*?)^```$", text, re.S | re.M).group(1)
+        lines = [re.sub(r"\s+#.*$", "", line) for line in block.replace("\\\n", " ").splitlines()]
+        found |= {" ".join(line.split()) for line in lines if line.strip()}   # a trailing comment is the shell's
+    return found
+
+
+def _subcommands(parser, path=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+                    yield from _subcommands(sub, (*path, name))
+                else:
+                    yield " ".join((*path, name)), sub
+
+
+def test_each_commands_example_is_a_line_the_docs_run_as_printed():
+    commands, lacking = _run_commands(), set()
+    for name, sub in _subcommands(cli.build_parser()):
+        if not sub.epilog:
+            lacking.add(name)
+            continue
+        example = sub.epilog.removeprefix("example:\n  ")
+        assert example in commands, (name, example)
+        assert example.startswith(f"harness {name} "), (name, example)
+        assert "example:\n  " + example in sub.format_help()
+    assert lacking == WITHOUT_EXAMPLE

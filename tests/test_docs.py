@@ -38,4 +38,15 @@ def test_readme_security_table_is_the_port_inventory():
     """The README's table of listening sockets is `harness.ports.markdown_table()`, as is (issue 24, item 1)."""
     from harness import ports
 
-    assert ports.markdown_table() in (ROOT / "README.md").read_text()
+    assert ports.markdown_table() in (ROOT / "docs" / "security.md").read_text()
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    """README.md and docs/*.md link each other, the examples and the tests by relative paths: each must exist."""
+    import re
+
+    broken = [(page.name, target) for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+              for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+              if not target.startswith(("http://", "https://", "#", "mailto:"))
+              and not (page.parent / target.split("#")[0]).exists()]
+    assert broken == []

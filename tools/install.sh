@@ -20,6 +20,9 @@ command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 { command -v nsenter && command -v unshare; } >/dev/null 2>&1 || need_apt+=(util-linux)
 # tests/test_ports_inventory.py traces every listen(2) of a run (Gloo's listeners outlive no poll).
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)
+# tests/test_quickstart.py opens the run report in a real headless browser (tests/browser.py): Debian's Chromium,
+# only where the test extra is installed (not in the Docker image).
+case ",$EXTRAS," in *,test,*) command -v chromium >/dev/null 2>&1 || need_apt+=(chromium) ;; esac
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq

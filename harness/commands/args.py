@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" only where it informs: not for None (a value derived or absent, which the help text
-    describes instead), not for required options, not where the help already names its default."""
+    describes instead), not for required options, not where the help already names its default. The description
+    and the epilog (the example) keep their line breaks."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -18,10 +19,38 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def command(sub, name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+def command(sub, name: str, handler: Callable[[argparse.Namespace], int], help: str, *,
+            description: Optional[str] = None, example: Optional[str] = None,
+            usage: Optional[str] = None) -> argparse.ArgumentParser:
+    """Add the subcommand `name` to `sub`: `help` is its line in the command list (and its description unless
+    `description` is given), `example` a command line shown under "example:" at the end of its --help (one that
+    README.md or docs/ runs as printed: tests/test_cli_help.py), `usage` a short usage line in place of argparse's
+    list of every flag. No flag is taken abbreviated (`--epoch` is not `--epochs`)."""
+    p = sub.add_parser(name, help=help, description=description or help, formatter_class=HelpFormatter,
+                       allow_abbrev=False, usage=usage, epilog=f"example:\n  {example}" if example else None)
     p.set_defaults(handler=handler)
     return p
+
+
+def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str], extras: Sequence[str]) -> None:
+    """Answer `extras` (what `parse_known_args` of `argv` left over) with the usage of the subcommand `argv` names
+    and the flag closest to the first of them ("did you mean --label?"), exit 2: argparse alone gives the
+    top-level usage and no hint."""
+    import difflib
+
+    argv = list(argv)
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    path, current = [parser], parser
+    for token in argv:   # descend through subcommand names (harness launch local ...)
+        choices = next((a.choices for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if choices and token in choices:
+            current = choices[token]
+            path.append(current)
+    known = sorted({o for p in path for a in p._actions for o in a.option_strings if o.startswith("--")})
+    flag = next((t.split("=", 1)[0] for t in extras if t.startswith("-")), None)
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag else []
+    current.error(f"unrecognized arguments: {' '.join(extras)}" +
+                  (f" (did you mean {close[0]}?)" if close else f" (see {current.prog} --help)"))
 
 
 def at_least(minimum: int):

@@ -94,7 +94,7 @@ def bench_scale(args) -> int:
 
 def add_parsers(sub) -> None:
     """`harness bench input|train|allreduce|scale`."""
-    bench = sub.add_parser("bench", help="Benchmarks: the input pipeline alone, or training (synthetic or real data)")
+    bench = sub.add_parser("bench", allow_abbrev=False, help="Benchmarks: the input pipeline alone, or training (synthetic or real data)")
     bsub = bench.add_subparsers(dest="bench", required=True)
     p = command(bsub, "input", bench_input,
                 "Input pipeline examples/s on your shards: read limit, harness pipeline, per-record pipeline")

@@ -96,7 +96,8 @@ def data_service(args) -> int:
 def add_parsers(sub) -> None:
     """`harness inspect`, `harness synth`, `harness reshard` and `harness data-service dispatcher|worker`."""
     p = command(sub, "inspect", inspect,
-                "Print the schema, patch shape, per-shard record counts and a ready-to-use config")
+                "Print the schema, patch shape, per-shard record counts and a ready-to-use config",
+                example="harness inspect preds")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--mixer", help="mixer.json when not beside the shards as <prefix>-mixer.json")
     p.add_argument("--kernel-margin", type=NON_NEGATIVE, default=None,
@@ -106,7 +107,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = command(sub, "synth", synth,
-                "Write a synthetic export laid out exactly as Earth Engine writes it")
+                "Write a synthetic export laid out exactly as Earth Engine writes it",
+                example="harness synth points --kind table --shards 4 --records 800 --bands a b c --label class "
+                        "--classes 3")
     p.add_argument("output", help="folder to write into")
     p.add_argument("--kind", choices=DATA_KINDS, default="image", help="patches (image) or points (table)")
     p.add_argument("--prefix", default="export", help="file name prefix")
@@ -143,7 +146,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--prefix", help="output name prefix (default: the source's)")
     p.add_argument("--mixer", help="mixer.json when not beside the shards (default: <prefix>-mixer.json there)")
 
-    ds = sub.add_parser("data-service", help="tf.data service servers for --data-service")
+    ds = sub.add_parser("data-service", allow_abbrev=False, help="tf.data service servers for --data-service")
     dsub = ds.add_subparsers(dest="role", required=True)
     p = command(dsub, "dispatcher", data_service, "Start a tf.data service dispatcher")
     p.add_argument("--port", type=NON_NEGATIVE, default=ports.DATA_SERVICE_PORT, help="port to listen on")

@@ -20,7 +20,9 @@ def add_parsers(sub) -> None:
     """`harness evaluate`."""
     p = command(sub, "evaluate", evaluate,
                 "Score a trained run on a labelled export with its validation metrics (every record once, any "
-                "number of workers)")
+                "number of workers)",
+                example="harness evaluate --model runs/points --data points/export-00003.tfrecord.gz --output "
+                        "runs/points/test.json")
     D = defaults(EvaluateOptions)
     p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json)")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",

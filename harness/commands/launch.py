@@ -93,10 +93,12 @@ def _launch(line: list[str], args) -> int:
 
 def add_parsers(sub) -> None:
     """`harness launch local|k8s|mpi|horovod`."""
-    launch = sub.add_parser("launch", help="Start a command as several workers")
+    launch = sub.add_parser("launch", allow_abbrev=False, help="Start a command as several workers")
     lsub = launch.add_subparsers(dest="launcher", required=True)
     p = command(lsub, "local", local,
-                "N workers on this machine, each with its TF_CONFIG; output prefixed by worker")
+                "N workers on this machine, each with its TF_CONFIG; output prefixed by worker",
+                example="harness launch local --workers 2 -- harness evaluate --model runs/points --data "
+                        "points/export-00003.tfrecord.gz")
     p.add_argument("--workers", type=int, required=True, help="worker processes to start")
     p.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs per worker (CUDA_VISIBLE_DEVICES slices)")
     p.add_argument("--timeout", type=float, default=None,

@@ -36,7 +36,8 @@ def plan(args) -> int:
 def add_parsers(sub) -> None:
     """`harness plan`."""
     p = command(sub, "plan", plan,
-                "Print files and records per worker, batch sizes, steps per epoch and dropped records")
+                "Print files and records per worker, batch sizes, steps per epoch and dropped records",
+                example="harness plan points --workers 2 --global-batch-size 64")
     p.add_argument("data", nargs="+", metavar="DATA")
     p.add_argument("--workers", type=int, default=1, help="training workers (hosts or processes)")
     p.add_argument("--replicas-per-worker", type=int, default=1, help="devices per worker")

@@ -50,8 +50,11 @@ def export(args) -> int:
 def add_parsers(sub) -> None:
     """`harness predict`: predictions in the export's order, ready for `earthengine upload`; `harness export`."""
     p = command(sub, "predict", predict,
-                "Predict every record of an export in order and write it back as Earth Engine uploads it (an image "
-                "export with a mixer also as <prefix>.tif, a Cloud-Optimized GeoTIFF, and a <prefix>.png quick-look)")
+                "Predict every record of an export in order and write it back as Earth Engine uploads it",
+                description="Predict every record of an export in order and write it back as Earth Engine uploads "
+                            "it; an image export with a mixer also as <prefix>.tif, a Cloud-Optimized GeoTIFF, and "
+                            "<prefix>.png, a quick-look",
+                example="harness predict --model runs/series --data series --output series-preds")
     D = defaults(PredictOptions)   # each default below is the library's
     p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json) or a .keras file")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",
@@ -76,7 +79,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace another run's files in --output")
 
     p = command(sub, "export", export,
-                "Write a SavedModel for Earth Engine's hosted models (ee.Model.fromVertexAi) and print its arguments")
+                "Write a SavedModel for Earth Engine's hosted models (ee.Model.fromVertexAi) and print its arguments",
+                example="harness export --format savedmodel --model runs/exp1 --output sm")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="savedmodel", help="what to write")
     p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json) or a .keras file")
     p.add_argument("--output", required=True, help="SavedModel folder")

@@ -47,9 +47,12 @@ def demo(args) -> int:
 
 def add_parsers(sub) -> None:
     """`harness train` and `harness demo`."""
-    p = command(sub, "train", train, "Train on GEE TFRecord shards (one worker or several)")
-    train_args(p)
-    p.add_argument("--tune", action="store_true", default=argparse.SUPPRESS,
+    p = command(sub, "train", train, "Train on GEE TFRecord shards (one worker or several)",
+                usage="%(prog)s --data EXPORT [--label NAME] [--model FILE.py:FUNCTION] [--output RUN_DIR] [options]",
+                example="harness train --data points/export-00000.tfrecord.gz points/export-00001.tfrecord.gz "
+                        "--validation-data points/export-00002.tfrecord.gz --label class --epochs 3 --output runs/points")
+    groups = train_args(p)
+    groups["performance"].add_argument("--tune", action="store_true", default=argparse.SUPPRESS,
                    help="probe each input stage on this worker's files and the step before training, and train "
                         "with the levers harness tune would write (the chief's decision on every worker)")
     p = command(sub, "demo", demo,
@@ -59,84 +62,91 @@ def add_parsers(sub) -> None:
     p.add_argument("--epochs", type=POSITIVE, default=4, help="training epochs")
 
 
-def train_args(p: argparse.ArgumentParser) -> None:
+def train_args(p: argparse.ArgumentParser) -> dict:
     """Flags of `harness train`; every default is None so a YAML `--config` value applies unless a flag is given
-    (defaults then come from `harness.train.options.TrainOptions`)."""
+    (defaults then come from `harness.train.options.TrainOptions`). Returns the argument groups by title."""
     S, D = argparse.SUPPRESS, defaults(TrainOptions)
-    p.add_argument("--data", nargs="+", metavar="PATH", default=S, help="training shards: folder, glob or paths")
-    p.add_argument("--validation-data", nargs="+", metavar="PATH", default=S,
-                   help="validation shards: folder, glob or paths (default: none, no validation)")
-    p.add_argument("--config", help="YAML run config with `data:` (feature spec) and `train:` sections")
-    p.add_argument("--mixer", default=S, help="mixer.json when not beside the shards as <prefix>-mixer.json")
-    p.add_argument("--label", default=S, help="label feature (class ids, stored as float by Earth Engine)")
-    p.add_argument("--bands", nargs="+", default=S, help="input bands (default: every feature but the label)")
-    p.add_argument("--task", choices=TASKS, default=S,
-                   help="default classification (class ids); regression: the label is a number per pixel/row")
-    p.add_argument("--ignore-label", type=float, default=S, metavar="VALUE",
-                   help="the label's nodata value: those pixels are left out of the loss and every metric")
-    p.add_argument("--input-nodata", type=float, default=S, metavar="VALUE",
-                   help="an input value that is no measurement (Earth Engine's defaultValue: masked pixels, array "
-                        "padding): left out of the band statistics, delivered as each channel's mean")
-    p.add_argument("--class-names", nargs="+", default=S, metavar="NAME",
-                   help="one name per class, in class-id order (names the per-class metrics)")
-    p.add_argument("--epochs", type=int, default=S, help=f"default {D['epochs']:g}")
-    g = p.add_mutually_exclusive_group()
+    data = p.add_argument_group("data", "the export, its label and bands, and what is done to the examples")
+    dist = p.add_argument_group("distribution", "workers, replicas and the batch (`harness plan` prints the steps)")
+    run = p.add_argument_group("optimization", "epochs and precision (optimizer, loss and stopping below)")
+    out = p.add_argument_group("output", "what the chief writes")
+    perf = p.add_argument_group("performance", "the input pipeline and the step loop (`harness tune` decides these)")
+    # listed in --help in this order: what to train on, how, with what model, then where and how fast
+    later = [p._action_groups.pop(p._action_groups.index(g)) for g in (out, perf)]
+    data.add_argument("--data", nargs="+", metavar="PATH", default=S, help="training shards: folder, glob or paths")
+    data.add_argument("--validation-data", nargs="+", metavar="PATH", default=S,
+                      help="validation shards: folder, glob or paths (default: none, no validation)")
+    data.add_argument("--config", help="YAML run config with `data:` (feature spec) and `train:` sections")
+    data.add_argument("--mixer", default=S, help="mixer.json when not beside the shards as <prefix>-mixer.json")
+    data.add_argument("--label", default=S, help="label feature (class ids, stored as float by Earth Engine)")
+    data.add_argument("--bands", nargs="+", default=S, help="input bands (default: every feature but the label)")
+    data.add_argument("--task", choices=TASKS, default=S,
+                      help="default classification (class ids); regression: the label is a number per pixel/row")
+    data.add_argument("--ignore-label", type=float, default=S, metavar="VALUE",
+                      help="the label's nodata value: those pixels are left out of the loss and every metric")
+    data.add_argument("--input-nodata", type=float, default=S, metavar="VALUE",
+                      help="an input value that is no measurement (Earth Engine's defaultValue: masked pixels, array "
+                           "padding): left out of the band statistics, delivered as each channel's mean")
+    data.add_argument("--class-names", nargs="+", default=S, metavar="NAME",
+                      help="one name per class, in class-id order (names the per-class metrics)")
+    run.add_argument("--epochs", type=int, default=S, help=f"default {D['epochs']:g}")
+    g = dist.add_mutually_exclusive_group()
     g.add_argument("--global-batch-size", type=int, default=S, help="examples per step over all replicas")
     g.add_argument("--per-replica-batch-size", type=int, default=S,
                    help=f"default {DEFAULT_PER_REPLICA_BATCH_SIZE} when neither is given")
-    p.add_argument("--precision", choices=PRECISIONS, default=S,
-                   help=f"default {D['precision']}; auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 "
-                        "CPUs/TPUs")
-    p.add_argument("--strategy", choices=STRATEGIES, default=S,
-                   help=f"default {D['strategy']}: multi-worker when TF_CONFIG names several tasks, mirrored on "
-                        "several GPUs")
-    p.add_argument("--cpu-replicas", type=POSITIVE, default=S,
-                   help="logical CPU devices for MirroredStrategy on a machine without GPUs (default "
-                        f"{D['cpu_replicas']:g})")
-    p.add_argument("--output", default=S,
-                   help=f"output folder (chief only): backup, model, summary; default {D['output']}")
-    p.add_argument("--num-classes", type=int, default=S, help="default: the spec's, else max label + 1 in a sample")
-    p.add_argument("--class-weights", default=S,
-                   help=" | ".join((*CLASS_WEIGHTS, f"w0,w1,... (default {D['class_weights']})")))
-    p.add_argument("--cache", choices=CACHE_MODES, default=S,
-                   help=f"parsed records kept after the first epoch; default {D['cache']}: in memory when they fit, "
-                        "else in files under --cache-dir when given, else none")
-    p.add_argument("--cache-dir", default=S, help="folder of the file cache (--cache file)")
-    p.add_argument("--shuffle-buffer", type=POSITIVE, default=S,
-                   help="records; default: about 256 MB of serialized records, at most 16384 and at most the "
-                        "worker's records")
-    p.add_argument("--parse", choices=PARSE_PLACEMENTS, default=S,
-                   help=f"records one by one, or read batches (vectorized); default {D['parse']}: by the record size")
-    p.add_argument("--parallel-reads", type=POSITIVE, default=S, help="files read at once (default: one per CPU)")
-    p.add_argument("--map-parallelism", type=POSITIVE, default=S,
-                   help="calls in flight of each parallel map (parse, augment); default AUTOTUNE")
-    p.add_argument("--prefetch", type=POSITIVE, default=S, help="batches prefetched (default AUTOTUNE)")
-    p.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
-    p.add_argument("--brightness", type=float, default=S, metavar="B",
-                   help=f"training inputs only: every band x U(1-B, 1+B) per example (default {D['brightness']:g})")
-    p.add_argument("--contrast", type=float, default=S, metavar="C",
-                   help="training image bands only: around their mean x U(1-C, 1+C) per example (default "
-                        f"{D['contrast']:g})")
-    p.add_argument("--seed", type=int, default=S, help=f"file order, shuffle and augmentation (default {D['seed']:g})")
-    p.add_argument("--profile", action="store_true", default=S,
-                   help="write report.json, timeline.png and the input-bound table (every worker's steps, GPU/CPU "
-                        "utilization, a tf.profiler trace window)")
-    p.add_argument("--profile-steps", default=S, metavar="START:STOP",
-                   help="global steps to trace with tf.profiler, both included (implies --profile); default: 10 "
-                        "steps from the 3rd after warm-up")
-    p.add_argument("--profile-dir", default=S, help="TensorBoard log dir of the traces (one worker-<rank> folder "
-                                                    "each; shared storage on several hosts); default "
-                                                    "OUTPUT/tensorboard")
-    p.add_argument("--data-service", default=S, metavar="grpc://HOST:PORT",
-                   help="run the input pipeline on a tf.data service (see `harness data-service`)")
-    p.add_argument("--backend", choices=BACKENDS, default=S,
-                   help=f"default {D['backend']} (tf.distribute); horovod: one process per device under "
-                        "mpirun/horovodrun")
-    p.add_argument("--steps-per-loop", type=auto_or_positive, default=S, metavar="K|auto",
-                   help="training steps per tf.function call (the host waits for the device once per call); "
-                        "default auto: about 0.25 s per call, chosen after a few one-step calls")
-    p.add_argument("--check-sharding", action="store_true", default=S,
-                   help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
+    run.add_argument("--precision", choices=PRECISIONS, default=S,
+                     help=f"default {D['precision']}; auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 "
+                          "CPUs/TPUs")
+    dist.add_argument("--strategy", choices=STRATEGIES, default=S,
+                      help=f"default {D['strategy']}: multi-worker when TF_CONFIG names several tasks, mirrored on "
+                           "several GPUs")
+    dist.add_argument("--cpu-replicas", type=POSITIVE, default=S,
+                      help="logical CPU devices for MirroredStrategy on a machine without GPUs (default "
+                           f"{D['cpu_replicas']:g})")
+    out.add_argument("--output", default=S,
+                     help=f"output folder (chief only): backup, model, summary; default {D['output']}")
+    data.add_argument("--num-classes", type=int, default=S, help="default: the spec's, else max label + 1 in a sample")
+    data.add_argument("--class-weights", default=S,
+                      help=" | ".join((*CLASS_WEIGHTS, f"w0,w1,... (default {D['class_weights']})")))
+    perf.add_argument("--cache", choices=CACHE_MODES, default=S,
+                      help=f"parsed records kept after the first epoch; default {D['cache']}: in memory when they fit, "
+                           "else in files under --cache-dir when given, else none")
+    perf.add_argument("--cache-dir", default=S, help="folder of the file cache (--cache file)")
+    perf.add_argument("--shuffle-buffer", type=POSITIVE, default=S,
+                      help="records; default: about 256 MB of serialized records, at most 16384 and at most the "
+                           "worker's records")
+    perf.add_argument("--parse", choices=PARSE_PLACEMENTS, default=S,
+                      help=f"records one by one, or read batches (vectorized); default {D['parse']}: by the record size")
+    perf.add_argument("--parallel-reads", type=POSITIVE, default=S, help="files read at once (default: one per CPU)")
+    perf.add_argument("--map-parallelism", type=POSITIVE, default=S,
+                      help="calls in flight of each parallel map (parse, augment); default AUTOTUNE")
+    perf.add_argument("--prefetch", type=POSITIVE, default=S, help="batches prefetched (default AUTOTUNE)")
+    data.add_argument("--augment", action="store_true", default=S, help="random flips and 90-degree rotations")
+    data.add_argument("--brightness", type=float, default=S, metavar="B",
+                      help=f"training inputs only: every band x U(1-B, 1+B) per example (default {D['brightness']:g})")
+    data.add_argument("--contrast", type=float, default=S, metavar="C",
+                      help="training image bands only: around their mean x U(1-C, 1+C) per example (default "
+                           f"{D['contrast']:g})")
+    data.add_argument("--seed", type=int, default=S, help=f"file order, shuffle and augmentation (default {D['seed']:g})")
+    out.add_argument("--profile", action="store_true", default=S,
+                     help="write report.json, timeline.png and the input-bound table (every worker's steps, GPU/CPU "
+                          "utilization, a tf.profiler trace window)")
+    out.add_argument("--profile-steps", default=S, metavar="START:STOP",
+                     help="global steps to trace with tf.profiler, both included (implies --profile); default: 10 "
+                          "steps from the 3rd after warm-up")
+    out.add_argument("--profile-dir", default=S, help="TensorBoard log dir of the traces (one worker-<rank> folder "
+                                                      "each; shared storage on several hosts); default "
+                                                      "OUTPUT/tensorboard")
+    dist.add_argument("--data-service", default=S, metavar="grpc://HOST:PORT",
+                      help="run the input pipeline on a tf.data service (see `harness data-service`)")
+    dist.add_argument("--backend", choices=BACKENDS, default=S,
+                      help=f"default {D['backend']} (tf.distribute); horovod: one process per device under "
+                           "mpirun/horovodrun")
+    perf.add_argument("--steps-per-loop", type=auto_or_positive, default=S, metavar="K|auto",
+                      help="training steps per tf.function call (the host waits for the device once per call); "
+                           "default auto: about 0.25 s per call, chosen after a few one-step calls")
+    dist.add_argument("--check-sharding", action="store_true", default=S,
+                      help="gather every rank's files and check they are disjoint and cover the data (Horovod/MPI)")
     o = p.add_argument_group("optimizer and schedule", "built by the harness inside the strategy's scope; the "
                              "learning rate is a function of the restored step (a resume continues the schedule)")
     o.add_argument("--optimizer", choices=OPTIMIZERS, default=S, help=f"default {D['optimizer']}")
@@ -175,9 +185,11 @@ def train_args(p: argparse.ArgumentParser) -> None:
                    help=f"the least change that counts as improvement (default {D['min_delta']:g})")
     m = p.add_argument_group("model", "your own model (default: the built-in U-Net for patches, an MLP for tables)")
     m.add_argument("--model", default=S, metavar="MODULE:FUNCTION",
-                   help="function(ModelInputs, **model_args) -> tf_keras model of logits; also "
+                   help="function(ModelInputs, **model_args) -> Keras model of logits (Keras 3 or tf-keras); also "
                         "path/to/file.py:FUNCTION")
     m.add_argument("--model-args", type=json_object, default=S, metavar="JSON",
                    help="keyword arguments for the model function, e.g. '{\"depth\": 4}'")
     m.add_argument("--init-from", default=S, metavar="MODEL.keras|RUN_DIR",
                    help="start from trained weights: layers matched by name, mismatches named")
+    p._action_groups += later
+    return {"data": data, "distribution": dist, "optimization": run, "output": out, "performance": perf}

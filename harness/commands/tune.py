@@ -33,7 +33,8 @@ def tune(args) -> int:
 def add_parsers(sub) -> None:
     """`harness tune`."""
     p = command(sub, "tune", tune,
-                "Probe each input stage on your data, decide the pipeline's levers and write a config for train")
+                "Probe each input stage on your data, decide the pipeline's levers and write a config for train",
+                usage="%(prog)s --data EXPORT [--label NAME] [--write tune.yaml] [train's options]")
     train_args(p)
     p.add_argument("--write", default="tune.yaml", metavar="FILE", help="the run config written")
     p.add_argument("--workers", type=POSITIVE, default=1, help="training workers, one per host (each reads its share)")

@@ -333,6 +333,8 @@ def format_table(report: dict) -> str:
         lines.append(f"trace window: steps {traces['window'][0]}-{traces['window'][1]}; {WINDOW_NOTE}"
                      if traces.get("window") else f"trace window: {WINDOW_NOTE}")
         lines.append(f"traces: {traces['tensorboard']}")
+        lines.append("  (TensorBoard's Profile tab loads its charts from the internet; offline, `harness report "
+                     "RUN_DIR` writes RUN_DIR/report.html with this table and the timeline)")
     return "\n".join(lines)
 
 

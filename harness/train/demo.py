@@ -3,7 +3,7 @@
 Writes a synthetic Earth Engine image export if absent (10 shards of 64x64 patches with a kernel margin of 8,
 4 float bands, a `landcover` label, GZIP, mixer.json), then trains the U-Net with MirroredStrategy over 2 logical
 CPU replicas on shards 0-7 and validates on shards 8-9 (the last rows of the export's grid: a spatial hold-out),
-cropping the margin, printing the plan, a line per epoch and a summary.
+cropping the margin, printing the plan, a line per epoch and a summary, and writes the run's `report.html`.
 """
 from __future__ import annotations
 
@@ -39,4 +39,8 @@ def run(*, output: str = "runs/demo", data_dir: str = "demo-data", epochs: int =
     options = TrainOptions(data=tuple(train), validation_data=tuple(validation), epochs=epochs,
                            per_replica_batch_size=16, strategy="mirrored", cpu_replicas=2, output=output,
                            learning_rate=3e-3)
-    return job.run(options, data_config={"crop_margin": True}, distribution=distribution)
+    summary = job.run(options, data_config={"crop_margin": True}, distribution=distribution)
+    from harness.train.report import page
+
+    print(f"report: {page.write(output)} (one file, opens offline; the README's screenshot is of this page)")
+    return summary

@@ -117,6 +117,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
             "(raise --epochs to train on, or use a new --output)")
         return {"initial_step": initial_step, "final_step": initial_step, "history": [], "done": True}
     train_ds, val_ds = inputs.datasets(backend, start_step=initial_step, seed=seed)
+    if context.is_chief:   # the training input pipeline as built, once (every worker's is in its -v log)
+        say(inputs.pipeline_plan(True, context.rank).describe())
     run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
                             steps_per_loop=options.loop_steps)
     profiler = profiling.session(options, backend, run_schedule, plan)
@@ -191,6 +193,7 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
     if tuned is not None:
         summary["tune"] = tuned
     summary["ranks"] = run_summary.rank_stats(backend, plan, summary, backend.say)  # None but on Horovod's rank 0
+    summary["workers"] = run_summary.worker_epochs(backend, history)    # every worker's epochs (harness report)
     if spec.task == "classification" and history and "val_iou" in history[-1]:
         summary["class_names"] = list(spec.class_names) or [str(c) for c in range(inputs.num_classes)]
         summary["per_class"] = metrics.by_class(history[-1], summary["class_names"])

@@ -60,13 +60,13 @@ def _check_report(report: dict, workers: int, sizes: list[int]) -> None:
 
 
 def test_the_readme_line_on_two_workers_under_launch_local(tmp_path):
-    """The README's `harness launch local --workers 2 -- harness bench allreduce --output OUT`, run as printed (OUT
+    """docs/distributed.md's `harness launch local --workers 2 -- harness bench allreduce --output OUT`, run as printed (OUT
     a folder of the test's): every default size timed on 2 workers, the fit reported, the chief alone printing."""
     import shlex
 
     from harness.bench.allreduce import DEFAULT_SIZES
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "distributed.md").read_text()
     line = next(ln.split("#")[0].strip() for ln in readme.splitlines()
                 if ln.startswith("harness launch local --workers 2 -- harness bench allreduce"))
     argv = [str(tmp_path) if a == "OUT" else a for a in shlex.split(line)]

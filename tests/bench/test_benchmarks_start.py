@@ -114,14 +114,11 @@ RUNS = {
             "overhead": r"^== per-step overhead: one-weight model, batch 1, 20 steps per epoch",
             "overhead row": _STEP_ROW.format(name="fit spe=128"),
             "done": r"^done \[load average"}),
-        (["--data", "{points}", "--cases", "mirrored,horovod"], {
+        # the horovodrun group; the mirrored child runs the cases above under a strategy (fit_case, as in-process)
+        # through the same child-group launch: left to `make bench` (its smoke took ~40 s of the suite's budget)
+        (["--data", "{points}", "--cases", "horovod"], {
             "horovod all": _STEP_ROW.format(name="horovod 2 ranks, all"),
-            "horovod rank 1": _STEP_ROW.format(name="horovod rank 1"),
-            "mirrored points": r"^== mirrored, points: 256 records, 4 steps of global batch 64 per epoch, 2 epochs, "
-                               r"MirroredStrategy with 2 replica",
-            "mirrored unet": r"^== mirrored, U-Net: 32 records",
-            "mirrored ratio": _RATIO.format(a="harness auto", b="fit spe=1"),
-            "mirrored keras3 ratio": _RATIO.format(a=re.escape("harness auto, Keras 3 model"), b="harness auto")})],
+            "horovod rank 1": _STEP_ROW.format(name="horovod rank 1")})],
 }
 SHELL_ONLY = {"gpu_check.sh": "needs a GPU and a GPU build of TensorFlow (it stops at once without one): its "
                               "syntax is checked with bash -n; it runs on the GPU machine"}

@@ -270,12 +270,12 @@ def test_allreduce_json_gives_the_network_link(tmp_path):
 
 
 def test_the_readme_lines_run_as_printed(tmp_path):
-    """The README's `harness bench scale ...` line (continued over `\\`), run with a report.json written here in
-    place of runs/bench/one/report.json: it prints the table header and the rows the README shows."""
+    """docs/scaling.md's `harness bench scale ...` line (continued over `\\`), run with a report.json written here in
+    place of runs/bench/one/report.json: it prints the table header and the rows the page shows."""
     import pathlib
     import shlex
 
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text().splitlines()
     start = next(i for i, ln in enumerate(readme) if ln.startswith("harness bench scale --report"))
     line = readme[start]
     while line.endswith("\\"):

@@ -115,10 +115,10 @@ def test_scale_places_gradients_as_the_profile_says():
 
 
 def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
-    """The README's `horovodrun ... --timeline-filename runs/bench/timeline.json harness bench train ...` and
+    """docs/scaling.md's `horovodrun ... --timeline-filename runs/bench/timeline.json harness bench train ...` and
     `harness bench scale ... --timeline runs/bench/timeline.json ...`, run as printed in a folder of the test's (2
     real Horovod ranks; a one-replica report.json written there in place of runs/bench/one's): the profile has the
-    bench model's gradients and the line the README shows; the table says the timeline placed them."""
+    bench model's gradients and the line the page shows; the table says the timeline placed them."""
     import os
     import pathlib
     import shlex
@@ -128,7 +128,7 @@ def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
     from scale_support import write_report
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    readme = (root / "README.md").read_text().splitlines()
+    readme = (root / "docs" / "scaling.md").read_text().splitlines()
     record = next(ln for ln in readme if ln.startswith("horovodrun -np 2") and "--timeline-filename" in ln)
     predict = next(ln for ln in readme if ln.startswith("harness bench scale") and "--timeline" in ln)
     shown = readme[readme.index(predict) + 1]

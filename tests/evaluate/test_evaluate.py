@@ -1,4 +1,4 @@
-"""`harness evaluate` (harness/evaluate/run.py): the README's block run as printed (a table run, its test split
+"""`harness evaluate` (harness/evaluate/run.py): docs/predictions.md's block run as printed (a table run, its test split
 scored on 1 worker and on 2 with `harness launch local`: the same counts), and the run's validation split scored
 again: equal to the validation metrics in its summary.json, to the last count; a model without its run refused."""
 import json
@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 from predict_support import run_cli
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "docs" / "predictions.md"
 
 
 @pytest.fixture(scope="module")
 def readme(tmp_path_factory):
-    """The fenced block of the README's `harness evaluate` section, word for word, in an empty folder: its
+    """The fenced block of docs/predictions.md's `harness evaluate` section, word for word, in an empty folder: its
     outputs, and the folder."""
     folder = tmp_path_factory.mktemp("readme")
     section = README.read_text().partition("\n## Scoring a test split: `harness evaluate`\n")[2].split("\n## ", 1)[0]
     block = re.search(r"^```\n(.*?)^```$", section, re.S | re.M).group(1)
     lines = [line for line in block.replace("\\\n", "").splitlines() if line.strip()]
-    assert [shlex.split(line)[:2] for line in lines] == [["harness", "synth"], ["harness", "train"],
+    assert [shlex.split(line)[:2] for line in lines] == [["harness", "synth"], ["harness", "plan"], ["harness", "train"],
                                                          ["harness", "evaluate"], ["harness", "launch"]]
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
     out = []
@@ -41,10 +41,11 @@ def test_the_test_split_is_scored_on_one_worker_and_on_two_alike(readme):
     m = report["metrics"]
     assert report["records"] == m["val_records"] == m["val_pixels"] == 200 and report["loss"] == "crossentropy"
     assert np.sum(m["val_confusion_matrix"]) == 200 and set(report["per_class"]) == {"0", "1", "2"}
-    one, two = out[2].splitlines(), out[3]
+    assert "steps per epoch: 12" in out[1], out[1]      # 800 records on 2 workers, global batch 64
+    one, two = out[3].splitlines(), out[4]
     assert "evaluate: 200 records of 1 file(s), 1 worker(s) x 1 replica(s), per-replica batch 32" in one
     assert f"records 200, labels counted 200; crossentropy loss {m['val_loss']:.4f}" in one
-    assert any(line.split()[:1] == ["2"] and len(line.split()) == 5 for line in one), out[2]   # a row per class
+    assert any(line.split()[:1] == ["2"] and len(line.split()) == 5 for line in one), out[3]   # a row per class
     # Two workers: the chief's lines, the same counts and metrics (the loss summed in another order)
     assert "evaluate: 200 records of 1 file(s), 2 worker(s) x 1 replica(s)" in two, two[-2000:]
     assert f"accuracy {m['val_accuracy']:.4f}  mean_iou {m['val_mean_iou']:.4f}" in two, two[-2000:]

@@ -124,10 +124,9 @@ def test_open_mpi_shared_memory_works_under_dockers_seccomp():
     assert env(final)["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
 
 
-def readme_commands(section: str) -> list[str]:
-    """The shell commands of a README section's code blocks, continuation lines joined."""
-    text = (ROOT / "README.md").read_text()
-    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+def readme_commands() -> list[str]:
+    """The shell commands of docs/kubernetes.md's code blocks, continuation lines joined."""
+    body = (ROOT / "docs" / "kubernetes.md").read_text()
     blocks = re.findall(r"```\n(.*?)```", body, flags=re.S)
     joined = "\n".join(blocks).replace("\\\n", " ")
     return [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
@@ -135,8 +134,8 @@ def readme_commands(section: str) -> list[str]:
 
 def test_readme_docker_runs_write_output_the_image_user_can_write():
     """`docker run -v "$PWD/runs:/runs"` creates a missing ./runs as root, which the image's user (uid 1000)
-    cannot write: the README creates it first and runs as the caller (`--user`)."""
-    commands = readme_commands("Docker and Kubernetes")
+    cannot write: the page creates it first and runs as the caller (`--user`)."""
+    commands = readme_commands()
     runs = [i for i, c in enumerate(commands) if c.startswith("docker run") and ":/runs" in c]
     assert len(runs) >= 3
     first_mkdir = min(i for i, c in enumerate(commands) if re.match(r"mkdir -p .*\bruns\b", c))

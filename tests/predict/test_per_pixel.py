@@ -95,33 +95,3 @@ def test_the_geometry_of_a_row_model_and_the_runs_it_refuses():
                                                                         label="class"))
     with pytest.raises(ModelMismatchError, match=r"the model takes 3 bands, scene-00000 gives 2"):
         model_lib.check(wide, scene.replace(bands=("B2", "B3")), "scene-00000")
-
-
-def test_the_readme_aces_points_to_image_commands_run_as_printed(shared_data, tmp_path):
-    """The README's block, word for word, from a folder whose `../shared/data` is the shared exports: a model of
-    the ACES points maps the ACES patch, 65,536 pixels of the classes it learned, the mixer copied for upload."""
-    import os
-    import pathlib
-    import re
-    import shlex
-    import subprocess
-
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.partition("\n## Predictions back to Earth Engine\n")[2].split("\n## ", 1)[0]
-    block = next(b for b in re.findall(r"^```\n(.*?)^```$", section, re.S | re.M) if "aces-points" in b)
-    lines = [line for line in block.replace("\\\n", "").splitlines() if line.strip()]
-    assert [shlex.split(line)[:2] for line in lines] == [["harness", "train"], ["harness", "predict"]]
-    (tmp_path / "shared").mkdir()
-    (tmp_path / "shared" / "data").symlink_to(pathlib.Path(shared_data).resolve())
-    (tmp_path / "root").mkdir()
-    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
-    for line in lines:
-        r = subprocess.run(shlex.split(line), cwd=tmp_path / "root", env=env, capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
-    rows = read_outputs(sorted((tmp_path / "root" / "aces-map").glob("*.tfrecord")))
-    assert len(rows) == 1 and rows[0]["class"].shape == (256 * 256,)
-    summary = json.loads((tmp_path / "root" / "runs" / "aces-points" / "summary.json").read_text())
-    counts = np.bincount(rows[0]["class"], minlength=summary["spec"]["num_classes"])
-    assert len(counts) == summary["spec"]["num_classes"] and (counts > 0).sum() > 1, counts
-    assert (tmp_path / "root" / "aces-map" / "image_2021-mixer.json").is_file()

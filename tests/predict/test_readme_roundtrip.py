@@ -1,7 +1,7 @@
-"""The README's Earth Engine round trip, run as printed (issue 23): the fenced block that opens "## Predictions back
+"""docs/predictions.md's Earth Engine round trip, run as printed (issue 23): the fenced block that opens "## Predictions back
 to Earth Engine", every line a real process, on the loopback bed of tests/gcs_bed.py.
 
-Real: the commands, word for word as the README prints them (split as a shell splits them: `\\`-newline joins a
+Real: the commands, word for word as the page prints them (split as a shell splits them: `\\`-newline joins a
 line, `#` starts a comment), with `harness` the installed console script and `earthengine` earthengine-api's own
 CLI, both from this virtual environment's bin; TensorFlow's `gs://` file system reading and writing the bucket; the
 Earth Engine client's credentials, discovery, token refresh and import request. Stand-ins: the bucket
@@ -32,14 +32,14 @@ PRINTED = re.compile(r"^(?:\[worker \d+\] )?((?:earthengine|gcloud) .*)$")   # a
 
 
 def readme_commands() -> list[str]:
-    """The commands of the first fenced block of the README's Earth Engine section, one per logical line
+    """The commands of the first fenced block of docs/predictions.md's Earth Engine section, one per logical line
     (`\\`-newline removed, as the shell removes it)."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "predictions.md").read_text()
     _, found, section = text.partition(f"\n{SECTION}\n")
-    assert found, f"README.md has no section {SECTION!r}"
+    assert found, f"docs/predictions.md has no section {SECTION!r}"
     section = section.split("\n## ", 1)[0]
     fence = re.search(r"^```\n(.*?)^```$", section, re.S | re.M)
-    assert fence, f"README.md's section {SECTION!r} has no fenced block of commands"
+    assert fence, f"docs/predictions.md's section {SECTION!r} has no fenced block of commands"
     return [line for line in fence.group(1).replace("\\\n", "").splitlines() if line.strip()]
 
 
@@ -90,7 +90,7 @@ def test_the_readme_round_trip_runs_as_printed_and_uploads_what_harness_wrote(gc
         assert not (work / "gs:").exists(), f"{line}: a gs:// path was written as a local folder named gs:"
         said = [m[1] for m in map(PRINTED.match, done.stdout.splitlines()) if m]
         if "predict" in argv:        # `harness predict`, alone or under `harness launch local` (its chief)
-            assert said == uploads, f"{line} printed other upload lines than the README's:\n" + "\n".join(said)
+            assert said == uploads, f"{line} printed other upload lines than the page's:\n" + "\n".join(said)
             printed.append(line)
         else:
             assert said == [], f"{line}: {said}"

@@ -141,14 +141,14 @@ def test_a_record_corrupted_after_the_counts_is_named_by_file_and_record(exports
 
 
 def test_the_readme_time_series_commands_run_as_printed(tmp_path):
-    """The fenced block of the README's "Time series" section, word for word, in an empty folder."""
+    """The fenced block of docs/data.md's "Time series" section, word for word, in an empty folder."""
     import pathlib
     import re
     import shlex
     import subprocess
     import sys
 
-    text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
     section = text.partition("\n## Time series and Earth Engine's layout options\n")[2].split("\n## ", 1)[0]
     block = re.search(r"^```\n(.*?)^```$", section, re.S | re.M).group(1)
     lines = [line for line in block.replace("\\\n", "").splitlines() if line.strip()]

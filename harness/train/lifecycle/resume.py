@@ -37,6 +37,8 @@ def restore(backend, backup, model, optimizer, plan, say) -> int:
     if backup.resume_note:
         say(backup.resume_note)
     step = backup.saved_step = backend.broadcast_backup(backup, step)
+    if step:
+        say(f"resumed from the backup in {backup.chief_dir} at step {step}")
     if step % plan.steps_per_epoch and backup.saved_fingerprint is None and backup.restores:
         # Without run.json a step between epoch ends cannot be told from a plan that changed (a preemption's
         # backup inside an epoch has one: its plan was compared on restore).

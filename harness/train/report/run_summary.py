@@ -36,6 +36,17 @@ def rank_stats(backend, plan, summary: dict, say: Callable[..., None]) -> Option
     return stats
 
 
+def worker_epochs(backend, history: list) -> list[dict]:
+    """Every worker's throughput and input stall per epoch, on every worker (one `backend.allgather` of 2 floats
+    per epoch; every worker calls it after the same epochs): `[{"rank", "examples_per_s": [per epoch],
+    "input_stall_share": [per epoch]}]` in rank order. examples/s is the global batch over this worker's step
+    time; the input stall its own share of step time spent waiting for input."""
+    values = [v for h in history for v in (h["examples_per_s"], h["input_stall_share"])]
+    rows = backend.allgather(values)
+    return [{"rank": rank, "examples_per_s": [float(v) for v in row[0::2]],
+             "input_stall_share": [float(v) for v in row[1::2]]} for rank, row in enumerate(rows)]
+
+
 def write_summary(summary: dict, output: str) -> None:
     """Print the final line and write `output/summary.json` (the chief's job)."""
     t, history = summary["timing"], summary["history"]
@@ -44,6 +55,8 @@ def write_summary(summary: dict, output: str) -> None:
           f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
           + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else "")
           + f"; model: {summary['model']}", flush=True)
+    print(f"next: harness report {output}  (report.html, opens offline); harness predict --model {output} "
+          "--data EXPORT --output OUT  (predictions, the map)", flush=True)
     import tensorflow as tf   # tf.io.gfile: the output folder may be on gs://
 
     tf.io.gfile.makedirs(output)

@@ -70,7 +70,65 @@ def main(argv=None) -> int:
     print(f"within ±{TOLERANCE_POINTS:g} points: {len(checked) - len(misses)} of {len(checked)} checked points"
           + (f"; not reproduced: {', '.join(misses)}" if misses else ""))
     print(ceiling(checked))
+    print(calibrated_check(rows))
     return 0
+
+
+# A published figure is one run: its run-to-run spread is not published. Assumed ±2% (of examples/s) for the
+# calibration's interval; a user's repeated runs give their own (`calibrate.Run.parse`).
+PUBLISHED_SPREAD = 0.02
+
+
+def _setup(row: dict) -> tuple[scale.Measurement, scale.Setup]:
+    batch = int(row["per_replica_batch"])
+    m = scale.Measurement(step_s=batch / float(row["single_gpu_examples_per_s"]), jitter_s=0.0,
+                          per_replica_batch=batch)
+    s = scale.Setup(gradient_bytes=4 * int(row["trainable_parameters"]), tensors=int(row["tensors"]),
+                    gpus_per_node=int(row["gpus_per_node"]), node=scale.parse_node(f"1x{row['node_link']}")[1],
+                    net=scale.parse_link(row["net_link"]), backend=row["backend"],
+                    fusion_bytes=float(row["fusion_mib"]) * 2 ** 20, cycle_s=float(row["cycle_ms"]) / 1e3)
+    return m, s
+
+
+def calibrated_check(rows) -> str:
+    """Each series (the `series` column) of two or more published points, calibrated as a user would
+    (`harness.bench.calibrate`) on its smallest point, or its smallest two when it has three or more, plus the one
+    full node the source measured where it gives one; every other point is held out and checked against the
+    calibrated forecast and its interval."""
+    from harness.bench import calibrate
+
+    series = {}
+    for r in rows:
+        series.setdefault(r["series"], []).append(r)
+    lines = [f"calibrated on each series' smallest point(s) (a published run's spread taken as ±{PUBLISHED_SPREAD:.0%}):",
+             f"  {'held-out point':<24} {'N':>4} {'published':>9} {'calibrated':>10} {'interval':>15} {'diff':>6}  "
+             "check"]
+    checked = within = inside = 0
+    for name, points in series.items():
+        points = sorted(points, key=lambda r: int(r["gpus"]))
+        if len(points) < 2:
+            continue
+        first = points[:2] if len(points) >= 3 else points[:1]
+        m, s = _setup(first[0])
+        runs = [calibrate.Run(int(r["gpus"]), int(r["gpus"]) * float(r["single_gpu_examples_per_s"]) *
+                              float(r["published_efficiency"]), PUBLISHED_SPREAD) for r in first]
+        node = first[0]["node_examples_per_s"]
+        if node and all(run.replicas != s.gpus_per_node for run in runs):
+            runs.insert(0, calibrate.Run(s.gpus_per_node, float(node), PUBLISHED_SPREAD))
+        fit = calibrate.calibrate(m, s, runs)
+        lines.append(f"  {name}: on N = {', '.join(str(r.replicas) for r in runs)}; {calibrate.describe(fit)}")
+        held = points[len(first):]
+        for r, f in zip(held, calibrate.forecast(m, s, runs, [int(r["gpus"]) for r in held], fit)):
+            published = float(r["published_efficiency"])
+            diff = (f.point.efficiency - published) * 100
+            ok, covered = abs(diff) <= TOLERANCE_POINTS, f.efficiency_low <= published <= f.efficiency_high
+            checked, within, inside = checked + 1, within + ok, inside + covered
+            lines.append(f"  {r['point']:<24} {int(r['gpus']):>4} {published:>9.1%} {f.point.efficiency:>10.1%} "
+                         f"{f.efficiency_low:>6.1%}-{f.efficiency_high:<7.1%} {diff:>+6.1f}  "
+                         f"{'ok' if ok else 'MISS'}, {'inside' if covered else 'OUTSIDE'} the interval")
+    lines.append(f"calibrated: within ±{TOLERANCE_POINTS:g} points: {within} of {checked} held-out points; inside "
+                 f"the interval: {inside} of {checked}")
+    return "\n".join(lines)
 
 
 def implied_exposed_share(row: dict, p: scale.Point) -> float:

@@ -205,3 +205,26 @@ def test_each_commands_example_is_a_line_the_docs_run_as_printed():
         assert example.startswith(f"harness {name} "), (name, example)
         assert "example:\n  " + example in sub.format_help()
     assert lacking == WITHOUT_EXAMPLE
+
+
+def test_a_newcomers_mistakes_are_answered_with_what_to_do(tmp_path, capsys):
+    """An empty folder names what counts as a shard; a model file (.py) given where a trained model goes names
+    the two things predict takes and how to make one."""
+    from harness import exit_codes
+
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["inspect", str(tmp_path / "empty")]) == exit_codes.PERMANENT
+    err = capsys.readouterr().err
+    assert "holds no TFRecord shards (it is empty): a shard is any other file, as Earth Engine names them " \
+           "<prefix>-00000.tfrecord.gz" in err and "Traceback" not in err
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("x")
+    assert cli.main(["inspect", str(tmp_path / "notes")]) == exit_codes.PERMANENT
+    assert "(it holds README.md)" in capsys.readouterr().err
+    model = tmp_path / "my_model.py"
+    model.write_text("def build(inputs): ...\n")
+    assert cli.main(["predict", "--model", str(model), "--data", str(tmp_path), "--output", str(tmp_path / "o")]) \
+        == exit_codes.PERMANENT
+    err = capsys.readouterr().err
+    assert f"--model {model}: a Python file, not a trained model: give a run folder or its model.keras (a model " \
+           f"file is trained first: harness train --model {model}:FUNCTION ...)" in err and "h5py" not in err

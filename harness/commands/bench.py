@@ -84,8 +84,18 @@ def bench_scale(args) -> int:
                         backend=args.backend, fusion_bytes=args.fusion_threshold, cycle_s=args.cycle_time_ms / 1e3,
                         bytes_per_pack=args.bytes_per_pack, algorithm=args.algorithm,
                         fixed_s=args.fixed_ms / 1e3, ready_profile=profile.pairs() if profile else ())
+    if args.measured:
+        from harness.bench import calibrate
+
+        runs = [calibrate.Run.parse(text) for text in args.measured]
+        fit = calibrate.calibrate(m, setup, runs)
+        print(calibrate.describe(fit))
+        setup = fit.setup
     points = scale.sweep(m, setup, args.max_gpus)
     print(scale.format_table(points, m, setup))
+    if args.measured:
+        print(calibrate.format_forecast(calibrate.forecast(m, setup, runs, [p.n for p in points if p.n > 1], fit),
+                                        runs))
     if args.plot:
         scale.plot(points, args.plot)
         print(f"plot: {args.plot}")
@@ -184,6 +194,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring",
                    help="ring (NCCL's), hierarchical (in node, across nodes, in node) or tree (NCCL >= 2.4)")
     p.add_argument("--fixed-ms", type=float, default=0.0, help="measured per-step cost besides compute and link")
+    p.add_argument("--measured", action="append", metavar="N=RATE",
+                   help="calibrate: examples/s measured on N replicas (one node's GPUs, two nodes, ...), as N=RATE, "
+                        "N=RATE±S%% or N=R1,R2,... for repeated runs; repeat the flag per run. Fits the overlap, the "
+                        "achieved bandwidth and the fixed cost those runs determine, and forecasts with an interval")
     p.add_argument("--timeline", metavar="TIMELINE.json",
                    help="a Horovod timeline (HOROVOD_TIMELINE) of the same step on >= 2 ranks on one node: when each "
                         "gradient is ready, instead of an even spread over the backward pass, and the gradient "

@@ -30,4 +30,8 @@ def find_model(source: str, *, flag: str) -> str:
     if not tf.io.gfile.exists(path):
         raise ModelFileError(f"{flag} {source}: no file {path} (give a .keras model or a run folder holding "
                              f"{MODEL_FILE})")
+    if path.endswith(".py"):
+        raise ModelFileError(f"{flag} {source}: a Python file, not a trained model: give a run folder or its "
+                             f"{MODEL_FILE} (a model file is trained first: harness train --model "
+                             f"{source}:FUNCTION ...)")
     return path

@@ -209,7 +209,11 @@ def _expand(source: str) -> tuple[list[str], str]:
         found = [posixpath.join(source.rstrip("/"), n.rstrip("/")) for n in names]
         found = [p for p in found if not _NOT_SHARD.search(p) and not tf.io.gfile.isdir(p)]
         if not found:
-            raise ShardDiscoveryError(f"folder {source!r} holds no TFRecord shards")
+            held = f"it holds {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}" if names else "it is empty"
+            raise ShardDiscoveryError(
+                f"folder {source!r} holds no TFRecord shards ({held}): a shard is any other file, as Earth Engine "
+                "names them <prefix>-00000.tfrecord.gz (or <prefix>.tfrecord.gz, <name>-00000-of-00004); sidecars, "
+                "docs, maps and hidden files (.json .md .txt .csv .yaml .tif .png .html, .name) are not shards")
         _check_one_export(source, found)  # training beside validation in one folder would be merged
         return found, FOLDER
     if not tf.io.gfile.exists(source):

@@ -76,7 +76,11 @@ RUNS = {
            for point in ("horovod-512-vgg16", "hvd779-128", "aws-64-resnet50")},
         "summary": rf"^within ±5 points: \d+ of {NUM} checked points",
         "ceiling": rf"^the points ask the all-reduce to be exposed from {NUM} \(\S+\) to {NUM} .* reach at best "
-                   rf"\d+ of {NUM} within ±5"})],
+                   rf"\d+ of {NUM} within ±5",
+        "calibrated row": rf"^  hvd779-128\s+128\s+{NUM}%\s+{NUM}%\s+{NUM}%-{NUM}%\s+[+-][0-9.]+  (?:ok|MISS), "
+                          r"(?:inside|OUTSIDE) the interval$",
+        "calibrated": rf"^calibrated: within ±5 points: \d+ of {NUM} held-out points; inside the interval: \d+ of "
+                      rf"{NUM}$"})],
     "reshard.py": [([], {
         "header": r"^  data\s+pipeline\s+examples/s\s+spread\s+MB/s$",
         **{f"row {data} {pipe}": rf"^  {data}\s+{pipe}\s+{NUM}\s+[0-9.]+%\s+{NUM}$"

@@ -1,0 +1,107 @@
+"""`harness bench scale --measured` (harness/bench/calibrate.py): which parameters the runs determine, the fit
+recovering parameters that made the runs, the interval from the runs' spread, and the flag's forms."""
+import dataclasses
+import re
+
+import pytest
+
+from harness.bench import calibrate, scale
+from harness.errors import ConfigError
+
+M = scale.Measurement(step_s=0.1, jitter_s=0.0, per_replica_batch=64)
+LINE = scale.Setup(gradient_bytes=100e6, tensors=100, gpus_per_node=8, node=scale.NODE_LINKS["nvlink"],
+                   net=scale.parse_link("25Gbit/s"), backend="horovod")
+
+
+def _runs(truth: scale.Setup, ns, spread=0.0):
+    return [calibrate.Run(n, scale.predict(M, truth, n).examples_per_s, spread) for n in ns]
+
+
+@pytest.mark.parametrize("ns, free", [
+    ((8,), ("overlap",)), ((16,), ("bandwidth",)), ((8, 16), ("overlap", "bandwidth")),
+    ((16, 32), ("bandwidth", "overlap")), ((8, 16, 32), ("overlap", "bandwidth", "fixed")),
+    ((4, 8), ("overlap", "fixed")), ((16, 32, 64), ("bandwidth", "overlap", "fixed")),
+])
+def test_the_runs_determine_their_parameters(ns, free):
+    assert calibrate.free_parameters([calibrate.Run(n, 1.0) for n in ns], 8) == free
+
+
+def test_a_node_and_two_nodes_recover_the_overlap_and_bandwidth_that_made_them():
+    """Runs made by the model itself at half the line rate and 40% overlap, on a 20 ms step whose node all-reduce
+    is partly exposed: the fit finds both (within its grid's step) and forecasts 64 replicas as the truth does."""
+    m = dataclasses.replace(M, step_s=0.02)
+    truth = dataclasses.replace(LINE, net=scale.Link(LINE.net.alpha_s, LINE.net.beta_s_per_byte / 0.5),
+                                backward_share=0.4)
+    runs = [calibrate.Run(n, scale.predict(m, truth, n).examples_per_s) for n in (8, 16)]
+    fit = calibrate.calibrate(m, LINE, runs)
+    assert fit.free == ("overlap", "bandwidth") and fit.residual == 0.0
+    assert fit.rate_share == pytest.approx(0.5, rel=0.03) and fit.setup.backward_share == pytest.approx(0.4, abs=0.02)
+    (f,) = calibrate.forecast(m, LINE, runs, [64], fit)
+    assert f.point.efficiency == pytest.approx(scale.predict(m, truth, 64).efficiency, abs=0.005)
+    assert f.efficiency_low == f.efficiency_high == f.point.efficiency      # no spread: no interval
+
+
+def test_a_node_that_hides_its_all_reduce_leaves_the_overlap_undetermined():
+    """At 85% overlap a 100 ms step hides the node's all-reduce: another (overlap, bandwidth) pair gives the same
+    two runs, and the fit may return it. What the runs cannot tell is not made up: both pairs fit them exactly."""
+    truth = dataclasses.replace(LINE, net=scale.Link(LINE.net.alpha_s, LINE.net.beta_s_per_byte / 0.5),
+                                backward_share=0.85)
+    runs = _runs(truth, (8, 16))
+    fit = calibrate.calibrate(M, LINE, runs)
+    for r in runs:
+        assert scale.predict(M, fit.setup, r.replicas).examples_per_s == pytest.approx(r.examples_per_s, rel=0.01)
+
+
+def test_a_fixed_cost_is_found_in_closed_form_from_a_third_run():
+    truth = dataclasses.replace(LINE, fixed_s=0.004, backward_share=0.7)
+    fit = calibrate.calibrate(M, LINE, _runs(truth, (8, 16, 32)))
+    assert fit.free == ("overlap", "bandwidth", "fixed")
+    assert fit.setup.fixed_s == pytest.approx(0.004, abs=0.0015) and fit.residual < 0.01
+
+
+def test_the_interval_holds_the_forecast_and_widens_with_the_runs_spread():
+    narrow = calibrate.forecast(M, LINE, _runs(LINE, (8, 16), 0.01), [128])[0]
+    wide = calibrate.forecast(M, LINE, _runs(LINE, (8, 16), 0.05), [128])[0]
+    assert narrow.efficiency_low <= narrow.point.efficiency <= narrow.efficiency_high
+    assert wide.efficiency_high - wide.efficiency_low > narrow.efficiency_high - narrow.efficiency_low > 0
+    assert wide.examples_low == pytest.approx(wide.efficiency_low * 128 * 64 / 0.1)
+
+
+@pytest.mark.parametrize("text, run", [
+    ("16=12828", calibrate.Run(16, 12828.0, 0.0)), ("16=1000±5%", calibrate.Run(16, 1000.0, 0.05)),
+    ("16=1000+-5", calibrate.Run(16, 1000.0, 0.05)), ("8=90,110", calibrate.Run(8, 100.0, 0.1)),
+])
+def test_measured_runs_as_typed(text, run):
+    assert calibrate.Run.parse(text) == run
+
+
+@pytest.mark.parametrize("text", ["16", "x=3", "1=100", "16=-4", "16=abc"])
+def test_a_bad_measured_run_is_one_line(text):
+    with pytest.raises(ConfigError, match=r"^--measured "):
+        calibrate.Run.parse(text)
+
+
+def test_bench_scale_with_measured_runs_prints_the_calibration_and_the_forecast_with_intervals(tmp_path, capsys):
+    """`harness bench scale --measured` in-process: the fitted parameters named, the forecast per N with its
+    interval, the measured runs beside their fitted values."""
+    from scale_support import write_report
+
+    from harness import cli
+
+    write_report(tmp_path / "report.json", step_times=(0.02,) * 4, batch=64)    # no jitter: no stragglers
+    truth = dataclasses.replace(LINE, net=scale.Link(LINE.net.alpha_s, LINE.net.beta_s_per_byte / 0.5),
+                                backward_share=0.4)
+    m = scale.Measurement(0.02, 0.0, 64)
+    rates = {n: scale.predict(m, truth, n).examples_per_s for n in (8, 16, 64)}
+    assert cli.main(["bench", "scale", "--report", str(tmp_path / "report.json"), "--gradient-bytes", "100000000",
+                     "--tensors", "100", "--node", "8xNVLink", "--link", "25Gbit/s", "--backend", "horovod",
+                     "--cycle-time-ms", "1", "--max-gpus", "64", "--measured", f"8={rates[8]:.3f}±2%",
+                     "--measured", f"16={rates[16]:.3f}±2%"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^calibrated: overlap (39|40|41)% of the step, network at 50% of line rate;", out, re.M), out
+    forecast = out[out.rindex("interval  measured"):].splitlines()[1:]
+    row = {line.split()[0]: line.split() for line in forecast}
+    assert row["16"][-2:] == [f"{rates[16]:,.1f}", "±2%"] and "measured" not in row["64"]
+    low, high = (float(v.replace(",", "")) for v in row["64"][2].split("-"))
+    assert low <= float(row["64"][1].replace(",", "")) <= high and low < high
+    assert abs(float(row["64"][1].replace(",", "")) / rates[64] - 1) < 0.01     # the truth, forecast from 8 and 16

@@ -8,11 +8,26 @@ from harness.commands.train import _NOT_OPTIONS, train_args
 _TUNE_ONLY = ("write", "workers", "probe_records", "compute_steps")
 
 
+def _check_writable(path: str) -> None:
+    """Raises ConfigError naming `--write PATH` when its folder does not exist or cannot be written."""
+    import os
+
+    from harness.errors import ConfigError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--write {path}: the folder {folder} does not exist (create it, or give another path); "
+                          "checked before probing")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ConfigError(f"--write {path}: cannot be written here (permissions); checked before probing")
+
+
 def tune(args) -> int:
     """`harness tune --data PATH [train options] [--write FILE]` (`harness.bench.tune`)."""
     from harness.bench import tune as tune_lib
     from harness.train.options import DATA_FLAGS, load_config, merge_options
 
+    _check_writable(args.write)   # before the probes: a bad path loses nothing
     config = load_config(args.config) if getattr(args, "config", None) else {}
     given = {k: v for k, v in vars(args).items()
              if not k.startswith("_") and k not in _NOT_OPTIONS and k not in _TUNE_ONLY}

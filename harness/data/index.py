@@ -178,7 +178,7 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True,
     todo = [i for i, k in enumerate(keys) if k not in cached]
     new = {}
     if todo:
-        log.debug("counting records of %d shard(s) (cached in %s)", len(todo), index_path)
+        log.info("counting records of %d shard(s) (cached in %s)", len(todo), index_path)
         for i, stats in zip(todo, count_shards([shards[i] for i in todo])):
             new[keys[i]] = {"records": stats.records, "bytes": stats.bytes}
         if use_cache:

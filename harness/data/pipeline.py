@@ -432,7 +432,7 @@ def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         thread_limit=resources_lib.quota_threads(resources or resources_lib.for_this_process()),
         cache_name=lambda read_batch: cache_name(spec, assignment, compressions, read_batch=read_batch,
                                                  training=options.training))
-    log.debug("%s", plan.describe())   # the training one is said once by the job
+    log.info("%s", plan.describe())   # shown with -v; the training one is printed once by the job
     return plan
 
 

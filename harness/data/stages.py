@@ -212,7 +212,7 @@ def check_keep(keep: int, available: int, batch: int) -> None:
     if keep < batch:
         raise BatchSizeError(f"records_per_epoch {keep} < per-replica batch {batch}: an epoch would have no step")
     if keep < available:
-        log.debug("records_per_epoch %d: %d of this input pipeline's %d records are read and dropped each epoch",
+        log.info("records_per_epoch %d: %d of this input pipeline's %d records are read and dropped each epoch",
                  keep, available - keep, available)
 
 

@@ -71,6 +71,14 @@ DISK_CACHE_FRACTION = 0.5
 PREFETCH_MEMORY_FRACTION = 0.05
 # Cachew's autoscaling rule: another worker is worth adding while it improves the batch time by more than 7%.
 SERVICE_GAIN = 0.07
+# What starting tf.data service workers costs a job before they deliver (a process each, TensorFlow's import, the
+# dispatcher's handshake, the first files opened): seconds. Advice for a job whose input time it would save is
+# shorter than this is not given. (A worker here starts in 10-20 s; 30 s is the round figure used.)
+SERVICE_START_S = 30.0
+# No stage moves bytes faster than one core's memory bandwidth: STREAM's copy on one core of a current x86 server
+# runs at 10-25 GB/s (J. D. McCalpin, STREAM, cs.virginia.edu/stream). A probe whose examples/s x bytes out per
+# example exceeds twice the top of that measured nothing (work skipped or cached): it is shown, and not used.
+MAX_BYTES_PER_CORE_S = 50e9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,12 +291,24 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
 
 
+def plausible(stage: Optional[StageRate]) -> bool:
+    """Whether a probe's figure is one a core can reach: examples/s x bytes out per example at most
+    MAX_BYTES_PER_CORE_S (a stage not measured counts as plausible)."""
+    return stage is None or stage.per_core * max(stage.out_bytes, 1.0) <= MAX_BYTES_PER_CORE_S
+
+
 def choose_parse(m: Measured) -> Choice:
-    """The placement whose parse + decode costs fewer core-seconds per example."""
+    """The placement whose parse + decode costs fewer core-seconds per example; a placement whose probe is not
+    `plausible` is not chosen on its figure (the other is, when it is plausible)."""
     cost = {p: m.parse[p].cost + m.decode[p].cost for p in (RECORDS, BATCHES)}
-    best = min(cost, key=cost.get)
+    sane = [p for p in (RECORDS, BATCHES) if plausible(m.parse[p]) and plausible(m.decode[p])]
+    best = min(sane or cost, key=cost.get)
     other = BATCHES if best == RECORDS else RECORDS
     each = {RECORDS: "record", BATCHES: "read batch"}
+    if other not in sane and sane:
+        return Choice("parse", best, f"parse + decode {_fmt(1 / cost[best])} examples/s per core, one per "
+                                     f"{each[best]}; the probe of one per {each[other]} gave more bytes per second "
+                                     f"than a core's memory moves ({MAX_BYTES_PER_CORE_S / 1e9:g} GB/s): not used")
     return Choice("parse", best, f"parse + decode {_fmt(1 / cost[best])} examples/s per core, one per "
                                  f"{each[best]}, against {_fmt(1 / cost[other])} one per {each[other]}")
 
@@ -414,13 +434,22 @@ def decide_reshard(m: Measured, w: Workload, steady: Allocation, after_cache: Se
                   f"--shards-per-worker {per_worker}")
 
 
-def decide_service(job: float, pipeline_one_host: float, m: Measured) -> Choice:
+def decide_service(job: float, pipeline_one_host: float, m: Measured, w: Optional[Workload] = None) -> Choice:
     """tf.data service workers (each with this worker's CPUs) when the job on one host falls short of the step's
-    synthetic rate by more than SERVICE_GAIN (Cachew's 7%): ceil(C / X_worker), X_worker the pipeline's rate on
-    a worker's cores; 0 otherwise."""
+    synthetic rate by more than SERVICE_GAIN (Cachew's 7%) and the time that saves over the job's epochs is more
+    than SERVICE_START_S (what starting them costs): ceil(C / X_worker), X_worker the pipeline's rate on a
+    worker's cores; 0 otherwise."""
     if job >= m.compute / (1 + SERVICE_GAIN):
         return Choice("data_service_workers", 0, f"one host feeds {_fmt(job)} of the step's {_fmt(m.compute)} "
                                                  f"examples/s (within {SERVICE_GAIN:.0%})")
+    if w is not None:
+        examples = w.records * w.epochs
+        saved = examples / job - examples / m.compute
+        if saved < SERVICE_START_S:
+            return Choice("data_service_workers", 0, f"one host feeds {_fmt(job)} of the step's "
+                                                     f"{_fmt(m.compute)} examples/s, but over this job's "
+                                                     f"{examples:,} examples that costs {saved:.1f} s, less than "
+                                                     f"starting service workers (~{SERVICE_START_S:g} s)")
     n = math.ceil(m.compute / pipeline_one_host - 1e-9)
     return Choice("data_service_workers", n, f"one host feeds {_fmt(job)} of the step's {_fmt(m.compute)} "
                                              f"examples/s; a worker's pipeline gives {_fmt(pipeline_one_host)}: "
@@ -449,7 +478,7 @@ def decide(m: Measured, w: Workload) -> Decision:
     prefetch = decide_prefetch(maps.value, w.batch_size * m.batch.out_bytes, w)
     reshard = decide_reshard(m, w, steady, steady_chain)
     job = end_to_end(steady, steady_chain, m.compute, compute_on_cpu=m.compute_on_cpu, cores=w.cpus)
-    service = decide_service(job, steady.rate, m)
+    service = decide_service(job, steady.rate, m, w)
     first_rate, steady_rate = (epoch_rate(*upstream_of_shuffle(chain), w.cpus, w.records, w.shuffle_buffer,
                                           start_s=start)
                                for chain, start in ((first_chain, m.start_s), (steady_chain, 0.0)))

@@ -118,7 +118,7 @@ def make_strategy(kind: Union[str, Backend] = AUTO, *, num_cpu_replicas: Optiona
             f"{context.num_workers} workers x {context.replicas_per_worker} local devices = "
             f"{context.replicas_in_sync}. TF_CONFIG set after TensorFlow initialized its runtime is the classic "
             f"cause: set it before the process starts")
-    log.debug("%s: %s", strategy_name(strategy), context)
+    log.info("%s: %s", strategy_name(strategy), context)
     return strategy, context
 
 

@@ -64,7 +64,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                            distribution=distribution)
     context, say = backend.context, backend.say
     peer_timeout_s = environment.read_peer_timeout_s()   # a bad value fails before any data is read
-    say(f"worker: {context}")
+    print(f"worker: {context}", flush=True)   # every worker: who it is (a launcher prefixes its lines)
     # Every worker prints its own: the CPUs and memory are each host's (and each process's affinity mask).
     resources = resources_lib.detect(context.local_size)
     print(f"resources: {resources.describe()}", flush=True)
@@ -117,8 +117,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
             "(raise --epochs to train on, or use a new --output)")
         return {"initial_step": initial_step, "final_step": initial_step, "history": [], "done": True}
     train_ds, val_ds = inputs.datasets(backend, start_step=initial_step, seed=seed)
-    if context.is_chief:   # the training input pipeline as built, once (every worker's is in its -v log)
-        say(inputs.pipeline_plan(True, context.rank).describe())
+    # the training input pipeline as this worker built it, once per worker (its line names the worker)
+    print(inputs.pipeline_plan(True, context.rank).describe(), flush=True)
     run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
                             steps_per_loop=options.loop_steps)
     profiler = profiling.session(options, backend, run_schedule, plan)
@@ -192,6 +192,11 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
                "facts": inputs.worker_facts(context.rank)}  # this worker's CPUs, memory and pipeline
     if tuned is not None:
         summary["tune"] = tuned
+        from harness.train.measure import tune as tune_measure
+
+        line = tune_measure.measured_against_predicted(tuned, history, context.num_workers)
+        if line and context.is_chief:
+            backend.say(line)
     summary["ranks"] = run_summary.rank_stats(backend, plan, summary, backend.say)  # None but on Horovod's rank 0
     summary["workers"] = run_summary.worker_epochs(backend, history)    # every worker's epochs (harness report)
     if spec.task == "classification" and history and "val_iou" in history[-1]:

@@ -263,7 +263,8 @@ def test_decide_predicts_the_slowest_stage_given_its_cores():
     assert d.end_to_end == pytest.approx(2 / (2 / 500 + 1 / 2000 + 1e-6))
     assert d.train_options() == {"parse": "batches", "parallel_reads": 1, "map_parallelism": 2, "prefetch": 3,
                                  "cache": "memory"}
-    assert d.value("reshard") is None and d.value("data_service_workers") == 1   # 444 < 500 / 1.07
+    # 444 < 500 / 1.07, but the job's 5,000 examples lose 1.3 s to input: less than starting a service worker
+    assert d.value("reshard") is None and d.value("data_service_workers") == 0
     text = "\n".join(d.lines())
     assert "real/synthetic 0.89" in text and "Kuchnik et al., MLSys 2022" in text
     with pytest.raises(ConfigError, match="records, files and CPUs"):
@@ -287,3 +288,47 @@ def test_decide_with_a_full_shuffle_buffer():
     # pipelined (no buffer) the whole chain gives it 2 x 1.3 / (1.3 + 1.5 + 0.001) = 0.93 cores, 1 file
     assert tune.decide(measured(inflate=800), w).value("parallel_reads") == 2
     assert tune.decide(measured(inflate=800), dataclasses.replace(w, shuffle_buffer=0)).value("parallel_reads") == 1
+
+
+def test_a_probe_faster_than_memory_is_shown_and_not_chosen():
+    """The 96x96 patches' parse per record was once timed at 28,937,563 examples/s per core (about 9 TB/s of
+    150 KB patches): a probe that measured nothing. Its placement is not chosen on that figure."""
+    m = measured(parse_records=28_937_563.0, decode_records=28_937_563.0, parse_batches=3000.0,
+                 decode_batches=3000.0, decoded=150_000.0)
+    assert not tune.plausible(m.parse[RECORDS]) and tune.plausible(m.parse[BATCHES]) and tune.plausible(None)
+    c = tune.choose_parse(m)
+    assert c.value == BATCHES and "than a core's memory moves (50 GB/s): not used" in c.reason
+
+
+def test_no_service_workers_for_a_job_too_short_to_repay_starting_them():
+    """A 5-second job short of its step by 70% loses ~3.5 s to input: less than starting workers costs."""
+    m = measured(compute=10000, on_cpu=False)
+    short = tune.decide_service(3000, 3000, m, workload(records=3000, epochs=5))   # 15,000 examples
+    assert short.value == 0 and "costs 3.5 s, less than starting service workers (~30 s)" in short.reason
+    long = tune.decide_service(3000, 3000, m, workload(records=300_000, epochs=5))
+    assert long.value == 4
+
+
+def test_a_tune_run_ends_with_the_measured_ratio_beside_the_predicted_one():
+    from harness.train.measure.tune import measured_against_predicted
+
+    record = {"by_worker": [{"predicted": {"first_epoch": 900.0, "steady": 2000.0, "end_to_end": 450.0,
+                                           "compute": 500.0}}]}
+    history = [{"examples_per_s": 600.0}, {"examples_per_s": 800.0}, {"examples_per_s": 820.0},
+               {"examples_per_s": 780.0}]
+    line = measured_against_predicted(record, history, workers=2)     # synthetic: 500 per worker x 2
+    assert line == ("tune: real/synthetic measured 0.80 (later epochs' median 800 examples/s over 1,000 on "
+                    "synthetic batches), predicted 0.90")
+    assert measured_against_predicted({"applied": {}}, history, 1) is None      # a resumed record: no probe
+
+
+def test_tune_checks_where_it_writes_before_probing(tmp_path, capsys):
+    import time
+
+    from harness import cli, exit_codes
+
+    start = time.perf_counter()
+    code = cli.main(["tune", "--data", str(tmp_path), "--write", str(tmp_path / "missing" / "tune.yaml")])
+    assert code == exit_codes.PERMANENT and time.perf_counter() - start < 5
+    assert f"--write {tmp_path}/missing/tune.yaml: the folder {tmp_path}/missing does not exist" in \
+        capsys.readouterr().err

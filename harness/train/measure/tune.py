@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from harness.data import tune as tune_lib
 from harness.data.probe import PROBE_RECORDS, free_disk, probe
@@ -202,3 +203,18 @@ def tune(inputs, backend, probe_run: Callable, say: Callable[..., None], *, reco
         with tf.io.gfile.GFile(os.path.join(options.output, RECORD_FILE), "w") as f:
             json.dump(record, f, indent=1)
     return inputs, record
+
+
+def measured_against_predicted(record: dict, history: Sequence[dict], workers: int) -> Optional[str]:
+    """After a `--tune` run: the real/synthetic ratio measured (the later epochs' median examples/s, or the only
+    epoch's, over the synthetic-batch rate the probe measured for the job) beside the one the chief's decision
+    predicted. None for a resumed record (no probe) or no epoch."""
+    chief = (record.get("by_worker") or [{}])[0].get("predicted")
+    if not chief or not history or not chief.get("compute"):
+        return None
+    later = [h["examples_per_s"] for h in history[1:]] or [history[0]["examples_per_s"]]
+    measured = statistics.median(later)
+    synthetic = chief["compute"] * workers          # the probe's rate is each worker's share of the job's
+    which = "later epochs' median" if len(history) > 1 else "the only epoch's"
+    return (f"tune: real/synthetic measured {measured / synthetic:.2f} ({which} {measured:,.0f} examples/s over "
+            f"{synthetic:,.0f} on synthetic batches), predicted {chief['end_to_end'] / chief['compute']:.2f}")

@@ -9,7 +9,10 @@ Nothing is fitted to the checked points: step jitter is not published for these 
 as does T_fixed where no node measurement is published, and the links run at their line rate with
 NCCL's per-hop latencies (`harness.bench.scale.NODE_LINKS`, `NET_HOP_S`). The table prints published vs
 predicted and the difference in points; rows off by more than 5 points are marked MISS, and the summary line
-says how many.
+says how many. Then, as a user calibrates (`harness bench scale --measured`, `harness.bench.calibrate`): each
+series of two or more points (the `series` column) is calibrated on its smallest point, or its smallest two when
+it has three or more, with the one node its source measured, and every other point of it is held out and checked
+against the calibrated forecast and its interval.
 
     python benchmarks/published_scaling.py [--csv PATH] [--smoke]
 """

@@ -16,10 +16,11 @@ With across-node runs only, the bandwidth comes first, then the overlap. Paramet
 at the model's defaults (overlap 2/3, line rate, no fixed cost), and the forecast says which.
 
 The fit minimizes the squared relative error of the step time over the runs (a coarse grid, then a finer one
-around its best; the fixed cost in closed form: the weighted mean of what is left). The interval: the forecast of
-each refit with every run's rate moved to the ends of its spread (`Run.spread`, the half range of repeated runs
-as a share of their mean; every corner for up to 3 runs, else one run at a time), widened by the fit's relative
-RMS residual when the runs are more than the parameters.
+around its best; the fixed cost in closed form: the weighted mean of what is left). The interval (`forecast`): the
+forecasts of every refit the runs allow: each run's rate moved to the ends of its spread (`Run.spread`, the half
+range of repeated runs as a share of their mean), and each parameter the runs do not determine set across its
+range with the others refitted, kept where the runs are still met within their spread; widened by the fit's
+relative RMS residual when the runs are more than the parameters.
 """
 from __future__ import annotations
 
@@ -74,13 +75,14 @@ class Run:
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     """The fitted model: `setup` (the overlap and fixed cost in it, the network links slowed to `rate_share`),
-    `free` the parameters the runs determined (in `FREE` order of the module docstring), `residual` the relative
-    RMS error of the step time over the runs (0 when they are as many as the parameters)."""
+    `free` the parameters the runs determined (in the order of the module docstring), `residual` the relative
+    RMS error of the step time over the runs when they are more than the parameters (else 0)."""
 
     setup: scale.Setup
     rate_share: float
     free: tuple[str, ...]
     residual: float
+    misfit: float = 0.0     # the relative RMS error of the step time over the runs, whatever their number
 
 
 def free_parameters(runs: Sequence[Run], gpus_per_node: int) -> tuple[str, ...]:
@@ -111,29 +113,32 @@ def _grid(lo: float, hi: float, n: int, log: bool = False) -> list[float]:
     return [lo + i * (hi - lo) / (n - 1) for i in range(n)]
 
 
-def calibrate(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run]) -> Calibration:
+def calibrate(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], held: Optional[dict] = None) -> Calibration:
     """Fit the free parameters of `runs` (module docstring) to their step times.
 
     Args:
       m: the one-replica step (`scale.measurement_from_report`); s: the setup at line rate.
       runs: measured runs of >= 2 replicas.
+      held: values for parameters the runs do not determine ({OVERLAP: share, BANDWIDTH: share, FIXED: seconds});
+        default the model's (overlap `s.backward_share`, line rate, no fixed cost).
     Raises:
       ConfigError: if there is no run, or a run has fewer than 2 replicas.
     """
     if not runs or any(r.replicas < 2 for r in runs):
         raise ConfigError("calibration needs runs of 2 replicas or more (one node's GPUs, two nodes, ...)")
-    free = free_parameters(runs, s.gpus_per_node)
+    free, held = free_parameters(runs, s.gpus_per_node), held or {}
     measured = [(r.replicas, r.replicas * m.per_replica_batch / r.examples_per_s) for r in runs]
     weights = [1.0 / t ** 2 for _, t in measured]
 
     def error(rate: float, overlap: float) -> tuple[float, float]:
         setup = _with(s, s.net, rate, overlap, 0.0)
         left = [t - scale.predict(m, setup, n).step_s for n, t in measured]
-        fixed = max(0.0, sum(w * d for w, d in zip(weights, left)) / sum(weights)) if FIXED in free else 0.0
+        fixed = max(0.0, sum(w * d for w, d in zip(weights, left)) / sum(weights)) if FIXED in free else \
+            held.get(FIXED, 0.0)
         return sum(w * (d - fixed) ** 2 for w, d in zip(weights, left)), fixed
 
-    rates = _grid(*_RATE_RANGE, 25, log=True) if BANDWIDTH in free else [1.0]
-    overlaps = _grid(*_OVERLAP_RANGE, 16) if OVERLAP in free else [s.backward_share]
+    rates = _grid(*_RATE_RANGE, 25, log=True) if BANDWIDTH in free else [held.get(BANDWIDTH, 1.0)]
+    overlaps = _grid(*_OVERLAP_RANGE, 16) if OVERLAP in free else [held.get(OVERLAP, s.backward_share)]
     best = min(((error(r, o), r, o) for r in rates for o in overlaps), key=lambda x: x[0][0])
     (_, _), rate, overlap = best
     # a finer grid around the coarse best: a rate step of the coarse grid's ratio, an overlap step of its width
@@ -144,8 +149,9 @@ def calibrate(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run]) -> Cali
     fine_o = [min(_OVERLAP_RANGE[1], max(_OVERLAP_RANGE[0], overlap + step_o * k / 5)) for k in range(-5, 6)] \
         if OVERLAP in free else [overlap]
     (err, fixed), rate, overlap = min(((error(r, o), r, o) for r in fine_r for o in fine_o), key=lambda x: x[0][0])
-    residual = math.sqrt(err / len(measured)) if len(measured) > len(free) else 0.0
-    return Calibration(_with(s, s.net, rate, overlap, fixed), rate, free, residual)
+    misfit = math.sqrt(err / len(measured))
+    residual = misfit if len(measured) > len(free) else 0.0
+    return Calibration(_with(s, s.net, rate, overlap, fixed), rate, free, residual, misfit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +167,12 @@ class Forecast:
 
 def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequence[int],
              calibration: Optional[Calibration] = None) -> list[Forecast]:
-    """The calibrated forecast at each of `ns`, with its interval (module docstring).
+    """The calibrated forecast at each of `ns`, with its interval: every refit the runs allow, namely
+    - each run's rate moved to the ends of its spread (every corner for up to 3 runs, else one run at a time);
+    - each parameter the runs do not determine set across its range (overlap 20-97.5% of the step, bandwidth
+      2-100% of line rate, a fixed cost from 0 to the most the runs' step times leave beyond one replica's
+      compute), the others refitted; a refit is kept when it still meets the runs within their spread (or 1%),
+    widened by the fit's relative RMS residual when the runs are more than the parameters.
 
     Raises:
       ConfigError: as `calibrate`.
@@ -169,7 +180,7 @@ def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequ
     fit = calibration or calibrate(m, s, runs)
     moved = [r for r in runs if r.spread > 0]
     if len(moved) <= 3:
-        corners = [tuple(sign for sign in signs) for signs in itertools.product((-1, 1), repeat=len(moved))]
+        corners = [tuple(signs) for signs in itertools.product((-1, 1), repeat=len(moved))]
     else:
         corners = [tuple(sign if j == i else 0 for j in range(len(moved))) for i in range(len(moved))
                    for sign in (-1, 1)]
@@ -178,6 +189,17 @@ def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequ
         shifted = {id(r): dataclasses.replace(r, examples_per_s=r.examples_per_s * (1 + sign * r.spread))
                    for r, sign in zip(moved, signs)}
         refits.append(calibrate(m, s, [shifted.get(id(r), r) for r in runs]))
+    tolerance = max([r.spread for r in runs] + [0.01])
+    most_fixed = max(r.replicas * m.per_replica_batch / r.examples_per_s - m.step_s for r in runs)
+    ranges = {OVERLAP: _grid(*_OVERLAP_RANGE, 5), BANDWIDTH: _grid(*_RATE_RANGE, 5, log=True),
+              FIXED: _grid(0.0, max(most_fixed, 0.0), 5)}
+    for name in (OVERLAP, BANDWIDTH, FIXED):
+        if name in fit.free:
+            continue
+        for value in ranges[name]:
+            other = calibrate(m, s, runs, held={name: value})
+            if other.misfit <= tolerance:
+                refits.append(other)
     out = []
     for n in ns:
         point = scale.predict(m, fit.setup, n)

@@ -36,9 +36,10 @@ def tune(args) -> int:
                                compute_steps=args.compute_steps)
     train = dict(config.get("train") or {})
     train.update({k: v for k, v in given.items() if k not in DATA_FLAGS})
+    shown = decision.levers_set()
     for key, value in decision.train_options().items():
         if key in train and train[key] != value:
-            print(f"tune: {key} {train[key]!r} was given; the config written sets the tuned {value!r}")
+            print(f"tune: {key} {train[key]!r} was given; the config written sets the tuned {shown[key]!r}")
     with open(args.write, "w") as f:
         f.write(tune_lib.config_text(decision, train, data))
     print(f"config: {args.write} (harness train --config {args.write})")

@@ -57,7 +57,7 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
-from harness.data.stages import MEMORY_CACHE_FRACTION, MEMORY_CACHE_MAX_RECORDS
+from harness.data.stages import MEMORY_CACHE_FRACTION, MEMORY_CACHE_MAX_RECORDS, parse_per_record
 from harness.errors import ConfigError
 
 READ, INFLATE, PARSE, DECODE, UNBATCH, AUGMENT, BATCH = ("read", "inflate", "parse", "decode", "unbatch", "augment",
@@ -79,6 +79,15 @@ SERVICE_START_S = 30.0
 # runs at 10-25 GB/s (J. D. McCalpin, STREAM, cs.virginia.edu/stream). A probe whose examples/s x bytes out per
 # example exceeds twice the top of that measured nothing (work skipped or cached): it is shown, and not used.
 MAX_BYTES_PER_CORE_S = 50e9
+# The baseline is what `harness train` does with no flag (`TrainOptions`' defaults): parse and cache `auto`, files
+# read at once one per CPU, every parallel map's calls and the prefetch AUTOTUNE. A lever leaves its default only
+# where the model predicts the job's time falls by more than the probes' own noise: the first epochs the probes
+# predicted missed by up to +31% (the module docstring), and repeated probes of one stage spread by ~10%; 10% is
+# the bar. The model has no term that a fixed number of map calls or prefetched batches improves on AUTOTUNE
+# (tf.data's own tuner of exactly those), and fixed values lost to it in whole runs (0.89x on an input-bound table
+# export, issue 49): those stay AUTOTUNE, the cores the model gives each stage said beside them.
+TUNE_NOISE = 0.10
+AUTO, AUTOTUNE = "auto", "autotune"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,11 +279,15 @@ class Decision:
     def value(self, name: str):
         return next(c.value for c in self.levers if c.name == name)
 
+    def levers_set(self) -> dict:
+        """The five levers as decided, a default shown as "auto" or "autotune" (`option_value` turns them into
+        `TrainOptions`' values)."""
+        return {k: self.value(k) for k in ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")}
+
     def train_options(self) -> dict:
-        """The `train:` keys of a run config (`TrainOptions` fields) this decision sets."""
-        return {"parse": self.value("parse"), "parallel_reads": self.value("parallel_reads"),
-                "map_parallelism": self.value("map_parallelism"), "prefetch": self.value("prefetch"),
-                "cache": self.value("cache")}
+        """The `train:` keys of a run config (`TrainOptions` fields) this decision sets; a lever kept at its
+        default is None (files read at once, map calls, prefetch) or "auto" (parse, cache), as `TrainOptions`."""
+        return {k: option_value(k, v) for k, v in self.levers_set().items()}
 
     def lines(self) -> list[str]:
         """One line per choice, then the prediction."""
@@ -285,6 +298,12 @@ class Decision:
                    f"{self.compute:,.0f} on synthetic batches (real/synthetic {self.end_to_end / self.compute:.2f}; "
                    "Plumber's model, Kuchnik et al., MLSys 2022)")
         return out
+
+
+def option_value(lever: str, value):
+    """A lever's value as `TrainOptions` takes it: "auto"/"autotune" of an integer lever is None (its default:
+    one file per CPU, AUTOTUNE); parse and cache keep "auto"."""
+    return None if lever in ("parallel_reads", "map_parallelism", "prefetch") and value in (AUTO, AUTOTUNE) else value
 
 
 def _fmt(x: float) -> str:
@@ -456,18 +475,85 @@ def decide_service(job: float, pipeline_one_host: float, m: Measured, w: Optiona
                                              f"{n} worker{'s' if n != 1 else ''} (harness data-service worker)")
 
 
+def default_parse(m: Measured) -> str:
+    """The placement `parse: auto` takes: per record above `stages.VECTORIZE_MAX_RECORD_BYTES` of serialized
+    record, else read batches (`stages.parse_per_record`)."""
+    serialized = m.inflate.out_bytes if m.inflate else m.read.out_bytes
+    return RECORDS if parse_per_record(serialized) else BATCHES
+
+
+def default_cache(m: Measured, w: Workload, parse: str) -> tuple[str, list[StageRate]]:
+    """What `cache: auto` does (`stages.choose_cache`) and the stages later epochs then run: memory when the
+    decoded records fit MEMORY_CACHE_FRACTION of memory, else files when a cache_dir is given and they fit
+    DISK_CACHE_FRACTION of its disk, else none."""
+    decoded = m.decode[parse].out_bytes
+    nbytes = w.records * decoded
+    after = ([m.augment] if m.augment else []) + [m.batch]
+    split = _unbatch(m, parse)
+    if w.epochs < 2:
+        return NONE, uncached_chain(m, w, parse)
+    if nbytes <= MEMORY_CACHE_FRACTION * w.memory_bytes:
+        return MEMORY, (split if w.records > MEMORY_CACHE_MAX_RECORDS else []) + after
+    if w.disk_bytes is not None and nbytes <= DISK_CACHE_FRACTION * w.disk_bytes:
+        file_read = StageRate("cache read", m.read.per_core * m.read.out_bytes / decoded, decoded, w.files)
+        return FILE, [file_read, *split, *after]
+    return NONE, uncached_chain(m, w, parse)
+
+
+def job_seconds(m: Measured, w: Workload, parse: str, steady_chain: Sequence[StageRate]) -> float:
+    """The modelled seconds of the job's epochs on this worker: the first on the uncached chain, the rest on
+    `steady_chain`, each at `end_to_end` (the step included)."""
+    first_chain = uncached_chain(m, w, parse)
+    rate = {id(c): end_to_end(allocate(c, w.cpus), c, m.compute, compute_on_cpu=m.compute_on_cpu, cores=w.cpus)
+            for c in (first_chain, steady_chain)}
+    return w.records / rate[id(first_chain)] + (w.epochs - 1) * w.records / rate[id(steady_chain)]
+
+
+def against_default(m: Measured, w: Workload, model_parse: Choice, model_cache: Choice) -> tuple[Choice, Choice]:
+    """The parse and cache levers against `harness train`'s defaults (`TUNE_NOISE`): each changed from `auto`
+    only where the model's choice, the other lever at its default, shortens the job's modelled time by more than
+    the noise; the reason says the gain either way."""
+    d_parse = default_parse(m)
+    d_cache, d_chain = default_cache(m, w, d_parse)
+    base = job_seconds(m, w, d_parse, d_chain)
+    out = []
+    for lever, choice, seconds in (
+            ("parse", model_parse, job_seconds(m, w, model_parse.value, default_cache(m, w, model_parse.value)[1])),
+            ("cache", model_cache, job_seconds(m, w, d_parse, decide_cache(m, w, d_parse)[1]))):
+        gain = base / seconds
+        default = d_parse if lever == "parse" else d_cache
+        if choice.value != default and gain > 1 + TUNE_NOISE:
+            out.append(Choice(lever, choice.value, f"{choice.reason}; the job {gain:.2f}x faster than with the "
+                                                   f"default (auto: {default})"))
+        else:
+            why = ("the default's own choice" if choice.value == default else
+                   f"{choice.value} would make the job {gain:.2f}x as fast, within the probes' noise "
+                   f"({TUNE_NOISE:.0%})")
+            out.append(Choice(lever, AUTO, f"the default kept (auto: {default}): {why}"))
+    return out[0], out[1]
+
+
 def decide(m: Measured, w: Workload) -> Decision:
-    """Every lever from the measured rates (see the module docstring and each `decide_*`).
+    """Every lever from the measured rates (see the module docstring and each `decide_*`), against `harness
+    train`'s defaults (`TUNE_NOISE`, `against_default`): parse and cache leave `auto` only for a predicted gain
+    beyond the noise; files read at once, map calls and prefetch stay at their defaults, the model's figure for
+    each said in its reason.
 
     Raises:
       ConfigError: for a workload of no records, files or CPUs.
     """
     if w.records < 1 or w.files < 1 or w.cpus < 1:
         raise ConfigError(f"tune: a worker needs records, files and CPUs, got {w.records}, {w.files}, {w.cpus}")
-    parse = choose_parse(m)
-    first_chain = uncached_chain(m, w, parse.value)
+    model_parse = choose_parse(m)
+    model_cache, _ = decide_cache(m, w, model_parse.value)
+    parse, cache = against_default(m, w, model_parse, model_cache)
+    placement = model_parse.value if parse.value != AUTO else default_parse(m)
+    if cache.value != AUTO:
+        _, steady_chain = decide_cache(m, w, placement)
+    else:
+        _, steady_chain = default_cache(m, w, placement)
+    first_chain = uncached_chain(m, w, placement)
     first = allocate(first_chain, w.cpus)
-    cache, steady_chain = decide_cache(m, w, parse.value)
     steady = allocate(steady_chain, w.cpus)
     phases = [first, steady]
     if w.shuffle_buffer:   # the buffer's fill and drain: each side alone on the cores
@@ -476,6 +562,10 @@ def decide(m: Measured, w: Workload) -> Decision:
     reads = decide_reads([a for a in phases if READ in a.cores], w)
     maps = decide_maps(phases, w)
     prefetch = decide_prefetch(maps.value, w.batch_size * m.batch.out_bytes, w)
+    kept = "the default kept: the model has no term by which a fixed value beats it"
+    reads = Choice("parallel_reads", AUTO, f"{kept} (one per CPU, at most the files); {reads.reason}")
+    maps = Choice("map_parallelism", AUTOTUNE, f"{kept}; {maps.reason}")
+    prefetch = Choice("prefetch", AUTOTUNE, f"{kept}; {prefetch.reason}")
     reshard = decide_reshard(m, w, steady, steady_chain)
     job = end_to_end(steady, steady_chain, m.compute, compute_on_cpu=m.compute_on_cpu, cores=w.cpus)
     service = decide_service(job, steady.rate, m, w)

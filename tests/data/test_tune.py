@@ -17,7 +17,7 @@ def measured(*, read=20000.0, read_bytes=30000.0, inflate=2000.0, parse_records=
              on_cpu=True, decoded=PATCH):
     return tune.Measured(
         read=StageRate("read", read, read_bytes),
-        inflate=StageRate("inflate", inflate, 66000.0) if inflate else None,
+        inflate=StageRate("inflate", inflate, 60000.0) if inflate else None,   # parse: auto reads batches
         parse={RECORDS: StageRate("parse", parse_records, decoded), BATCHES: StageRate("parse", parse_batches, decoded)},
         decode={RECORDS: StageRate("decode", decode_records, decoded),
                 BATCHES: StageRate("decode", decode_batches, decoded)},
@@ -183,7 +183,7 @@ def test_an_augmentation_that_scales_short_of_its_threads_caps_the_later_epochs(
     # the probe's measured cap (`probe.parallel_cores`): 1.5 cores' worth of its one-core rate on 2 threads
     m = dataclasses.replace(measured(), augment=StageRate("augment", 400, PATCH, 1.5))
     d = tune.decide(m, workload(memory_bytes=200 * 10 ** 6))
-    assert d.value("cache") == "memory"
+    assert d.value("cache") == "auto" and "the default kept (auto: memory)" in d.levers[4].reason
     assert d.steady == pytest.approx(1.5 * 400)   # 2 / (1/400 + 1/1e6) = 799.7 > the cap 600
     d = tune.decide(dataclasses.replace(m, augment=StageRate("augment", 400, PATCH)), workload(memory_bytes=200e6))
     assert d.steady == pytest.approx(2 / (1 / 400 + 1 / 1e6))
@@ -221,8 +221,8 @@ def _reader_bound():
 def test_reshard_a_gzip_export_when_its_files_bind():
     m, w, steady, chain = _reader_bound()
     assert steady.bound == "read" and steady.rate == pytest.approx(1 / (1 / 20000 + 1 / 2000))
-    # uncompressed: 20000 x 30000 / 66000 = 9091/s per core; X = 4 / (0.00011 + 0.0002 + 1e-6) = 12862;
-    # the reader's cores 12862 x 0.00011 = 1.41: 2 files per worker
+    # uncompressed: 20000 x 30000 / 60000 = 10000/s per core; X = 4 / (0.0001 + 0.0002 + 1e-6) = 13289;
+    # the reader's cores 13289 x 0.0001 = 1.33: 2 files per worker
     c = tune.decide_reshard(m, w, steady, chain)
     assert c.value == 2 and "--workers 1 --shards-per-worker 2" in c.reason
     assert tune.decide_reshard(m, dataclasses.replace(w, workers=3), steady, chain).value == 6
@@ -261,8 +261,10 @@ def test_decide_predicts_the_slowest_stage_given_its_cores():
     assert d.first_epoch == pytest.approx(2 / (1 / 20000 + 1 / 2000 * 4 + 1e-6))
     assert d.steady == pytest.approx(2 / (1 / 2000 + 1e-6))
     assert d.end_to_end == pytest.approx(2 / (2 / 500 + 1 / 2000 + 1e-6))
-    assert d.train_options() == {"parse": "batches", "parallel_reads": 1, "map_parallelism": 2, "prefetch": 3,
-                                 "cache": "memory"}
+    # every lever at harness train's default: parse auto (read batches, as chosen), the memory cache auto takes,
+    # AUTOTUNE where the model has no term that beats it
+    assert d.train_options() == {"parse": "auto", "parallel_reads": None, "map_parallelism": None, "prefetch": None,
+                                 "cache": "auto"}
     # 444 < 500 / 1.07, but the job's 5,000 examples lose 1.3 s to input: less than starting a service worker
     assert d.value("reshard") is None and d.value("data_service_workers") == 0
     text = "\n".join(d.lines())
@@ -281,13 +283,17 @@ def test_decide_with_a_full_shuffle_buffer():
     fill, drain = 2 / (1 / 20000 + 3 / 2000), 2 / (1 / 2000 + 1e-6)
     assert d.first_epoch == pytest.approx(1 / (1 / fill + 1 / drain))
     assert d.steady == pytest.approx(drain)        # cached: the drain alone
-    # the fill gives the reader 1290.3 x (1/20000 + 1/2000) = 0.71 cores: 1 file at once; the drain's augment
-    # 3992 / 2000 = 2.0 cores
-    assert d.value("parallel_reads") == 1 and d.value("map_parallelism") == 2
-    # the reader 1/20000 + 1/800 = 1.3 ms: the fill gives it 2 x 1.3 / (1.3 + 1) = 1.13 cores, 2 files at once;
-    # pipelined (no buffer) the whole chain gives it 2 x 1.3 / (1.3 + 1.5 + 0.001) = 0.93 cores, 1 file
-    assert tune.decide(measured(inflate=800), w).value("parallel_reads") == 2
-    assert tune.decide(measured(inflate=800), dataclasses.replace(w, shuffle_buffer=0)).value("parallel_reads") == 1
+    # the fill gives the reader 1290.3 x (1/20000 + 1/2000) = 0.71 cores; the drain's augment 3992 / 2000 = 2.0
+    # cores: said, the levers left at their defaults (the model has no term by which a fixed value beats them)
+    reasons = {c.name: c.reason for c in d.levers}
+    assert (d.value("parallel_reads"), d.value("map_parallelism")) == ("auto", "autotune")
+    assert "the reader needs 0.71 cores" in reasons["parallel_reads"]
+    assert "the busiest map needs 2.00 cores" in reasons["map_parallelism"]
+    # the reader 1/20000 + 1/800 = 1.3 ms: the fill gives it 2 x 1.3 / (1.3 + 1) = 1.13 cores; pipelined (no
+    # buffer) the whole chain gives it 2 x 1.3 / (1.3 + 1.5 + 0.001) = 0.93 cores
+    assert "the reader needs 1.13 cores" in tune.decide(measured(inflate=800), w).levers[1].reason
+    assert "the reader needs 0.93 cores" in tune.decide(measured(inflate=800),
+                                                       dataclasses.replace(w, shuffle_buffer=0)).levers[1].reason
 
 
 def test_a_probe_faster_than_memory_is_shown_and_not_chosen():
@@ -332,3 +338,20 @@ def test_tune_checks_where_it_writes_before_probing(tmp_path, capsys):
     assert code == exit_codes.PERMANENT and time.perf_counter() - start < 5
     assert f"--write {tmp_path}/missing/tune.yaml: the folder {tmp_path}/missing does not exist" in \
         capsys.readouterr().err
+
+
+
+def test_a_lever_leaves_its_default_only_for_a_gain_beyond_the_probes_noise():
+    """Large records (parse: auto -> per record) whose read batches parse 3x cheaper: the job's modelled time falls
+    by more than 10%, so parse is set; a placement only 5% cheaper keeps auto, the gain said."""
+    fast = measured(parse_records=500.0, decode_records=4000.0, parse_batches=3000.0, decode_batches=4000.0,
+                    augment=0)
+    fast = dataclasses.replace(fast, inflate=StageRate("inflate", 2000.0, 200_000.0))   # auto: per record
+    w = workload(memory_bytes=10 ** 6, epochs=3)                                          # no cache: recompute
+    d = tune.decide(fast, w)
+    assert d.value("parse") == "batches" and "faster than with the default (auto: records)" in d.levers[0].reason
+    near = dataclasses.replace(fast, parse={RECORDS: StageRate("parse", 1000.0, PATCH),
+                                            BATCHES: StageRate("parse", 1060.0, PATCH)})
+    d = tune.decide(near, w)
+    assert d.value("parse") == "auto" and "within the probes' noise (10%)" in d.levers[0].reason
+    assert [d.value(k) for k in ("parallel_reads", "map_parallelism", "prefetch")] == ["auto", "autotune", "autotune"]

@@ -36,8 +36,9 @@ from harness.data.stages import default_shuffle_buffer
 from harness.errors import ConfigError
 
 LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
-PARSES = (tune_lib.RECORDS, tune_lib.BATCHES)
-CACHES = (tune_lib.MEMORY, tune_lib.FILE, tune_lib.NONE)
+PLACEMENTS = (tune_lib.RECORDS, tune_lib.BATCHES)    # the two the probes time
+PARSES = (*PLACEMENTS, tune_lib.AUTO)                # the parse lever's values (auto: harness train's default)
+CACHES = (tune_lib.MEMORY, tune_lib.FILE, tune_lib.NONE, tune_lib.AUTO)
 PREDICTED = ("first_epoch", "steady", "end_to_end", "compute")  # examples/s, `Decision`'s
 RECORD_FILE = "tune.json"   # in the run's output folder: the decision a resume keeps
 
@@ -45,10 +46,14 @@ RECORD_FILE = "tune.json"   # in the run's output folder: the decision a resume 
 def encode(decision: tune_lib.Decision) -> list[float]:
     """The levers and predictions of `decision` as numbers for a collective: `[parse index in PARSES,
     parallel_reads, map_parallelism, prefetch, cache index in CACHES, first_epoch, steady, end_to_end, compute]`
-    (float64; the integers exact below 2**53)."""
+    (float64; the integers exact below 2**53; 0 for a lever at its default, None in `TrainOptions`)."""
     o = decision.train_options()
-    return [PARSES.index(o["parse"]), o["parallel_reads"], o["map_parallelism"], o["prefetch"],
+    return [PARSES.index(o["parse"]), o["parallel_reads"] or 0, o["map_parallelism"] or 0, o["prefetch"] or 0,
             CACHES.index(o["cache"]), *(float(getattr(decision, k)) for k in PREDICTED)]
+
+
+DEFAULT_SHOWN = {"parallel_reads": tune_lib.AUTO, "map_parallelism": tune_lib.AUTOTUNE,
+                 "prefetch": tune_lib.AUTOTUNE}   # an integer lever at its default, as decided and printed
 
 
 def decode(row: Sequence[float]) -> dict:
@@ -63,8 +68,9 @@ def decode(row: Sequence[float]) -> dict:
     parse, reads, maps, prefetch, cache = (int(round(float(v))) for v in row[:len(LEVERS)])
     if not (0 <= parse < len(PARSES) and 0 <= cache < len(CACHES)):
         raise ConfigError(f"tune: parse index {parse} or cache index {cache} out of range")
-    return {"levers": {"parse": PARSES[parse], "parallel_reads": reads, "map_parallelism": maps,
-                       "prefetch": prefetch, "cache": CACHES[cache]},
+    return {"levers": {"parse": PARSES[parse], "parallel_reads": reads or DEFAULT_SHOWN["parallel_reads"],
+                       "map_parallelism": maps or DEFAULT_SHOWN["map_parallelism"],
+                       "prefetch": prefetch or DEFAULT_SHOWN["prefetch"], "cache": CACHES[cache]},
             "predicted": dict(zip(PREDICTED, (float(v) for v in row[len(LEVERS):])))}
 
 
@@ -81,7 +87,7 @@ def replaced(options, levers: dict) -> list[tuple[str, object, object]]:
     tuned value replaces."""
     defaults = {f.name: f.default for f in dataclasses.fields(options)}
     return [(k, getattr(options, k), v) for k, v in levers.items()
-            if getattr(options, k) != defaults[k] and getattr(options, k) != v]
+            if getattr(options, k) != defaults[k] and getattr(options, k) != tune_lib.option_value(k, v)]
 
 
 def my_share(train: ShardSet, files: Sequence[str]) -> ShardSet:
@@ -117,7 +123,7 @@ def _apply(inputs, levers: dict, say, rank: int):
     for key, given, value in swaps:
         say(f"tune: {key} {given!r} was given; --tune applies the tuned {value!r}")
     print(f"tune: worker {rank} applies " + " ".join(f"{k}={levers[k]}" for k in LEVERS), flush=True)
-    tuned = dataclasses.replace(inputs.options, **levers)
+    tuned = dataclasses.replace(inputs.options, **{k: tune_lib.option_value(k, v) for k, v in levers.items()})
     return dataclasses.replace(inputs, options=tuned), [{"lever": k, "given": g, "tuned": v} for k, g, v in swaps]
 
 
@@ -189,8 +195,8 @@ def tune(inputs, backend, probe_run: Callable, say: Callable[..., None], *, reco
             "rank": context.rank,
             "choices": [{"name": c.name, "value": c.value, "reason": c.reason} for c in decision.levers],
             "measured": {"read": _stage_record(measured.read), "inflate": _stage_record(measured.inflate),
-                         **{f"parse_{p}": _stage_record(measured.parse[p]) for p in PARSES},
-                         **{f"decode_{p}": _stage_record(measured.decode[p]) for p in PARSES},
+                         **{f"parse_{p}": _stage_record(measured.parse[p]) for p in PLACEMENTS},
+                         **{f"decode_{p}": _stage_record(measured.decode[p]) for p in PLACEMENTS},
                          "unbatch": _stage_record(measured.unbatch), "augment": _stage_record(measured.augment),
                          "batch": _stage_record(measured.batch), "start_s": measured.start_s},
             "compute_examples_per_s": compute, "compute_on_cpu": compute_on_cpu,

@@ -69,7 +69,7 @@ LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
 # --smoke: tiny exports, one run, two grid points, 2 epochs; `make test` runs it (tests/bench/test_benchmarks_start.py)
 # (the job, two `harness train` processes, in the last case only; later epochs timed over 0.05 s, not 0.5)
 SMOKE = dict(patch_records=8, patch_size=16, unet_records=8, unet_size=16, epochs=2, repeats=1, probe_records=16,
-             compute_steps=2, grid="smoke", job_epochs=2, confirm=1, job_cases="unet", later_min_s=0.05)
+             compute_steps=2, grid="smoke", job_epochs=2, confirm=1, job_cases="points", later_min_s=0.05)
 
 
 def _case_data(name: str, args, tmp: str) -> tuple[str, dict, dict]:

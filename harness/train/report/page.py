@@ -73,10 +73,30 @@ def _svg(fig) -> str:
     return "<figure>" + text[text.index("<svg"):] + "</figure>"
 
 
-def _image(path: str, alt: str) -> str:
-    import tensorflow as tf
+class _Files:
+    """What reads and writes the run's files: the standard library for local paths, TensorFlow's file system for
+    gs:// (`tf.io.gfile`, imported only then: a local report needs no TensorFlow)."""
 
-    with tf.io.gfile.GFile(path, "rb") as f:
+    @staticmethod
+    def _tf(path: str):
+        import tensorflow as tf
+        return tf.io.gfile
+
+    @classmethod
+    def exists(cls, path: str) -> bool:
+        return cls._tf(path).exists(path) if "://" in path else os.path.exists(path)
+
+    @classmethod
+    def open(cls, path: str, mode: str = "r"):
+        return cls._tf(path).GFile(path, mode) if "://" in path else open(path, mode)
+
+    @classmethod
+    def listdir(cls, path: str) -> list:
+        return cls._tf(path).listdir(path) if "://" in path else os.listdir(path)
+
+
+def _image(path: str, alt: str) -> str:
+    with _Files.open(path, "rb") as f:
         data = base64.b64encode(f.read()).decode()
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
@@ -153,14 +173,14 @@ def build(run_dir: str, *, predictions: Optional[str] = None) -> str:
       FileNotFoundError: naming `run_dir/summary.json` when the run has none (not finished, or not a run folder).
     """
     import matplotlib
-    import tensorflow as tf
 
+    files = _Files
     matplotlib.use("Agg")  # files only, no display
     matplotlib.rcParams["svg.fonttype"] = "path"   # glyphs as paths: the page needs no font
     path = os.path.join(run_dir, "summary.json")
-    if not tf.io.gfile.exists(path):
+    if not files.exists(path):
         raise FileNotFoundError(f"{path}: no summary.json (a run folder holds one once `harness train` finished)")
-    with tf.io.gfile.GFile(path) as f:
+    with files.open(path) as f:
         s = json.load(f)
     history, plan, spec = s.get("history") or [], s.get("plan") or {}, s.get("spec") or {}
     parts = [f"<h1>harness run <code>{html.escape(run_dir)}</code></h1>",
@@ -221,7 +241,7 @@ def build(run_dir: str, *, predictions: Optional[str] = None) -> str:
         parts.append(_table([[k.replace("_", " "), v] for k, v in profile.items() if isinstance(v, (int, float, str))],
                             ["", "value"], table_id="profile"))
         timeline = os.path.join(run_dir, "timeline.png")
-        if tf.io.gfile.exists(timeline):
+        if files.exists(timeline):
             parts.append(_image(timeline, "step timeline"))
 
     tune = s.get("tune")
@@ -230,7 +250,7 @@ def build(run_dir: str, *, predictions: Optional[str] = None) -> str:
         parts.append(f"<pre>{html.escape(json.dumps(tune, indent=1, default=str))}</pre>")
 
     if predictions:
-        pngs = sorted(n for n in tf.io.gfile.listdir(predictions) if n.endswith(".png"))
+        pngs = sorted(n for n in files.listdir(predictions) if n.endswith(".png"))
         if not pngs:
             raise FileNotFoundError(f"{predictions}: no map quick-look (<prefix>.png): predict an image export "
                                     "with a mixer into it first")
@@ -243,10 +263,8 @@ def build(run_dir: str, *, predictions: Optional[str] = None) -> str:
 
 def write(run_dir: str, *, predictions: Optional[str] = None, output: Optional[str] = None) -> str:
     """Write `build`'s document to `output` (default `run_dir/report.html`, local or gs://); returns the path."""
-    import tensorflow as tf
-
     target = output or os.path.join(run_dir, REPORT_NAME)
     text = build(run_dir, predictions=predictions)
-    with tf.io.gfile.GFile(target, "w") as f:
+    with _Files.open(target, "w") as f:
         f.write(text)
     return target

@@ -93,7 +93,7 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
             elif s.name == tune_lib.AUGMENT and s.max_cores is not None:
                 cap = f", {mine.cpus} calls in flight on {mine.cpus} threads: {s.max_cores:.2f}x one core"
             if not tune_lib.plausible(s):
-                cap += (f"; {s.per_core * s.out_bytes / 1e9:,.0f} GB/s per core, above what a core's memory moves "
+                cap += (f", {s.per_core * s.out_bytes / 1e9:,.0f} GB/s per core, above what a core's memory moves "
                         f"({tune_lib.MAX_BYTES_PER_CORE_S / 1e9:g} GB/s): the probe measured nothing, not used")
             say(f"  {label:<17} {s.per_core:>12,.0f}  {s.out_bytes:>10,.0f} B out per example{cap}")
     say(f"  {'start':<17} {measured.start_s * 1e3:>12,.1f}  ms: a fresh iterator's start beyond its work "

@@ -33,14 +33,9 @@ TOLERANCE_POINTS = 5.0
 def predict_row(row: dict, rate_share: float = 1.0) -> scale.Point:
     """The prediction for one CSV row (module docstring); `rate_share`: the links run at that share of their line
     rate (1: the model as checked; below 1 only for `ceiling`)."""
-    batch = int(row["per_replica_batch"])
-    m = scale.Measurement(step_s=batch / float(row["single_gpu_examples_per_s"]), jitter_s=0.0,
-                          per_replica_batch=batch)
+    m, s = _setup(row)
     slow = lambda link: scale.Link(link.alpha_s, link.beta_s_per_byte / rate_share)   # noqa: E731
-    s = scale.Setup(gradient_bytes=4 * int(row["trainable_parameters"]), tensors=int(row["tensors"]),
-                    gpus_per_node=int(row["gpus_per_node"]), node=slow(scale.parse_node(f"1x{row['node_link']}")[1]),
-                    net=slow(scale.parse_link(row["net_link"])), backend=row["backend"],
-                    fusion_bytes=float(row["fusion_mib"]) * 2 ** 20, cycle_s=float(row["cycle_ms"]) / 1e3)
+    s = dataclasses.replace(s, node=slow(s.node), net=slow(s.net))
     if row["node_examples_per_s"]:   # one full node measured: its per-step cost beyond the model (T_fixed)
         s = dataclasses.replace(s, fixed_s=scale.fixed_from_node(m, s, float(row["node_examples_per_s"])))
     return scale.predict(m, s, int(row["gpus"]))

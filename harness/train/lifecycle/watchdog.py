@@ -41,11 +41,13 @@ class Watchdog:
       linger_s: `fn() -> seconds` to wait between the line and the exit (read after `describe`; default none):
         the worker whose own input is stuck lingers (`stalled`), so that its peers, whose bounds end at about the
         same time, name it as stuck before its exit closes their collectives' sockets.
+      clock: `fn() -> seconds`, monotonic (tests pass their own, and call `check` themselves).
     """
 
     def __init__(self, describe: Callable[[int, float], str], *, bound_s: Optional[float] = None,
                  exit: Callable[[int], None] = os._exit, poll_s: float = 0.5,
-                 linger_s: Optional[Callable[[], float]] = None):
+                 linger_s: Optional[Callable[[], float]] = None, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
         self.bound_s = bound_s if bound_s is not None else environment.read_peer_timeout_s()
         self._describe, self._exit, self._poll_s = describe, exit, min(poll_s, self.bound_s / 4)
         self._linger_s = linger_s or (lambda: 0.0)
@@ -60,7 +62,7 @@ class Watchdog:
     def beat(self, step: int) -> None:
         """Step `step` completed: (re)arm with a fresh bound."""
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             if self._armed_at is not None:
                 self._longest_s = max(self._longest_s, now - self._armed_at)
             self._step, self._armed_at = step, now
@@ -86,17 +88,23 @@ class Watchdog:
         self._stop.set()
         self._thread.join(5)
 
+    def check(self) -> bool:
+        """One look: past the bound, print the line, linger, call `exit` and return True (the thread's poll)."""
+        with self._lock:
+            since = None if self._armed_at is None else self._clock() - self._armed_at
+            step, allowed = self._step, self.bound_s + self._longest_s
+        if since is None or since <= allowed:
+            return False
+        print(f"harness train: {StalledWorkerError.__name__}: {self._describe(step, since)}",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        self._stop.wait(self._linger_s())
+        self._exit(exit_codes.RETRYABLE)
+        return True
+
     def _watch(self) -> None:
         while not self._stop.wait(self._poll_s):
-            with self._lock:
-                since = None if self._armed_at is None else time.monotonic() - self._armed_at
-                step, allowed = self._step, self.bound_s + self._longest_s
-            if since is not None and since > allowed:
-                print(f"harness train: {StalledWorkerError.__name__}: {self._describe(step, since)}",
-                      file=sys.stderr, flush=True)
-                sys.stdout.flush()
-                self._stop.wait(self._linger_s())
-                self._exit(exit_codes.RETRYABLE)
+            if self.check():
                 return
 
 

@@ -136,27 +136,38 @@ def test_gloo_timeout_is_the_worker_wait_where_unset():
 
 
 def test_watchdog_allows_the_longest_call_seen_beyond_the_bound():
+    """On a clock the test moves (the thread never polls: `check` is called here), so load cannot move a bound."""
+    now = [0.0]
     exits = []
-    dog = watchdog.Watchdog(lambda step, s: "", bound_s=0.5, exit=exits.append, poll_s=0.05)
+
+    def dog():
+        return watchdog.Watchdog(lambda step, s: "", bound_s=0.5, exit=exits.append, poll_s=3600,
+                                 clock=lambda: now[0])
+    first = dog()
     try:
-        dog.beat(1)
-        dog.beat(2)
-        time.sleep(0.8)   # two beats at once: no call's length measured, so the bare 0.5 s bound holds
-        assert exits == [138]
+        first.beat(1)
+        first.beat(2)
+        now[0] += 0.5
+        assert not first.check()   # at the bound, not past it
+        now[0] += 0.01   # two beats at once: no call's length measured, so the bare 0.5 s bound holds
+        assert first.check() and exits == [138]
     finally:
-        dog.close()
+        first.close()
     exits.clear()
-    dog = watchdog.Watchdog(lambda step, s: "", bound_s=0.5, exit=exits.append, poll_s=0.05)
+    second = dog()
     try:
-        dog.beat(1)
-        time.sleep(0.5)
-        dog.beat(2)        # calls of 0.5 s (K slow steps): the bound counts from 0.5 s past the last beat
-        time.sleep(0.7)    # 0.7 s since the last beat, under 0.5 + 0.5
-        assert exits == []
-        time.sleep(0.9)
-        assert exits == [138]
+        second.beat(1)
+        now[0] += 0.5
+        second.beat(2)        # calls of 0.5 s (K slow steps): the bound counts from 0.5 s past the last beat
+        now[0] += 0.99        # under 0.5 + 0.5 since the last beat
+        assert not second.check() and exits == []
+        now[0] += 0.02
+        assert second.check() and exits == [138]
+        second.idle()         # disarmed over the epoch's end: no bound
+        now[0] += 100
+        assert not second.check()
     finally:
-        dog.close()
+        second.close()
 
 
 def _progress(drawn: int, finished: int, in_call: bool = True):

@@ -124,9 +124,31 @@ def calibrated_check(rows) -> str:
             lines.append(f"  {r['point']:<24} {int(r['gpus']):>4} {published:>9.1%} {f.point.efficiency:>10.1%} "
                          f"{f.efficiency_low:>6.1%}-{f.efficiency_high:<7.1%} {diff:>+6.1f}  "
                          f"{'ok' if ok else 'MISS'}, {'inside' if covered else 'OUTSIDE'} the interval")
+            if not (ok and covered):
+                lines.append("    why: " + _why(m, fit.setup, first[-1], r, f))
     lines.append(f"calibrated: within ±{TOLERANCE_POINTS:g} points: {within} of {checked} held-out points; inside "
                  f"the interval: {inside} of {checked}")
     return "\n".join(lines)
+
+
+def _why(m: scale.Measurement, fitted: scale.Setup, last: dict, held: dict, f) -> str:
+    """Why a held-out point is missed or outside its interval, in numbers: the published change from the last
+    calibration point to it beside the calibrated model's, the model's exposed all-reduce at both and the part of
+    it that is per-hop latency (the same step with zero-latency links), and how far the point lies beyond the
+    interval's nearer end."""
+    n0, n1 = int(last["gpus"]), int(held["gpus"])
+    p0, p1 = (scale.predict(m, fitted, n) for n in (n0, n1))
+    no_latency = dataclasses.replace(fitted, node=scale.Link(0.0, fitted.node.beta_s_per_byte),
+                                     net=scale.Link(0.0, fitted.net.beta_s_per_byte))
+    latency_s = p1.step_s - scale.predict(m, no_latency, n1).step_s
+    pub0, pub1 = float(last["published_efficiency"]), float(held["published_efficiency"])
+    beyond = max(f.efficiency_low - pub1, pub1 - f.efficiency_high, 0.0) * 100
+    return (f"published {pub0:.1%} at N = {n0}, {pub1:.1%} at {n1} ({(pub1 - pub0) * 100:+.1f} points); calibrated "
+            f"{p0.efficiency:.1%} and {p1.efficiency:.1%} ({(p1.efficiency - p0.efficiency) * 100:+.1f}): exposed "
+            f"all-reduce {p0.exposed_s * 1e3:.0f} -> {p1.exposed_s * 1e3:.0f} ms of a {m.step_s * 1e3:.0f} ms step, "
+            f"{latency_s * 1e3:.0f} ms of the step at {n1} per-hop latency (ring: 2(N-1) hops)"
+            + (f"; {beyond:.1f} points beyond the interval, which spans only the runs' assumed "
+               f"±{PUBLISHED_SPREAD:.0%} and the parameters they leave open" if beyond else ""))
 
 
 def implied_exposed_share(row: dict, p: scale.Point) -> float:

@@ -5,7 +5,9 @@ For each case, in one run:
   patches  ACES-shaped image patches: 256x256x8 float bands, GZIP, 4 shards (`harness.data.synth`; the real ACES
            image export holds one unlabelled patch, too few to time), no augmentation: a costly parse and decode;
   unet     a U-Net export: 128x128 patches with a 32-pixel kernel margin, 6 bands, GZIP, 4 shards, trained with
-           flips, rotations and color jitter (`--augment --brightness 0.2 --contrast 0.2`): a costly augmentation.
+           flips, rotations and color jitter (`--augment --brightness 0.2 --contrast 0.2`): a costly augmentation;
+  table    issue 49's input-bound table export: 30 float bands, 3 GZIP shards, 30,000 rows, batch 256;
+  tiles    issue 49's compute-bound patch export: 64 GZIP shards of 40 patches of 32x32x12, batch 16, the U-Net.
 it runs `harness tune`'s probes and decision (`harness.bench.tune.run`, the run's epochs, batch and options), then
 times the training input pipeline (`harness.data.pipeline.build_dataset`, training mode: shuffle, cache,
 augment, batch, prefetch; one worker) over `--epochs` epochs for each of:
@@ -30,12 +32,18 @@ rates (target within 15%): each run probes the stages again just before it times
 synthetic rate is the first run's), as `harness train --tune` probes right before its epochs, and its prediction
 is held against its own measurement (median [min-max] of the runs): the per-core rates of this shared machine
 drift by up to 2x over minutes (the batch stage of the ACES points: 0.45-0.59M examples/s per core in one
-process, 1.0-1.2M in the next), which a prediction made minutes before the runs reads as its own error. Last,
-the job: `harness train` as a user runs it, with the naive levers and with the tuned config (`--config`, the
-file `harness tune --write` writes), its later epochs' examples/s over the step's
-rate on synthetic batches (`harness bench train --data synthetic --like DATA`): real/synthetic before and after.
+process, 1.0-1.2M in the next), which a prediction made minutes before the runs reads as its own error.
 
-  python benchmarks/tune.py [--cases points,patches,unet] [--repeats 3] [--epochs 5] [--confirm 5]
+Last, whole runs (issue 49): `harness train` as a user runs it, start to exit, with the default (no lever set:
+what `harness train` does with no flag), the tuned config (`--config`, the file `harness tune --write` writes) and
+the grid's best levers, `--runs` rounds taking turns in a rotated order: tuned / default (target >= 1.0) and tuned
+/ the grid's best (target >= 0.9), medians of the rounds' ratios, the epochs' own ratio beside (a tuned config that
+sets no lever is the default: the same run, said so, not timed twice); then one run with the naive levers, and
+the later epochs' examples/s over the step's rate on synthetic batches (`harness bench train --data synthetic
+--like DATA`): real/synthetic naive and tuned.
+
+  python benchmarks/tune.py [--cases points,table,tiles,patches,unet] [--repeats 3] [--epochs 5] [--confirm 5]
+      [--runs 5]
 """
 from __future__ import annotations
 
@@ -69,7 +77,8 @@ LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
 # --smoke: tiny exports, one run, two grid points, 2 epochs; `make test` runs it (tests/bench/test_benchmarks_start.py)
 # (the job, two `harness train` processes, in the last case only; later epochs timed over 0.05 s, not 0.5)
 SMOKE = dict(patch_records=8, patch_size=16, unet_records=8, unet_size=16, epochs=2, repeats=1, probe_records=16,
-             compute_steps=2, grid="smoke", job_epochs=2, confirm=1, job_cases="points", later_min_s=0.05)
+             compute_steps=2, grid="smoke", confirm=1, job_cases="points", later_min_s=0.05,
+             table_records=512, tile_shards=4, tile_size=16, runs=1)
 
 
 def _case_data(name: str, args, tmp: str) -> tuple[str, dict, dict]:
@@ -77,6 +86,16 @@ def _case_data(name: str, args, tmp: str) -> tuple[str, dict, dict]:
     if name == "points":
         return args.points, {"label": "class"}, dict(per_replica_batch_size=256)
     folder = os.path.join(tmp, name)
+    if name == "table":   # issue 49's input-bound case: 30 bands, 3 GZIP shards, global batch 256
+        synth.write_table_export(folder, prefix="table", shards=3, records=args.table_records,
+                                 bands=[f"b{i}" for i in range(30)], label="class", classes=4, compressed=True,
+                                 seed=3)
+        return folder, {"label": "class"}, dict(per_replica_batch_size=256)
+    if name == "tiles":   # issue 49's compute-bound case: many small GZIP shards of 32x32x12 patches
+        synth.write_image_export(folder, prefix="tiles", shards=args.tile_shards, records=args.tile_shards * 40,
+                                 bands=[f"B{i}" for i in range(12)], label="landcover", classes=4,
+                                 patch_size=args.tile_size, compressed=True, seed=4)
+        return folder, {"label": "landcover"}, dict(per_replica_batch_size=16)
     if name == "patches":
         synth.write_image_export(folder, prefix="patches", shards=4, records=args.patch_records,
                                  bands=[f"{c}_{t}" for t in ("before", "during") for c in ("red", "green", "blue",
@@ -129,9 +148,11 @@ def _time_pipeline(train, spec, levers: dict, extra: dict, *, steps_per_epoch: i
     return records / first, m / later
 
 
-def _job(data: str, data_config: dict, train: dict, levers: dict, *, epochs: int, out: str) -> float:
-    """`harness train --config` (a config as `harness tune --write` writes it) as a child process: its later
-    epochs' examples/s (mean of `summary.json`'s epochs after the first)."""
+def _job(data: str, data_config: dict, train: dict, levers: dict, *, epochs: int, out: str) -> dict:
+    """`harness train --config` (a config as `harness tune --write` writes it) as a child process: `wall_s` the
+    process's seconds from start to exit (the whole run a user waits for), `epochs_s` the seconds of its timed
+    steps over every epoch (`summary.json`'s history: steps x mean step; the first epoch's warm-up steps left
+    out), `later` its later epochs' examples/s (mean of the epochs after the first)."""
     import yaml
 
     config = os.path.join(out, "config.yaml")
@@ -140,13 +161,40 @@ def _job(data: str, data_config: dict, train: dict, levers: dict, *, epochs: int
         yaml.safe_dump({"train": section, "data": data_config}, f)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    t = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "harness.cli", "train", "--config", config], env=env,
                           capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - t
     if done.returncode:
         raise RuntimeError(f"harness train exit {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     with open(os.path.join(out, "run", "summary.json")) as f:
         history = json.load(f)["history"]
-    return statistics.mean(h["examples_per_s"] for h in history[1:])
+    return {"wall_s": wall, "epochs_s": sum(h["steps"] * h["mean_step_s"] for h in history),
+            "later": statistics.mean(h["examples_per_s"] for h in history[1:])}
+
+
+def _levers_set(levers: dict) -> dict:
+    """The levers a config sets (a default, None or "auto", is not written: `harness train` with no flag)."""
+    return {k: v for k, v in levers.items() if v not in (None, "auto")}
+
+
+def whole_runs(data: str, data_config: dict, train: dict, configs: dict, *, epochs: int, rounds: int,
+               tmp: str) -> dict:
+    """Whole `harness train` runs of each of `configs` ({label: levers}), `rounds` rounds, the configs taking turns
+    in an order rotated each round (so none always runs first, on a cooler cache or machine): {label: [`_job`'s
+    dict per round]}."""
+    runs = {k: [] for k in configs}
+    labels = list(configs)
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            with tempfile.TemporaryDirectory(dir=tmp) as out:
+                runs[label].append(_job(data, data_config, train, configs[label], epochs=epochs, out=out))
+    return runs
+
+
+def paired(runs: dict, a: str, b: str, key: str = "wall_s") -> list:
+    """a's speed over b's in each round: b's seconds over a's (`key`: wall_s, or epochs_s)."""
+    return [y[key] / x[key] for x, y in zip(runs[a], runs[b])]
 
 
 def _ratio_line(name: str, ratios: list, target: str, ok: bool) -> str:
@@ -214,7 +262,7 @@ def bench(name: str, args, tmp: str) -> dict:
                 confirm[label].append(_whole(args.epochs, *_time_pipeline(
                     shards, spec, pipes[label], extra, steps_per_epoch=steps, batch=batch, epochs=args.epochs,
                     cache_dir=cache_dir, drain=drain, later_min_s=args.later_min_s)))
-    print(f"  confirmed, whole run: " + ", ".join(f"{k} {statistics.median(v):,.0f}" for k, v in confirm.items())
+    print("  confirmed, whole run: " + ", ".join(f"{k} {statistics.median(v):,.0f}" for k, v in confirm.items())
           + f" examples/s (median of {args.confirm} runs taking turns)")
     vs_grid = [t / g for t, g in zip(confirm["tuned"], confirm[best])]
     vs_auto = [t / a for t, a in zip(confirm["tuned"], confirm["autotune"])]
@@ -244,31 +292,73 @@ def bench(name: str, args, tmp: str) -> dict:
     synthetic = decision.compute   # harness tune's own run on synthetic batches (--compute-steps)
     if args.job_cases and name not in args.job_cases.split(","):
         return {"vs_grid": statistics.median(vs_grid), "vs_auto": statistics.median(vs_auto)}
-    job = {}
-    for label, levers in (("before", pipes["naive"]), ("after", tuned)):
-        with tempfile.TemporaryDirectory(dir=tmp) as out:
-            job[label] = _job(data, data_config, train, levers, epochs=args.job_epochs, out=out)
-    print(f"  job (harness train, {args.job_epochs} epochs, later epochs): naive {job['before']:,.0f}, tuned "
-          f"{job['after']:,.0f} examples/s; synthetic batches {synthetic:,.0f}")
-    print(f"  real/synthetic: before {job['before'] / synthetic:.2f}, after {job['after'] / synthetic:.2f} "
+    versus = against_default(name, args, data, data_config, train, tuned, pipes[best], tmp)
+    with tempfile.TemporaryDirectory(dir=tmp) as out:
+        before = _job(data, data_config, train, pipes["naive"], epochs=args.epochs, out=out)["later"]
+    after = statistics.median(r["later"] for r in versus.pop("runs")["tuned"])
+    print(f"  job (harness train, {args.epochs} epochs, later epochs): naive {before:,.0f}, tuned "
+          f"{after:,.0f} examples/s; synthetic batches {synthetic:,.0f}")
+    print(f"  real/synthetic: before {before / synthetic:.2f}, after {after / synthetic:.2f} "
           f"(predicted after {decision.end_to_end / decision.compute:.2f})", flush=True)
-    return {"vs_grid": statistics.median(vs_grid), "vs_auto": statistics.median(vs_auto)}
+    return {"vs_grid": statistics.median(vs_grid), "vs_auto": statistics.median(vs_auto), **versus}
+
+
+def against_default(name: str, args, data: str, data_config: dict, train: dict, tuned: dict, grid_best: dict,
+                    tmp: str) -> dict:
+    """Issue 49's check: whole `harness train` runs (`whole_runs`) of the default (no lever set: what a user gets
+    with no flag), the tuned config (`harness tune --write`'s levers) and the grid's best (the sweep's, its levers
+    set), `--runs` rounds; tuned / default (target >= 1.0) and tuned / grid's best (target >= 0.9), medians of the
+    rounds' ratios of whole-process seconds, with the epochs' own ratio beside. A tuned config that sets no lever
+    is the default itself: the same run, not timed twice. Returns {"tuned_vs_default", "tuned_vs_grid": medians,
+    "runs": `whole_runs`' dict}."""
+    configs = {"default": {}, "tuned": _levers_set(tuned), "grid best": _levers_set(grid_best)}
+    same = not configs["tuned"]
+    if same:
+        configs.pop("tuned")
+    runs = whole_runs(data, data_config, train, configs, epochs=args.epochs, rounds=args.runs, tmp=tmp)
+    if same:
+        runs["tuned"] = runs["default"]
+    print(f"  whole runs (harness train, {args.epochs} epochs, start to exit; {args.runs} rounds, the configs taking "
+          f"turns in a rotated order; median [min-max]):")
+    for label, levers in (("default", {}), ("tuned", configs.get("tuned", {})), ("grid best", configs["grid best"])):
+        wall = [r["wall_s"] for r in runs[label]]
+        later = [r["later"] for r in runs[label]]
+        shown = " ".join(f"{k}={v}" for k, v in levers.items()) or "(no lever set)"
+        note = "  = the default (no lever changed)" if label == "tuned" and same else ""
+        print(f"    {label:<10} {statistics.median(wall):>7.1f} s [{min(wall):.1f}-{max(wall):.1f}]  later epochs "
+              f"{statistics.median(later):>10,.0f} examples/s  {shown}{note}")
+    out = {}
+    for label, other, target in (("default", "default", 1.0), ("grid", "grid best", 0.9)):
+        if label == "default" and same:
+            print(f"  {'tuned / default, whole run':<34} = 1 (the same configuration; target >= 1.0: ok)")
+            out["tuned_vs_default"] = 1.0
+            continue
+        ratios, epochs = paired(runs, "tuned", other), paired(runs, "tuned", other, "epochs_s")
+        r = statistics.median(ratios)
+        out[f"tuned_vs_{label}"] = r
+        print(_ratio_line(f"tuned / {other}, whole run", ratios, f">= {target}", r >= target)
+              + f"  (epochs alone {statistics.median(epochs):.2f} [{min(epochs):.2f}-{max(epochs):.2f}])")
+    return {**out, "runs": runs}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--cases", default="points,patches,unet")
+    p.add_argument("--cases", default="points,table,tiles,patches,unet")
     p.add_argument("--points", default=POINTS, help="the point export (label `class`)")
     p.add_argument("--patch-records", type=int, default=64)
     p.add_argument("--patch-size", type=int, default=256)
     p.add_argument("--unet-records", type=int, default=96)
     p.add_argument("--unet-size", type=int, default=128)
+    p.add_argument("--table-records", type=int, default=30000)
+    p.add_argument("--tile-shards", type=int, default=64)
+    p.add_argument("--tile-size", type=int, default=32)
+    p.add_argument("--runs", type=int, default=5,
+                   help="rounds of whole harness train runs (default, tuned, the grid's best) taking turns")
     p.add_argument("--epochs", type=int, default=TrainOptions.epochs,
                    help="epochs of each timed pipeline (the first fills a cache); default: harness train's")
-    p.add_argument("--job-epochs", type=int, default=3)
-    p.add_argument("--job-cases", default="", help="the cases whose job (harness train, naive then tuned) runs "
-                   "(comma-separated; default: every case)")
+    p.add_argument("--job-cases", default="", help="the cases whose whole harness train runs (default, tuned, the "
+                   "grid's best, then naive) run (comma-separated; default: every case)")
     p.add_argument("--later-min-s", type=float, default=LATER_MIN_S,
                    help="seconds the later epochs of a timed pipeline last at least (more epochs where shorter)")
     p.add_argument("--repeats", type=int, default=3)
@@ -278,13 +368,20 @@ def main(argv=None) -> int:
                    help="runs of tuned, the grid's best and autotune, taking turns, that the ratio checks use")
     p.add_argument("--grid", choices=["full", "smoke"], default="full")
     args = smoke.parse(p, argv, SMOKE)
-    if args.epochs < 2 or args.job_epochs < 2:
-        p.error("--epochs and --job-epochs must be >= 2 (later epochs are timed apart from the first)")
+    if args.epochs < 2:
+        p.error("--epochs must be >= 2 (later epochs are timed apart from the first)")
     import harness.distribute.resources  # noqa: F401
     print(f"TensorFlow {tf.__version__}, {harness.distribute.resources.detect(1).describe()}")
+    results = {}
     with tempfile.TemporaryDirectory(prefix="harness-bench-tune-") as tmp:
         for name in args.cases.split(","):
-            bench(name, args, tmp)
+            results[name] = bench(name, args, tmp)
+    whole = {k: v for k, v in results.items() if "tuned_vs_grid" in v}
+    if whole:
+        met = [k for k, v in whole.items() if v["tuned_vs_default"] >= 1.0 and v["tuned_vs_grid"] >= 0.9]
+        print("\nwhole runs, tuned / default and tuned / grid's best (medians): "
+              + ", ".join(f"{k} {v['tuned_vs_default']:.2f} and {v['tuned_vs_grid']:.2f}" for k, v in whole.items())
+              + f"; both targets met on {len(met)} of {len(whole)} cases")
     print(f"done [load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}]")
     return 0
 

@@ -98,6 +98,14 @@ RUNS = {
         **{f"predicted {phase}": rf"^  predicted / measured, {phase}\s+[+-]\d+% \[[+-]\d+% to [+-]\d+%\]  \(per run: "
            rf"{NUM}/{NUM}; target within 15%: (?:ok|MISSED)\)$" for phase in ("first epoch", "later epochs")},
         "job": rf"^  real/synthetic: before {NUM}, after {NUM} \(predicted after [0-9.]+\)$",
+        **{f"whole {run}": rf"^    {run}\s+{NUM} s \[{NUM}-{NUM}\]  later epochs\s+{NUM} examples/s  \S"
+           for run in ("default", "tuned", "grid best")},
+        "vs default": rf"^  tuned / default, whole run\s+= (?:1 \(the same configuration; target >= 1\.0: ok\)|"
+                      rf"{NUM} \[{NUM}-{NUM}\]  \(target >= 1\.0: (?:ok|MISSED)\)  \(epochs alone)",
+        "vs grid": rf"^  tuned / grid best, whole run\s+= {NUM} \[{NUM}-{NUM}\]  \(target >= 0\.9: (?:ok|MISSED)\)  "
+                   rf"\(epochs alone {NUM} \[",
+        "whole summary": rf"^whole runs, tuned / default and tuned / grid's best \(medians\): points {NUM} and {NUM}; "
+                         rf"both targets met on [01] of 1 cases$",
         "done": r"^done \[load average"})],
     # in-process cases, then the two that start child processes (the mirrored child, horovodrun -np 2)
     "step_loop.py": [
@@ -180,8 +188,8 @@ def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_
         if m is None:
             missing.append(name)
             continue
-        for value in m.groups():
-            assert float(value.replace(",", "")) > 0, f"{name}: {m.group(0)!r}"
+        for value in m.groups():   # (a pattern's alternative that did not match leaves its groups None)
+            assert value is None or float(value.replace(",", "")) > 0, f"{name}: {m.group(0)!r}"
     assert not missing, f"benchmarks/{script} printed no {missing}:\n{done.stdout[-4000:]}"
     if script == "fit_ratio.py":   # --json: the same figures, one per round and variant
         result = json.loads((tmp_path / "fit.json").read_text())

@@ -105,3 +105,41 @@ def test_bench_scale_with_measured_runs_prints_the_calibration_and_the_forecast_
     low, high = (float(v.replace(",", "")) for v in row["64"][2].split("-"))
     assert low <= float(row["64"][1].replace(",", "")) <= high and low < high
     assert abs(float(row["64"][1].replace(",", "")) / rates[64] - 1) < 0.01     # the truth, forecast from 8 and 16
+
+
+@pytest.mark.parametrize("backend", ["tf", "horovod"])
+def test_the_bed_calibrated_on_two_hosts_predicts_three_and_four(tmp_path, backend):
+    """benchmarks/cluster.py's calibrated rows (issue 48, item 3): bed rows made by the model with the hosts' links
+    at 40% of the 2-host sweep's fit, each N with its own loopback compute (the bed's hosts share the cores); the
+    2-host row alone recovers the 40% and the 3- and 4-host efficiencies follow."""
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "cluster.py"
+    spec = importlib.util.spec_from_file_location("cluster_bench", path)
+    cluster = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cluster)
+
+    def sweep(name, link):
+        (tmp_path / name).write_text(json.dumps({"fit": {"alpha_s": link.alpha_s,
+                                                         "beta_s_per_byte": link.beta_s_per_byte}}))
+        return str(tmp_path / name)
+    grad, batch = (4_000_000, 20), 8
+    loop_link, sweep_link = scale.Link(1e-4, 1e-10), scale.Link(2e-4, 2e-8)   # loopback; 400 Mbit/s
+    truth_link = scale.Link(sweep_link.alpha_s, sweep_link.beta_s_per_byte / 0.4)
+    loop_json, sweep_json = sweep("loop.json", loop_link), sweep("bed.json", sweep_link)
+    rows, truth = {}, {}
+    for n in (2, 3, 4):
+        m = scale.Measurement(0.1 + 0.02 * n, 0.0, batch)
+        loop_step = scale.predict(m, cluster._setup(grad, backend, loop_link), n).step_s
+        bed_step = scale.predict(m, cluster._setup(grad, backend, truth_link), n).step_s
+        base = {"workers": n, "step_s": loop_step, "allreduce_json": loop_json, "examples_per_s": n * batch / loop_step}
+        rows[n] = (base, {"workers": n, "examples_per_s": n * batch / bed_step, "allreduce_json": sweep_json}, ())
+        truth[n] = loop_step / bed_step
+    out = cluster.calibrated_from_two(rows, grad, backend, batch)
+    assert sorted(out) == [3, 4]
+    for n, (predicted, share) in out.items():
+        assert share == pytest.approx(0.4, rel=0.1)   # the fit's fine grid: steps of ~3%
+        assert abs(predicted - truth[n]) < 0.005, (n, predicted, truth[n])
+    assert 0.2 < min(truth.values()) and max(truth.values()) < 0.8   # the link matters: a wrong share fails

@@ -1,5 +1,5 @@
 """Each Earth Engine layout trained as a user runs it (`harness train`, the built-in model, no layout flag but the
-collapsed bands' names), on 1 worker, and the sequence layout on 2 too (`harness launch local`): the label is cut from one plane of one
+collapsed bands' names), on 1 worker and on 2 (`harness launch local`): the label is cut from one plane of one
 array band (or the third of four collapsed bands), so only a reader that puts that plane in the right place
 reaches the accuracy asserted on a held-out shard. The 1-worker array run is then predicted (no mixer: said
 why no upload), exported (Earth Engine's array input shape) and checked against predict; a record corrupted after
@@ -61,10 +61,8 @@ def _train(exports, name, output, workers):
     return _RUNS[name, workers]
 
 
-# Every layout on 1 worker, and the sequence layout on 2 (SequenceExamples through the sharded pipeline, split by
-# file as every layout is: the array and collapsed layouts' 2-worker runs, dropped for the suite's time, read their
-# files the same way).
-RUNS = [(name, 1) for name in LAYOUTS] + [("sequence", 2)]
+# Every layout on 1 worker and on 2 (each worker reads its own files of the export through the sharded pipeline).
+RUNS = [(name, workers) for workers in (1, 2) for name in LAYOUTS]
 
 
 @pytest.mark.parametrize("name, workers", RUNS)

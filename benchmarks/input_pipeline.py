@@ -42,7 +42,7 @@ from harness.bench.input import (harness_dataset, per_record, read_limit, reader
 from harness.data import index, pipeline, shards as shards_lib, spec as spec_lib, synth  # noqa: E402
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
-POINTS = os.path.join(os.path.dirname(ROOT), "shared", "data", "gee-aces-points", "training.tfrecord.gz")
+from _shared import ACES_POINTS as POINTS  # noqa: E402  (benchmarks/_shared.py, beside this script)
 # --smoke: one pass, one run, 4 image patches; `make test` runs it (tests/bench/test_benchmarks_start.py)
 SMOKE = dict(points_batch=64, points_passes=1, image_records=4, image_shards=2, image_batch=2, image_passes=1,
              repeats=1)

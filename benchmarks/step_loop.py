@@ -50,8 +50,7 @@ sys.path.insert(0, ROOT)
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
-ACES = os.path.join(os.environ.get("HARNESS_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")),
-                    "gee-aces-points", "training.tfrecord.gz")
+from _shared import ACES_POINTS as ACES  # noqa: E402  (benchmarks/_shared.py, beside this script)
 KERAS_SPE = (1, 8, 32, 128)
 KERAS3_ROW, KERAS3_FIT = "harness auto, Keras 3 model", "fit spe=1, Keras 3 model"   # the U-Net's Keras 3 rows
 NO_BN_ROW, KERAS3_NO_BN_ROW = "harness auto, no BatchNorm", "harness auto, Keras 3, no BatchNorm"

@@ -65,13 +65,13 @@ import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 from harness.bench import tune as bench_tune  # noqa: E402
-from harness.data import pipeline, probe, synth, tune as tune_lib  # noqa: E402
+from harness.data import pipeline, probe, synth  # noqa: E402
 from harness.data.source import open_shards  # noqa: E402
 from harness.train.inputs import resolve_spec  # noqa: E402
 from harness.train.options import TrainOptions  # noqa: E402
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
-POINTS = os.path.join(os.path.dirname(ROOT), "shared", "data", "gee-aces-points", "training.tfrecord.gz")
+from _shared import ACES_POINTS as POINTS  # noqa: E402  (benchmarks/_shared.py, beside this script)
 LATER_MIN_S = 0.5   # the later epochs' rate is timed over at least this long (`_time_pipeline`)
 LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
 # --smoke: tiny exports, one run, two grid points, 2 epochs; `make test` runs it (tests/bench/test_benchmarks_start.py)

@@ -301,14 +301,14 @@ def main(argv=None) -> int:
                     base = baseline(before, after, opts.batch)
                     show(backend, n, f"{cap:g} Mbit/s", row, base, profile)
                     at_cap.setdefault((backend, cap), {})[n] = (base, row, profile)
-    calibrated = []
-    for (backend, cap), rows in at_cap.items():
-        if 2 not in rows or len(rows) < 2:
-            continue
-        for n, (predicted, share) in calibrated_from_two(rows, grad, backend, opts.batch).items():
-            base, row, _ = rows[n]
-            measured = row["examples_per_s"] / base["examples_per_s"]
-            calibrated.append((backend, n, cap, (predicted - measured) * 100, measured, predicted, share))
+        calibrated = []   # inside the temporary folder: the fit reads the rows' all-reduce sweeps
+        for (backend, cap), rows in at_cap.items():
+            if 2 not in rows or len(rows) < 2:
+                continue
+            for n, (predicted, share) in calibrated_from_two(rows, grad, backend, opts.batch).items():
+                base, row, _ = rows[n]
+                measured = row["examples_per_s"] / base["examples_per_s"]
+                calibrated.append((backend, n, cap, (predicted - measured) * 100, measured, predicted, share))
     if calibrated:
         print(f"calibrated on 1 and 2 hosts (the 2-host row's examples/s and all-reduce sweep), larger rows "
               f"predicted (target ±{CALIBRATED_POINTS:g} points):")

@@ -75,7 +75,7 @@ from _shared import ACES_POINTS as POINTS  # noqa: E402  (benchmarks/_shared.py,
 LATER_MIN_S = 0.5   # the later epochs' rate is timed over at least this long (`_time_pipeline`)
 LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
 # --smoke: tiny exports, one run, two grid points, 2 epochs; `make test` runs it (tests/bench/test_benchmarks_start.py)
-# (the job, two `harness train` processes, in the last case only; later epochs timed over 0.05 s, not 0.5)
+# (whole runs, 3-4 `harness train` processes, in the points case only; later epochs timed over 0.05 s, not 0.5)
 SMOKE = dict(patch_records=8, patch_size=16, unet_records=8, unet_size=16, epochs=2, repeats=1, probe_records=16,
              compute_steps=2, grid="smoke", confirm=1, job_cases="points", later_min_s=0.05,
              table_records=512, tile_shards=4, tile_size=16, runs=1)
@@ -173,6 +173,11 @@ def _job(data: str, data_config: dict, train: dict, levers: dict, *, epochs: int
             "later": statistics.mean(h["examples_per_s"] for h in history[1:])}
 
 
+def _rotated(labels: list, r: int) -> list:
+    """`labels` in round `r`'s order: rotated by r, so that none always runs first."""
+    return labels[r % len(labels):] + labels[:r % len(labels)]
+
+
 def _levers_set(levers: dict) -> dict:
     """The levers a config sets (a default, None or "auto", is not written: `harness train` with no flag)."""
     return {k: v for k, v in levers.items() if v not in (None, "auto")}
@@ -184,9 +189,8 @@ def whole_runs(data: str, data_config: dict, train: dict, configs: dict, *, epoc
     in an order rotated each round (so none always runs first, on a cooler cache or machine): {label: [`_job`'s
     dict per round]}."""
     runs = {k: [] for k in configs}
-    labels = list(configs)
     for r in range(rounds):
-        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+        for label in _rotated(list(configs), r):
             with tempfile.TemporaryDirectory(dir=tmp) as out:
                 runs[label].append(_job(data, data_config, train, configs[label], epochs=epochs, out=out))
     return runs
@@ -256,8 +260,7 @@ def bench(name: str, args, tmp: str) -> dict:
     # the winner's curse), so the checks time tuned, that best and autotune again, in fresh runs taking turns.
     confirm = {k: [] for k in ("tuned", best, "autotune")}
     for r in range(args.confirm):
-        order = list(confirm)[r % 3:] + list(confirm)[:r % 3]
-        for label in order:
+        for label in _rotated(list(confirm), r):
             with tempfile.TemporaryDirectory(dir=tmp) as cache_dir:
                 confirm[label].append(_whole(args.epochs, *_time_pipeline(
                     shards, spec, pipes[label], extra, steps_per_epoch=steps, batch=batch, epochs=args.epochs,

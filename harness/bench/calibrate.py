@@ -13,7 +13,10 @@ achieves, and a per-step cost that is neither compute nor link time. Each comes 
 - one run more than those parameters adds the **fixed per-step cost** (`Setup.fixed_s`, for N > 1), the rest by
   least squares.
 With across-node runs only, the bandwidth comes first, then the overlap. Parameters the runs cannot determine stay
-at the model's defaults (overlap 2/3, line rate, no fixed cost), and the forecast says which.
+at the model's defaults (overlap 2/3, line rate, no fixed cost), and the forecast says which. The links' per-hop
+latency is never fitted: runs at a few sizes cannot tell it from bandwidth (both slow every all-reduce), yet it
+grows with N (2(N−1) hops of the ring) where bandwidth does not, so it decides large-N forecasts. It stays at
+NCCL's Simple-protocol figure, and the interval spans it down to its LL protocol's (0.14 of it).
 
 The fit minimizes the squared relative error of the step time over the runs (a coarse grid, then a finer one
 around its best; the fixed cost in closed form: the weighted mean of what is left). The interval (`forecast`): the
@@ -32,9 +35,13 @@ from typing import Optional, Sequence
 from harness.bench import scale
 from harness.errors import ConfigError
 
-OVERLAP, BANDWIDTH, FIXED = "overlap", "bandwidth", "fixed"
+OVERLAP, BANDWIDTH, FIXED, LATENCY = "overlap", "bandwidth", "fixed", "latency"
 _RATE_RANGE = (0.02, 1.0)       # achieved share of the line rate searched
 _OVERLAP_RANGE = (0.2, 0.975)   # share of the step over which the gradients become ready
+# The links' per-hop latency as a share of the model's (NCCL's Simple protocol, `scale.NODE_LINKS`, `NET_HOP_S`):
+# NCCL picks its LL protocol for small messages, whose ring hop is 0.47 µs on NVLink against Simple's 3.4 µs
+# (NVIDIA/nccl src/graph/tuning.cc, hwLat): 0.14 of it. Which protocol a run's buffers took is not measured.
+_LATENCY_RANGE = (0.14, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +107,11 @@ def free_parameters(runs: Sequence[Run], gpus_per_node: int) -> tuple[str, ...]:
     return tuple(free)
 
 
-def _with(s: scale.Setup, base_net: scale.Link, rate: float, overlap: float, fixed: float) -> scale.Setup:
-    return dataclasses.replace(s, net=scale.Link(base_net.alpha_s, base_net.beta_s_per_byte / rate),
+def _with(s: scale.Setup, rate: float, overlap: float, fixed: float, latency: float = 1.0) -> scale.Setup:
+    """`s` with its network at `rate` of its line rate, both links' per-hop latency at `latency` of theirs, and the
+    overlap and fixed cost given."""
+    return dataclasses.replace(s, node=scale.Link(s.node.alpha_s * latency, s.node.beta_s_per_byte),
+                               net=scale.Link(s.net.alpha_s * latency, s.net.beta_s_per_byte / rate),
                                backward_share=overlap, fixed_s=fixed)
 
 
@@ -119,8 +129,9 @@ def calibrate(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], held: O
     Args:
       m: the one-replica step (`scale.measurement_from_report`); s: the setup at line rate.
       runs: measured runs of >= 2 replicas.
-      held: values for parameters the runs do not determine ({OVERLAP: share, BANDWIDTH: share, FIXED: seconds});
-        default the model's (overlap `s.backward_share`, line rate, no fixed cost).
+      held: values for parameters the runs do not determine ({OVERLAP: share, BANDWIDTH: share, FIXED: seconds,
+        LATENCY: share of the links' per-hop latency}); default the model's (overlap `s.backward_share`, line
+        rate, no fixed cost, the links' latency).
     Raises:
       ConfigError: if there is no run, or a run has fewer than 2 replicas.
     """
@@ -129,9 +140,10 @@ def calibrate(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], held: O
     free, held = free_parameters(runs, s.gpus_per_node), held or {}
     measured = [(r.replicas, r.replicas * m.per_replica_batch / r.examples_per_s) for r in runs]
     weights = [1.0 / t ** 2 for _, t in measured]
+    latency = held.get(LATENCY, 1.0)
 
     def error(rate: float, overlap: float) -> tuple[float, float]:
-        setup = _with(s, s.net, rate, overlap, 0.0)
+        setup = _with(s, rate, overlap, 0.0, latency)
         left = [t - scale.predict(m, setup, n).step_s for n, t in measured]
         fixed = max(0.0, sum(w * d for w, d in zip(weights, left)) / sum(weights)) if FIXED in free else \
             held.get(FIXED, 0.0)
@@ -151,7 +163,7 @@ def calibrate(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], held: O
     (err, fixed), rate, overlap = min(((error(r, o), r, o) for r in fine_r for o in fine_o), key=lambda x: x[0][0])
     misfit = math.sqrt(err / len(measured))
     residual = misfit if len(measured) > len(free) else 0.0
-    return Calibration(_with(s, s.net, rate, overlap, fixed), rate, free, residual, misfit)
+    return Calibration(_with(s, rate, overlap, fixed, latency), rate, free, residual, misfit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +183,14 @@ def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequ
     - each run's rate moved to the ends of its spread (every corner for up to 3 runs, else one run at a time);
     - each parameter the runs do not determine set across its range (overlap 20-97.5% of the step, bandwidth
       2-100% of line rate, a fixed cost from 0 to the most the runs' step times leave beyond one replica's
-      compute), the others refitted; a refit is kept when it still meets the runs within their spread (or 1%),
+      compute, the links' per-hop latency 0.14-1 of NCCL's Simple protocol's: never determined, module
+      docstring), every combination of them, the others refitted; a refit is kept when it still meets the runs
+      within their spread (or 1%),
     widened by the fit's relative RMS residual when the runs are more than the parameters.
+
+    Args:
+      m, s, runs: as `calibrate` (`s` at line rate: the refits search from it). ns: replica counts.
+      calibration: `calibrate(m, s, runs)` when already computed.
 
     Raises:
       ConfigError: as `calibrate`.
@@ -190,16 +208,14 @@ def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequ
                    for r, sign in zip(moved, signs)}
         refits.append(calibrate(m, s, [shifted.get(id(r), r) for r in runs]))
     tolerance = max([r.spread for r in runs] + [0.01])
-    most_fixed = max(r.replicas * m.per_replica_batch / r.examples_per_s - m.step_s for r in runs)
+    most_fixed = max(0.0, max(r.replicas * m.per_replica_batch / r.examples_per_s - m.step_s for r in runs))
     ranges = {OVERLAP: _grid(*_OVERLAP_RANGE, 5), BANDWIDTH: _grid(*_RATE_RANGE, 5, log=True),
-              FIXED: _grid(0.0, max(most_fixed, 0.0), 5)}
-    for name in (OVERLAP, BANDWIDTH, FIXED):
-        if name in fit.free:
-            continue
-        for value in ranges[name]:
-            other = calibrate(m, s, runs, held={name: value})
-            if other.misfit <= tolerance:
-                refits.append(other)
+              FIXED: _grid(0.0, most_fixed, 5), LATENCY: _grid(*_LATENCY_RANGE, 5)}
+    open_ = [name for name in (OVERLAP, BANDWIDTH, FIXED, LATENCY) if name not in fit.free]
+    for values in itertools.product(*(ranges[name] for name in open_)):
+        other = calibrate(m, s, runs, held=dict(zip(open_, values)))
+        if other.misfit <= tolerance:
+            refits.append(other)
     out = []
     for n in ns:
         point = scale.predict(m, fit.setup, n)
@@ -216,7 +232,7 @@ def describe(fit: Calibration) -> str:
     values = {OVERLAP: f"overlap {fit.setup.backward_share:.0%} of the step",
               BANDWIDTH: f"network at {fit.rate_share:.0%} of line rate",
               FIXED: f"fixed {fit.setup.fixed_s * 1e3:.1f} ms per step"}
-    kept = [k for k in (OVERLAP, BANDWIDTH, FIXED) if k not in fit.free]
+    kept = [k for k in (OVERLAP, BANDWIDTH, FIXED, LATENCY) if k not in fit.free]
     return ("calibrated: " + ", ".join(values[k] for k in fit.free) +
             (f"; residual {fit.residual:.1%} of the step" if fit.residual else "") +
             (f"; not determined by these runs, at the model's default: {', '.join(kept)}" if kept else ""))

@@ -22,8 +22,10 @@ The fit minimizes the squared relative error of the step time over the runs (a c
 around its best; the fixed cost in closed form: the weighted mean of what is left). The interval (`forecast`): the
 forecasts of every refit the runs allow: each run's rate moved to the ends of its spread (`Run.spread`, the half
 range of repeated runs as a share of their mean), and each parameter the runs do not determine set across its
-range with the others refitted, kept where the runs are still met within their spread; widened by the fit's
-relative RMS residual when the runs are more than the parameters.
+range (every combination of them) with the others refitted, kept where the runs are still met within their
+spread; widened by the fit's relative RMS residual when the runs are more than the parameters; and holding at
+least the forecast ± twice the model's own error out of sample, 2.0 points of efficiency per doubling of N beyond
+the largest run (the published check's held-out points: EXTRAPOLATION_POINTS).
 """
 from __future__ import annotations
 
@@ -42,6 +44,13 @@ _OVERLAP_RANGE = (0.2, 0.975)   # share of the step over which the gradients bec
 # NCCL picks its LL protocol for small messages, whose ring hop is 0.47 µs on NVLink against Simple's 3.4 µs
 # (NVIDIA/nccl src/graph/tuning.cc, hwLat): 0.14 of it. Which protocol a run's buffers took is not measured.
 _LATENCY_RANGE = (0.14, 1.0)
+# The model's own error beyond the largest run it is calibrated on: the root mean square, in points of efficiency
+# per doubling of N beyond that run, of what the published check's held-out points miss by, each series calibrated
+# as a user would on its smallest points (`python benchmarks/published_scaling.py`: 7 points of 4 series, the line
+# "extrapolation error", 2026-12-06). The interval holds the forecast ±EXTRAPOLATION_Z times it per doubling: a
+# normal error's 95%. Seven points make it a coarse figure.
+EXTRAPOLATION_POINTS = 2.0
+EXTRAPOLATION_Z = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +187,8 @@ class Forecast:
 
 
 def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequence[int],
-             calibration: Optional[Calibration] = None) -> list[Forecast]:
+             calibration: Optional[Calibration] = None,
+             extrapolation_points: float = EXTRAPOLATION_POINTS) -> list[Forecast]:
     """The calibrated forecast at each of `ns`, with its interval: every refit the runs allow, namely
     - each run's rate moved to the ends of its spread (every corner for up to 3 runs, else one run at a time);
     - each parameter the runs do not determine set across its range (overlap 20-97.5% of the step, bandwidth
@@ -186,11 +196,14 @@ def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequ
       compute, the links' per-hop latency 0.14-1 of NCCL's Simple protocol's: never determined, module
       docstring), every combination of them, the others refitted; a refit is kept when it still meets the runs
       within their spread (or 1%),
-    widened by the fit's relative RMS residual when the runs are more than the parameters.
+    widened by the fit's relative RMS residual when the runs are more than the parameters, and holding at least
+    the forecast ± EXTRAPOLATION_Z x `extrapolation_points` per doubling of N beyond the largest run (the model's
+    own error out of sample: EXTRAPOLATION_POINTS).
 
     Args:
       m, s, runs: as `calibrate` (`s` at line rate: the refits search from it). ns: replica counts.
       calibration: `calibrate(m, s, runs)` when already computed.
+      extrapolation_points: the model's error per doubling of N beyond the runs, points of efficiency (RMS).
 
     Raises:
       ConfigError: as `calibrate`.
@@ -209,19 +222,21 @@ def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequ
         refits.append(calibrate(m, s, [shifted.get(id(r), r) for r in runs]))
     tolerance = max([r.spread for r in runs] + [0.01])
     most_fixed = max(0.0, max(r.replicas * m.per_replica_batch / r.examples_per_s - m.step_s for r in runs))
-    ranges = {OVERLAP: _grid(*_OVERLAP_RANGE, 5), BANDWIDTH: _grid(*_RATE_RANGE, 5, log=True),
-              FIXED: _grid(0.0, most_fixed, 5), LATENCY: _grid(*_LATENCY_RANGE, 5)}
     open_ = [name for name in (OVERLAP, BANDWIDTH, FIXED, LATENCY) if name not in fit.free]
+    k = 5 if len(open_) == 1 else 3     # jointly: each one's ends and middle (the forecast is monotone in each)
+    ranges = {OVERLAP: _grid(*_OVERLAP_RANGE, k), BANDWIDTH: _grid(*_RATE_RANGE, k, log=True),
+              FIXED: _grid(0.0, most_fixed, k), LATENCY: _grid(*_LATENCY_RANGE, k)}
     for values in itertools.product(*(ranges[name] for name in open_)):
         other = calibrate(m, s, runs, held=dict(zip(open_, values)))
         if other.misfit <= tolerance:
             refits.append(other)
-    out = []
+    out, largest = [], max(r.replicas for r in runs)
     for n in ns:
         point = scale.predict(m, fit.setup, n)
         effs = [scale.predict(m, f.setup, n).efficiency for f in refits]
-        lo = min(effs) * (1 - fit.residual)
-        hi = min(1.0, max(effs) * (1 + fit.residual))
+        band = EXTRAPOLATION_Z * extrapolation_points / 100 * max(0.0, math.log2(n / largest))
+        lo = max(0.0, min(min(effs) * (1 - fit.residual), point.efficiency - band))
+        hi = min(1.0, max(max(effs) * (1 + fit.residual), point.efficiency + band))
         per = n * m.per_replica_batch / m.step_s
         out.append(Forecast(point, lo, hi, lo * per, hi * per))
     return out

@@ -80,7 +80,10 @@ RUNS = {
         "calibrated row": rf"^  hvd779-128\s+128\s+{NUM}%\s+{NUM}%\s+{NUM}%-{NUM}%\s+[+-][0-9.]+  (?:ok|MISS), "
                           r"(?:inside|OUTSIDE) the interval$",
         "calibrated": rf"^calibrated: within ±5 points: \d+ of {NUM} held-out points; inside the interval: \d+ of "
-                      rf"{NUM}$"})],
+                      rf"{NUM}$",
+        # the constant the CLI's interval uses is the figure this run computes
+        "extrapolation": rf"^extrapolation error: {NUM} points RMS per doubling .*EXTRAPOLATION_POINTS = {NUM}: "
+                         r"the same\)$"})],
     "reshard.py": [([], {
         "header": r"^  data\s+pipeline\s+examples/s\s+spread\s+MB/s$",
         **{f"row {data} {pipe}": rf"^  {data}\s+{pipe}\s+{NUM}\s+[0-9.]+%\s+{NUM}$"

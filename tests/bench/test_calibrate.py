@@ -47,14 +47,20 @@ def test_a_node_and_two_nodes_recover_the_overlap_and_bandwidth_that_made_them()
     fit = calibrate.calibrate(m, LINE, runs)
     assert fit.free == ("overlap", "bandwidth") and fit.residual == 0.0
     assert fit.rate_share == pytest.approx(0.5, rel=0.03) and fit.setup.backward_share == pytest.approx(0.4, abs=0.02)
-    (f,) = calibrate.forecast(m, LINE, runs, [64], fit)
+    (f,) = calibrate.forecast(m, LINE, runs, [64], fit, extrapolation_points=0.0)
     assert f.point.efficiency == pytest.approx(scale.predict(m, truth, 64).efficiency, abs=0.005)
-    # no spread: the interval is what the runs leave open, the per-hop latency (0.14-1 of NCCL's Simple) and the
-    # fixed cost; on 64 replicas of this step the latency moves the efficiency by ~0.1 points
+    # no spread, no model error: the interval is what the runs leave open, the per-hop latency (0.14-1 of NCCL's
+    # Simple) and the fixed cost; on 64 replicas of this step the latency moves the efficiency by ~0.1 points
     assert f.efficiency_low <= f.point.efficiency <= f.efficiency_high
     assert 0 < f.efficiency_high - f.efficiency_low < 0.002
     low_latency = calibrate.calibrate(m, LINE, runs, held={"latency": 0.14})
     assert scale.predict(m, low_latency.setup, 64).efficiency <= f.efficiency_high
+    # the model's own error beyond the runs: ±2 x 2 points per doubling, 16 -> 64 replicas: ±8 points; none at 16
+    at16, at64 = calibrate.forecast(m, LINE, runs, [16, 64], fit)
+    assert calibrate.EXTRAPOLATION_Z * calibrate.EXTRAPOLATION_POINTS == 4.0
+    assert (at64.efficiency_low, at64.efficiency_high) == pytest.approx((f.point.efficiency - 0.08,
+                                                                         f.point.efficiency + 0.08))
+    assert at16.efficiency_high - at16.efficiency_low < 0.002
 
 
 def test_a_node_that_hides_its_all_reduce_leaves_the_overlap_undetermined():
@@ -76,8 +82,8 @@ def test_a_fixed_cost_is_found_in_closed_form_from_a_third_run():
 
 
 def test_the_interval_holds_the_forecast_and_widens_with_the_runs_spread():
-    narrow = calibrate.forecast(M, LINE, _runs(LINE, (8, 16), 0.01), [128])[0]
-    wide = calibrate.forecast(M, LINE, _runs(LINE, (8, 16), 0.05), [128])[0]
+    narrow = calibrate.forecast(M, LINE, _runs(LINE, (8, 16), 0.01), [128], extrapolation_points=0.0)[0]
+    wide = calibrate.forecast(M, LINE, _runs(LINE, (8, 16), 0.05), [128], extrapolation_points=0.0)[0]
     assert narrow.efficiency_low <= narrow.point.efficiency <= narrow.efficiency_high
     assert wide.efficiency_high - wide.efficiency_low > narrow.efficiency_high - narrow.efficiency_low > 0
     assert wide.examples_low == pytest.approx(wide.efficiency_low * 128 * 64 / 0.1)

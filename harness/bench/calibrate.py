@@ -262,5 +262,5 @@ def format_forecast(forecasts: Sequence[Forecast], runs: Sequence[Run]) -> str:
         p, r = f.point, measured.get(f.point.n)
         seen = f"{r.examples_per_s:,.1f} ±{r.spread:.0%}" if r else ""
         lines.append(f"  {p.n:>5} {p.examples_per_s:>12,.1f} {f.examples_low:>11,.1f}-{f.examples_high:<11,.1f} "
-                     f"{p.efficiency:>6.1%} {f.efficiency_low:>6.1%}-{f.efficiency_high:<7.1%}  {seen}")
+                     f"{p.efficiency:>6.1%} {f.efficiency_low:>6.1%}-{f.efficiency_high:<7.1%}  {seen}".rstrip())
     return "\n".join(lines)

@@ -129,6 +129,35 @@ def test_bench_scale_with_measured_runs_prints_the_calibration_and_the_forecast_
     assert abs(float(row["64"][1].replace(",", "")) / rates[64] - 1) < 0.01     # the truth, forecast from 8 and 16
 
 
+def test_the_docs_calibration_line_runs_as_printed_and_prints_the_forecast_shown(tmp_path, monkeypatch, capsys):
+    """docs/scaling.md's `harness bench scale ... --measured ...` line (continued over `\\`), run as printed in a
+    folder of the test's with a one-replica report of the step the page names (872 img/s at batch 64): every line
+    of the forecast the page shows is in what it prints."""
+    import shlex
+
+    from scale_support import write_report
+
+    from harness import cli
+
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text().splitlines()
+    start = next(i for i, ln in enumerate(page) if ln.startswith("harness bench scale") and "--measured" in
+                 " ".join(page[i:i + 3]))
+    line = page[start]
+    while line.endswith("\\"):
+        start += 1
+        line = line[:-1] + " " + page[start].strip()
+    shown_at = page.index("```", page.index("```", start) + 1) + 1
+    shown = page[shown_at:page.index("```", shown_at)]
+    (tmp_path / "runs" / "bench" / "one").mkdir(parents=True)
+    write_report(tmp_path / "runs" / "bench" / "one" / "report.json", step_times=(64 / 872,) * 4, batch=64)
+    monkeypatch.chdir(tmp_path)
+    argv = shlex.split(line)
+    assert argv[:3] == ["harness", "bench", "scale"]
+    assert cli.main(argv[1:]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(shown) == 6 and [ln for ln in shown if ln not in out] == []
+
+
 @pytest.mark.parametrize("backend", ["tf", "horovod"])
 def test_the_bed_calibrated_on_two_hosts_predicts_three_and_four(tmp_path, backend):
     """benchmarks/cluster.py's calibrated rows (issue 48, item 3): bed rows made by the model with the hosts' links

@@ -12,7 +12,9 @@ predicted and the difference in points; rows off by more than 5 points are marke
 says how many. Then, as a user calibrates (`harness bench scale --measured`, `harness.bench.calibrate`): each
 series of two or more points (the `series` column) is calibrated on its smallest point, or its smallest two when
 it has three or more, with the one node its source measured, and every other point of it is held out and checked
-against the calibrated forecast and its interval.
+against the calibrated forecast and its interval, whose term for the model's own error comes from the other
+sources' held-out points (leave one source out); the last line gives that error over all of them, the figure
+`harness bench scale --measured` uses (`calibrate.EXTRAPOLATION_POINTS`), and whether the two agree.
 
     python benchmarks/published_scaling.py [--csv PATH] [--smoke]
 """

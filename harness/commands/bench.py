@@ -90,11 +90,11 @@ def bench_scale(args) -> int:
         runs = [calibrate.Run.parse(text) for text in args.measured]
         fit = calibrate.calibrate(m, setup, runs)
         print(calibrate.describe(fit))
-        setup = fit.setup
+        line, setup = setup, fit.setup   # the forecast's refits search from the line rate
     points = scale.sweep(m, setup, args.max_gpus)
     print(scale.format_table(points, m, setup))
     if args.measured:
-        print(calibrate.format_forecast(calibrate.forecast(m, setup, runs, [p.n for p in points if p.n > 1], fit),
+        print(calibrate.format_forecast(calibrate.forecast(m, line, runs, [p.n for p in points if p.n > 1], fit),
                                         runs))
     if args.plot:
         scale.plot(points, args.plot)

@@ -5,12 +5,13 @@ For each backend (`--backends`: tf, MultiWorkerMirroredStrategy from TF_CONFIG w
 the line `harness launch horovod --dry-run` prints, run on host0 with the bed's ssh), each host count (`--hosts`)
 and each link cap (`--caps`, Mbit/s each way, tc tbf), one worker per host runs `harness bench train --data
 synthetic`, then `harness bench allreduce` over a size sweep up to G, the model's gradient bytes (float32 trainable
-weights): the link's alpha/beta fit. Right before and right after each capped row, the same number of processes on
-one host over loopback: the bed's hosts share this machine's cores (N processes on 2 cores are CPU-bound before any
-link is), so the N-host row differs from the loopback rows at the same N only in the link. Printed per row:
-examples/s (the job's, from the chief's report.json), the step time (global batch / examples/s), the all-reduce of
-G bytes, the measured efficiency (examples/s against the mean of the two loopback runs; `drift`: how far apart
-they were) and the predicted one: the compute of a step is the loopback step less the all-reduce the model
+weights): the link's alpha/beta fit. Each capped row runs `--row-runs` times (bench train alone after the first),
+with the same number of processes on one host over loopback right before and right after each run: the bed's
+hosts share this machine's cores (N processes on 2 cores are CPU-bound before any link is), so the N-host row
+differs from the loopback runs at the same N only in the link. Printed per row: examples/s (the job's, from the
+chief's report.json; the median of the runs), the step time (global batch / examples/s), the all-reduce of G
+bytes, the measured efficiency (the median of the runs' examples/s, each against the mean of the two loopback runs
+beside it; `drift`: how far apart the loopback runs were; each run's efficiency after the row) and the predicted one: the compute of a step is the loopback step less the all-reduce the model
 exposes there, and the model adds what it exposes on the capped link (its fit), MWMS one pack after backward,
 Horovod Tensor Fusion overlapped with backward, each gradient ready when a Horovod timeline says
 (`harness.bench.timeline`), recorded in one more loopback run before the baselines ("loopback, timeline": its
@@ -29,6 +30,7 @@ import json
 import os
 import pathlib
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,7 +47,7 @@ PORT = 20000
 RUN_TIMEOUT_S = 900
 # --smoke: tf only, 2 processes on loopback and 2 hosts at one cap, 3 steps: `make test` runs it
 # (tests/bench/test_benchmarks_start.py)
-SMOKE = dict(hosts=(2,), caps=(100.0,), steps=3, warmup=2, patch_size=16, rounds=2, repeats=2)
+SMOKE = dict(hosts=(2,), caps=(100.0,), steps=3, warmup=2, patch_size=16, rounds=2, repeats=2, row_runs=1)
 TOLERANCE_POINTS = 10.0   # issue 21: predicted within ±10 points of the measured efficiency
 CALIBRATED_POINTS = 5.0   # issue 48: calibrated on 1 and 2 hosts, 3 and 4 hosts predicted within ±5 points
 
@@ -121,12 +123,12 @@ def _run_horovod(host, bed, hosts_arg: str, n: int, args: list, logs: pathlib.Pa
 
 
 def measure(placements, opts, grad: tuple[int, int], work: pathlib.Path, *, backend: str = "tf", bed=None,
-            hosts_arg: str = "", timeline: bool = False) -> dict:
+            hosts_arg: str = "", timeline: bool = False, sweep: bool = True) -> dict:
     """One row: bench train then bench allreduce over a size sweep up to the gradient's bytes, on `placements`
     ((host, address) per worker; tf: TF_CONFIG with the addresses) or, for horovod, as ranks of `hosts_arg`
-    launched from the first host (`timeline`: bench train records a Horovod timeline). Returns examples/s, the
-    step (s), the all-reduce of the gradient's bytes (s), the path of the sweep's allreduce.json (its alpha/beta
-    fit) and, with `timeline`, the timeline's path."""
+    launched from the first host (`timeline`: bench train records a Horovod timeline; `sweep` False: bench train
+    alone). Returns examples/s, the step (s), the all-reduce of the gradient's bytes (s), the path of the sweep's
+    allreduce.json (its alpha/beta fit; None without the sweep) and, with `timeline`, the timeline's path."""
     work.mkdir(parents=True)
     sizes = sorted({4096, grad[0] // 16, grad[0] // 4, grad[0]})
     jobs = (["bench", "train", "--data", "synthetic", "--steps", str(opts.steps), "--warmup", str(opts.warmup),
@@ -135,19 +137,19 @@ def measure(placements, opts, grad: tuple[int, int], work: pathlib.Path, *, back
             ["bench", "allreduce", "--sizes", ",".join(map(str, sizes)), "--rounds", str(opts.rounds), "--repeats",
              str(opts.repeats), "--output", str(work / "allreduce")])
     trace = work / "horovod_timeline.json"
-    for args in jobs:
+    for args in jobs if sweep else jobs[:1]:
         if backend == "horovod":
             extra = {"HOROVOD_TIMELINE": str(trace)} if timeline and args[1] == "train" else None
             _run_horovod(placements[0][0], bed, hosts_arg, len(placements), args, work, extra)
         else:
             _run_job(placements, args, work)
     summary = json.loads((work / "train" / "report.json").read_text())["summary"]
-    sweep = work / "allreduce" / "allreduce.json"
-    at_grad = json.loads(sweep.read_text())["rows"][-1]
+    swept = work / "allreduce" / "allreduce.json"
     n = len(placements)
     return {"workers": n, "examples_per_s": summary["examples_per_s"],
-            "step_s": n * opts.batch / summary["examples_per_s"], "allreduce_s": at_grad["seconds"],
-            "allreduce_json": str(sweep), "timeline": str(trace) if timeline else None}
+            "step_s": n * opts.batch / summary["examples_per_s"],
+            "allreduce_s": json.loads(swept.read_text())["rows"][-1]["seconds"] if sweep else None,
+            "allreduce_json": str(swept) if sweep else None, "timeline": str(trace) if timeline else None}
 
 
 def _setup(grad: tuple[int, int], backend: str, link, profile=()):
@@ -188,21 +190,22 @@ def predict_on_link(loop: dict, bed_row: dict, grad: tuple[int, int], backend: s
 
 def calibrated_from_two(rows: dict, grad: tuple[int, int], backend: str, batch: int) -> dict:
     """Issue 48's bed check: the model calibrated on 1 host and 2 hosts alone (`harness.bench.calibrate`: the
-    2-host row's examples/s fits the achieved share of its link, the 2-host all-reduce sweep's alpha/beta, as a
+    2-host row's efficiency fits the achieved share of its link, the 2-host all-reduce sweep's alpha/beta, as a
     user with two nodes measures them), then each larger row predicted from that fit and its own loopback compute
     (`compute_at`: on a real cluster one replica's step does not change with N; on the bed it is the loopback's).
-    The fit is repeated with the 2-host row moved by half its baselines' drift either way (the bed's own noise on
-    what the fit reads): `low`, `high`. `rows`: {hosts: (baseline, bed row, profile)} at one cap. Returns
+    The fit is repeated with the 2-host row at both ends of its noise (`row_efficiency`): `low`, `high`.
+    `rows`: {hosts: (baseline, bed row, profile, efficiencies of its runs)} at one cap. Returns
     {hosts: (predicted efficiency, fitted share, low, high)} for hosts > 2."""
     from harness.bench import calibrate, scale
 
-    base, row, profile = rows[2]
+    base, row, profile, runs = rows[2]
     setup = _setup(grad, backend, scale.link_from_allreduce(row["allreduce_json"]), profile)
-    half = base.get("drift", 0.0) / 2
-    fits = [calibrate.calibrate(compute_at(base, grad, backend, batch, profile), setup,
-                                [calibrate.Run(2, row["examples_per_s"] * (1 + sign * half))]) for sign in (0, -1, 1)]
+    measured, lo, hi = row_efficiency(base, runs)
+    compute = compute_at(base, grad, backend, batch, profile)
+    fits = [calibrate.calibrate(compute, setup, [calibrate.Run(2, eff * base["examples_per_s"])])
+            for eff in (measured, lo, hi)]
     out = {}
-    for n, (base_n, _, profile_n) in sorted(rows.items()):
+    for n, (base_n, _, profile_n, _) in sorted(rows.items()):
         if n > 2:
             m = compute_at(base_n, grad, backend, batch, profile_n)
             effs = [base_n["step_s"] / scale.predict(m, dataclasses.replace(f.setup, ready_profile=tuple(profile_n)),
@@ -211,25 +214,35 @@ def calibrated_from_two(rows: dict, grad: tuple[int, int], backend: str, batch: 
     return out
 
 
-def noise_why(measured: float, drift: float, predicted: float, low: float, high: float, drift_2: float) -> str:
-    """Why a calibrated bed row is off, in numbers: the measured efficiency is uncertain by half its baselines'
-    drift (of it), the prediction by the 2-host row's (`low`-`high`); whether the two ranges meet (the bed's noise
-    covers the miss) or not (the model misses beyond the noise)."""
-    m_lo, m_hi = measured * (1 - drift / 2), measured * (1 + drift / 2)
-    meet = m_lo <= high and low <= m_hi
-    return (f"measured {measured:.1%} ({m_lo:.1%}-{m_hi:.1%}: its baselines {drift:.0%} apart), predicted "
-            f"{predicted:.1%} ({low:.1%}-{high:.1%}: the 2-host row's baselines {drift_2:.0%} apart): "
+def row_efficiency(base: dict, runs) -> tuple[float, float, float]:
+    """A row's measured efficiency and its noise: the median of its runs' efficiencies (each against the loopback
+    runs on either side of it), and that median moved either way by the larger of their half range and half the
+    loopback runs' drift (`baseline`). Returns (median, low, high)."""
+    middle = statistics.median(runs)
+    half = max((max(runs) - min(runs)) / 2 / middle, base["drift"] / 2)
+    return middle, middle * (1 - half), middle * (1 + half)
+
+
+def noise_why(measured: tuple, predicted: tuple, runs: int) -> str:
+    """Why a calibrated bed row is off, in numbers: the measured efficiency with its noise (`row_efficiency`:
+    (median, low, high) over `runs` runs) and the prediction with the 2-host row's noise carried through the fit
+    ((predicted, low, high)); whether the two ranges meet (the bed's noise covers the miss) or not."""
+    (m, m_lo, m_hi), (p, p_lo, p_hi) = measured, predicted
+    meet = m_lo <= p_hi and p_lo <= m_hi
+    return (f"measured {m:.1%} ({m_lo:.1%}-{m_hi:.1%}: {runs} run(s) and their loopback drift), predicted {p:.1%} "
+            f"({p_lo:.1%}-{p_hi:.1%}: the 2-host row's noise through the fit): "
             + ("the ranges meet, the bed's noise covers the miss" if meet else
-               f"{max(low - m_hi, m_lo - high) * 100:.1f} points apart beyond the bed's noise: the model misses"))
+               f"{max(p_lo - m_hi, m_lo - p_hi) * 100:.1f} points apart beyond the bed's noise: the model misses"))
 
 
-def baseline(before: dict, after: dict, batch: int) -> dict:
-    """A row's loopback baseline from the runs right before and right after it: their mean examples/s (the step
-    from it), the all-reduce sweep of the run before, and `drift`, how far apart the two were (|a - b| over their
-    mean)."""
-    rate = (before["examples_per_s"] + after["examples_per_s"]) / 2
-    return dict(before, examples_per_s=rate, step_s=before["workers"] * batch / rate,
-                drift=abs(before["examples_per_s"] - after["examples_per_s"]) / rate)
+def baseline(loops: list, batch: int) -> dict:
+    """A row's loopback baseline from the loopback runs around its runs (before the first, between, after the
+    last): their mean examples/s (the step from it), the all-reduce sweep of the first, and `drift`, how far apart
+    they were (max - min over their mean)."""
+    rates = [loop["examples_per_s"] for loop in loops]
+    rate = sum(rates) / len(rates)
+    return dict(loops[0], examples_per_s=rate, step_s=loops[0]["workers"] * batch / rate,
+                drift=(max(rates) - min(rates)) / rate)
 
 
 def main(argv=None) -> int:
@@ -245,6 +258,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=8, help="per-replica batch")
     p.add_argument("--rounds", type=int, default=10, help="bench allreduce --rounds")
     p.add_argument("--repeats", type=int, default=3, help="bench allreduce --repeats")
+    p.add_argument("--row-runs", type=int, default=3, help="runs of each capped row, a loopback run on either side")
     p.add_argument("--smoke", action="store_true", help="2 hosts, one cap, tf, 3 steps: the script starts")
     opts = p.parse_args(argv)
     hosts = [int(h) for h in opts.hosts.split(",")]
@@ -252,7 +266,7 @@ def main(argv=None) -> int:
     backends = opts.backends.split(",")
     if opts.smoke:
         hosts, caps, backends = list(SMOKE["hosts"]), list(SMOKE["caps"]), ["tf"]
-        for key in ("steps", "warmup", "patch_size", "rounds", "repeats"):
+        for key in ("steps", "warmup", "patch_size", "rounds", "repeats", "row_runs"):
             setattr(opts, key, SMOKE[key])
 
     from cluster.bed import Bed, unavailable_reason
@@ -273,24 +287,26 @@ def main(argv=None) -> int:
           f"{'all-reduce ms':>14} {'measured':>9} {'predicted':>9} {'diff':>6} {'drift':>6}  bottleneck", flush=True)
     checks, at_cap = [], {}
 
-    def show(backend, hosts_n, link, row, base=None, profile=()):
+    def show(backend, hosts_n, link, row, base=None, profile=(), runs=()):
         cells = ["", "", "", "", ""]
         if base is not None:
-            measured = row["examples_per_s"] / base["examples_per_s"]
+            measured = row_efficiency(base, runs)[0]
             predicted, point = predict_on_link(base, row, grad, backend, opts.batch, profile)
             diff = (predicted - measured) * 100
             checks.append((backend, hosts_n, link, diff, base["drift"]))
             cells = [f"{measured:.1%}", f"{predicted:.1%}", f"{diff:+.1f}", f"{base['drift']:.0%}", point.bottleneck]
         print(f"  {backend:<8} {hosts_n:>5} {row['workers']:>5} {link:>14} {row['examples_per_s']:>11.1f} "
               f"{row['step_s'] * 1e3:>8.1f} {row['allreduce_s'] * 1e3:>14.2f} {cells[0]:>9} {cells[1]:>9} "
-              f"{cells[2]:>6} {cells[3]:>6}  {cells[4]}", flush=True)
+              f"{cells[2]:>6} {cells[3]:>6}  {cells[4]}"
+              + (f"  (runs {', '.join(f'{r:.1%}' for r in runs)})" if len(runs) > 1 else ""), flush=True)
 
-    def loopback(backend, n, where, label="loopback", timeline=False):
+    def loopback(backend, n, where, label="loopback", timeline=False, sweep=True):
         with Bed(1) as bed:   # one host: N processes on loopback
             h = bed.hosts[0]
             loop = measure([(h, "localhost")] * n, opts, grad, tmp / f"{backend}-loop-{n}-{where}", backend=backend,
-                           bed=bed, hosts_arg=f"localhost:{n}", timeline=timeline)
-        show(backend, 1, label, loop)
+                           bed=bed, hosts_arg=f"localhost:{n}", timeline=timeline, sweep=sweep)
+        if sweep:
+            show(backend, 1, label, loop)
         return loop
 
     with tempfile.TemporaryDirectory(prefix="harness-cluster-bench-") as tmp:
@@ -304,27 +320,38 @@ def main(argv=None) -> int:
                         measured = timeline.gradient_profile(traced["timeline"])
                         print(f"    {timeline.describe(measured)}", flush=True)
                         profile = measured.pairs()
-                    # Baselines right before and right after the row, the row held against their mean: one
-                    # baseline before each row read 358, 336 and 216 examples/s for the same 2 processes within one
-                    # run (Horovod, 2026-12-03), which put rows at 135% and 112% of their baseline.
-                    before = loopback(backend, n, f"{cap:g}-before")
-                    with Bed(n, cap_mbit=cap) as bed:
-                        row = measure([(h, h.address) for h in bed.hosts], opts, grad, tmp / f"{backend}-{n}-{cap:g}",
-                                      backend=backend, bed=bed,
-                                      hosts_arg=",".join(f"{h.name}:1" for h in bed.hosts))
-                    after = loopback(backend, n, f"{cap:g}-after", "loopback after")
-                    base = baseline(before, after, opts.batch)
-                    show(backend, n, f"{cap:g} Mbit/s", row, base, profile)
-                    at_cap.setdefault((backend, cap), {})[n] = (base, row, profile)
+                    # Loopback runs right before and right after each run of the row, each run held against the
+                    # mean of the two beside it: one baseline before each row read 358, 336 and 216 examples/s for
+                    # the same 2 processes within one run (Horovod, 2026-12-03), which put rows at 135% and 112% of
+                    # their baseline; the same 2-host tf row at 100 Mbit/s read 63.9%, 46.1% and 36.6% in three
+                    # runs of this script (2026-12-06): --row-runs repeats each row.
+                    loops = [loopback(backend, n, f"{cap:g}-before")]
+                    capped = []
+                    for k in range(opts.row_runs):
+                        with Bed(n, cap_mbit=cap) as bed:
+                            capped.append(measure([(h, h.address) for h in bed.hosts], opts, grad,
+                                                  tmp / f"{backend}-{n}-{cap:g}-{k}", backend=backend, bed=bed,
+                                                  hosts_arg=",".join(f"{h.name}:1" for h in bed.hosts),
+                                                  sweep=k == 0))
+                        last = k == opts.row_runs - 1
+                        loops.append(loopback(backend, n, f"{cap:g}-after-{k}", "loopback after", sweep=last))
+                    base = baseline(loops, opts.batch)
+                    runs = [c["examples_per_s"] / ((a["examples_per_s"] + b["examples_per_s"]) / 2)
+                            for c, a, b in zip(capped, loops, loops[1:])]
+                    rate = statistics.median(c["examples_per_s"] for c in capped)
+                    row = dict(capped[0], examples_per_s=rate, step_s=n * opts.batch / rate)
+                    show(backend, n, f"{cap:g} Mbit/s", row, base, profile, runs)
+                    at_cap.setdefault((backend, cap), {})[n] = (base, row, profile, runs)
         calibrated = []   # inside the temporary folder: the fit reads the rows' all-reduce sweeps
         for (backend, cap), rows in at_cap.items():
             if 2 not in rows or len(rows) < 2:
                 continue
             for n, (predicted, share, low, high) in calibrated_from_two(rows, grad, backend, opts.batch).items():
-                base, row, _ = rows[n]
-                measured = row["examples_per_s"] / base["examples_per_s"]
-                why = noise_why(measured, base["drift"], predicted, low, high, rows[2][0]["drift"])
-                calibrated.append((backend, n, cap, (predicted - measured) * 100, measured, predicted, share, why))
+                base, row, _, runs = rows[n]
+                measured = row_efficiency(base, runs)
+                why = noise_why(measured, (predicted, low, high), len(runs))
+                calibrated.append((backend, n, cap, (predicted - measured[0]) * 100, measured[0], predicted, share,
+                                   why))
     if calibrated:
         print(f"calibrated on 1 and 2 hosts (the 2-host row's examples/s and all-reduce sweep), larger rows "
               f"predicted (target ±{CALIBRATED_POINTS:g} points):")

@@ -181,7 +181,9 @@ def test_the_bed_calibrated_on_two_hosts_predicts_three_and_four(tmp_path, backe
         loop_step = scale.predict(m, cluster._setup(grad, backend, loop_link), n).step_s
         bed_step = scale.predict(m, cluster._setup(grad, backend, truth_link), n).step_s
         base = {"workers": n, "step_s": loop_step, "allreduce_json": loop_json, "examples_per_s": n * batch / loop_step}
-        rows[n] = (base, {"workers": n, "examples_per_s": n * batch / bed_step, "allreduce_json": sweep_json}, ())
+        base["drift"] = 0.0
+        rows[n] = (base, {"workers": n, "examples_per_s": n * batch / bed_step, "allreduce_json": sweep_json}, (),
+                   [loop_step / bed_step])
         truth[n] = loop_step / bed_step
     out = cluster.calibrated_from_two(rows, grad, backend, batch)
     assert sorted(out) == [3, 4]
@@ -193,10 +195,17 @@ def test_the_bed_calibrated_on_two_hosts_predicts_three_and_four(tmp_path, backe
 
 
 def test_a_bed_row_off_target_says_whether_the_beds_noise_covers_it():
-    """cluster.py's why line, hand-computed: measured 50% with baselines 20% apart spans 45-55%; a prediction of
+    """cluster.py's row noise and why line, hand-computed: runs at 45%, 50% and 52% with loopback runs 20% apart:
+    the median 50%, moved by the larger of 7% of it (a half range of 3.5 points) and 10% (half the drift):
+    45-55%; 46.5-53.5% without the drift. A prediction of
     60% (58-62%) lies 3 points beyond it, one of 56% (54-58%) meets it."""
     cluster = _cluster_bench()
-    off = cluster.noise_why(0.5, 0.2, 0.6, 0.58, 0.62, 0.1)
-    assert off == ("measured 50.0% (45.0%-55.0%: its baselines 20% apart), predicted 60.0% (58.0%-62.0%: the "
-                   "2-host row's baselines 10% apart): 3.0 points apart beyond the bed's noise: the model misses")
-    assert cluster.noise_why(0.5, 0.2, 0.56, 0.54, 0.58, 0.1).endswith("the bed's noise covers the miss")
+    measured = cluster.row_efficiency({"drift": 0.2}, [0.45, 0.5, 0.52])
+    assert measured == pytest.approx((0.5, 0.45, 0.55))
+    assert cluster.row_efficiency({"drift": 0.0}, [0.45, 0.5, 0.52]) == pytest.approx((0.5, 0.465, 0.535))
+    off = cluster.noise_why(measured, (0.6, 0.58, 0.62), 3)
+    assert off == ("measured 50.0% (45.0%-55.0%: 3 run(s) and their loopback drift), predicted 60.0% (58.0%-62.0%: "
+                   "the 2-host row's noise through the fit): 3.0 points apart beyond the bed's noise: the model misses")
+    assert cluster.noise_why(measured, (0.56, 0.54, 0.58), 3).endswith("the bed's noise covers the miss")
+    loops = [{"workers": 2, "examples_per_s": r, "allreduce_json": "a.json"} for r in (90.0, 110.0, 100.0)]
+    assert cluster.baseline(loops, 8) == dict(loops[0], examples_per_s=100.0, step_s=0.16, drift=0.2)

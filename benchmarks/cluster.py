@@ -235,6 +235,18 @@ def noise_why(measured: tuple, predicted: tuple, runs: int) -> str:
                f"{max(p_lo - m_hi, m_lo - p_hi) * 100:.1f} points apart beyond the bed's noise: the model misses"))
 
 
+def hidden_why(base: dict, row: dict, cores: int) -> str:
+    """How much of its link time a bed row hid, in numbers: its step over the loopback step beside the all-reduce of
+    the gradient's bytes over loopback's (each from its own sweep); what the second exceeds the first by was hidden
+    behind the other processes' compute. On the bed N processes share `cores` cores, so a process waiting on the
+    link leaves its core to another: above N = cores the bed hides link time that a GPU per replica would not."""
+    grew, slower = row["step_s"] - base["step_s"], row["allreduce_s"] - base["allreduce_s"]
+    return (f"the row's step is {grew * 1e3:.1f} ms over loopback's, its all-reduce of the gradient {slower * 1e3:.1f} "
+            f"ms over loopback's: {max(slower - grew, 0.0) * 1e3:.1f} ms of link time hidden"
+            + (f" ({row['workers']} processes on {cores} cores: one waiting on the link leaves its core to another)"
+               if row["workers"] > cores and slower > grew else ""))
+
+
 def baseline(loops: list, batch: int) -> dict:
     """A row's loopback baseline from the loopback runs around its runs (before the first, between, after the
     last): their mean examples/s (the step from it), the all-reduce sweep of the first, and `drift`, how far apart
@@ -349,7 +361,8 @@ def main(argv=None) -> int:
             for n, (predicted, share, low, high) in calibrated_from_two(rows, grad, backend, opts.batch).items():
                 base, row, _, runs = rows[n]
                 measured = row_efficiency(base, runs)
-                why = noise_why(measured, (predicted, low, high), len(runs))
+                why = noise_why(measured, (predicted, low, high), len(runs)) + "; " + hidden_why(
+                    base, row, os.cpu_count())
                 calibrated.append((backend, n, cap, (predicted - measured[0]) * 100, measured[0], predicted, share,
                                    why))
     if calibrated:

@@ -297,7 +297,7 @@ def main(argv=None) -> int:
           "step and each link's alpha/beta fit (bench allreduce sweep)", flush=True)
     print(f"  {'backend':<8} {'hosts':>5} {'procs':>5} {'link':>14} {'examples/s':>11} {'step ms':>8} "
           f"{'all-reduce ms':>14} {'measured':>9} {'predicted':>9} {'diff':>6} {'drift':>6}  bottleneck", flush=True)
-    checks, at_cap = [], {}
+    checks, at_cap, failed = [], {}, []
 
     def show(backend, hosts_n, link, row, base=None, profile=(), runs=()):
         cells = ["", "", "", "", ""]
@@ -323,37 +323,47 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="harness-cluster-bench-") as tmp:
         tmp = pathlib.Path(tmp)
+
+        def row_at(backend, cap, n):
+            """One capped row: its loopback runs and capped runs (module docstring). Returns (baseline, row,
+            profile, efficiencies of its runs)."""
+            profile = ()
+            if backend == "horovod":   # when each gradient is ready, on loopback (harness.bench.timeline)
+                traced = loopback(backend, n, f"{cap:g}-timeline", "loopback, timeline", timeline=True)
+                measured = timeline.gradient_profile(traced["timeline"])
+                print(f"    {timeline.describe(measured)}", flush=True)
+                profile = measured.pairs()
+            # Loopback runs right before and right after each run of the row, each run held against the
+            # mean of the two beside it: one baseline before each row read 358, 336 and 216 examples/s for
+            # the same 2 processes within one run (Horovod, 2026-12-03), which put rows at 135% and 112% of
+            # their baseline; the same 2-host tf row at 100 Mbit/s read 63.9%, 46.1% and 36.6% in three
+            # runs of this script (2026-12-06): --row-runs repeats each row.
+            loops = [loopback(backend, n, f"{cap:g}-before")]
+            capped = []
+            for k in range(opts.row_runs):
+                with Bed(n, cap_mbit=cap) as bed:
+                    capped.append(measure([(h, h.address) for h in bed.hosts], opts, grad,
+                                          tmp / f"{backend}-{n}-{cap:g}-{k}", backend=backend, bed=bed,
+                                          hosts_arg=",".join(f"{h.name}:1" for h in bed.hosts),
+                                          sweep=k == 0))
+                last = k == opts.row_runs - 1
+                loops.append(loopback(backend, n, f"{cap:g}-after-{k}", "loopback after", sweep=last))
+            base = baseline(loops, opts.batch)
+            runs = [c["examples_per_s"] / ((a["examples_per_s"] + b["examples_per_s"]) / 2)
+                    for c, a, b in zip(capped, loops, loops[1:])]
+            rate = statistics.median(c["examples_per_s"] for c in capped)
+            row = dict(capped[0], examples_per_s=rate, step_s=n * opts.batch / rate)
+            show(backend, n, f"{cap:g} Mbit/s", row, base, profile, runs)
+            return base, row, profile, runs
+
         for backend in backends:
             for cap in caps:
                 for n in sorted(set(hosts)):
-                    profile = ()
-                    if backend == "horovod":   # when each gradient is ready, on loopback (harness.bench.timeline)
-                        traced = loopback(backend, n, f"{cap:g}-timeline", "loopback, timeline", timeline=True)
-                        measured = timeline.gradient_profile(traced["timeline"])
-                        print(f"    {timeline.describe(measured)}", flush=True)
-                        profile = measured.pairs()
-                    # Loopback runs right before and right after each run of the row, each run held against the
-                    # mean of the two beside it: one baseline before each row read 358, 336 and 216 examples/s for
-                    # the same 2 processes within one run (Horovod, 2026-12-03), which put rows at 135% and 112% of
-                    # their baseline; the same 2-host tf row at 100 Mbit/s read 63.9%, 46.1% and 36.6% in three
-                    # runs of this script (2026-12-06): --row-runs repeats each row.
-                    loops = [loopback(backend, n, f"{cap:g}-before")]
-                    capped = []
-                    for k in range(opts.row_runs):
-                        with Bed(n, cap_mbit=cap) as bed:
-                            capped.append(measure([(h, h.address) for h in bed.hosts], opts, grad,
-                                                  tmp / f"{backend}-{n}-{cap:g}-{k}", backend=backend, bed=bed,
-                                                  hosts_arg=",".join(f"{h.name}:1" for h in bed.hosts),
-                                                  sweep=k == 0))
-                        last = k == opts.row_runs - 1
-                        loops.append(loopback(backend, n, f"{cap:g}-after-{k}", "loopback after", sweep=last))
-                    base = baseline(loops, opts.batch)
-                    runs = [c["examples_per_s"] / ((a["examples_per_s"] + b["examples_per_s"]) / 2)
-                            for c, a, b in zip(capped, loops, loops[1:])]
-                    rate = statistics.median(c["examples_per_s"] for c in capped)
-                    row = dict(capped[0], examples_per_s=rate, step_s=n * opts.batch / rate)
-                    show(backend, n, f"{cap:g} Mbit/s", row, base, profile, runs)
-                    at_cap.setdefault((backend, cap), {})[n] = (base, row, profile, runs)
+                    try:
+                        at_cap.setdefault((backend, cap), {})[n] = row_at(backend, cap, n)
+                    except RuntimeError as e:   # a launch that failed: the row is reported, the others still run
+                        failed.append(f"{backend} {n} hosts {cap:g} Mbit/s")
+                        print(f"  {backend:<8} {n:>5} {n:>5} {f'{cap:g} Mbit/s':>14}  failed: {e}", flush=True)
         calibrated = []   # inside the temporary folder: the fit reads the rows' all-reduce sweeps
         for (backend, cap), rows in at_cap.items():
             if 2 not in rows or len(rows) < 2:
@@ -382,6 +392,8 @@ def main(argv=None) -> int:
     print(f"predicted within ±{TOLERANCE_POINTS:g} points of measured: {len(within)} of {len(checks)}"
           + "".join(f"; off: {b} {n} hosts {link} ({d:+.1f}, baselines {drift:.0%} apart)"
                     for b, n, link, d, drift in checks if abs(d) > TOLERANCE_POINTS))
+    if failed:
+        print(f"rows that failed (their launch's error above): {len(failed)}: {', '.join(failed)}")
     print(f"done [load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}]")
     return 0
 

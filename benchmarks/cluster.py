@@ -10,13 +10,13 @@ with the same number of processes on one host over loopback right before and rig
 hosts share this machine's cores (N processes on 2 cores are CPU-bound before any link is), so the N-host row
 differs from the loopback runs at the same N only in the link. Printed per row: examples/s (the job's, from the
 chief's report.json; the median of the runs), the step time (global batch / examples/s), the all-reduce of G
-bytes, the measured efficiency (the median of the runs' examples/s, each against the mean of the two loopback runs
-beside it; `drift`: how far apart the loopback runs were; each run's efficiency after the row) and the predicted one: the compute of a step is the loopback step less the all-reduce the model
-exposes there, and the model adds what it exposes on the capped link (its fit), MWMS one pack after backward,
-Horovod Tensor Fusion overlapped with backward, each gradient ready when a Horovod timeline says
-(`harness.bench.timeline`), recorded in one more loopback run before the baselines ("loopback, timeline": its
-examples/s show what recording costs; it is not a baseline). The last line counts the rows predicted within ±10
-points (issue 21's check).
+bytes, the measured efficiency (the median of the runs' efficiencies, each run against the mean of the two
+loopback runs beside it; `drift`: how far apart the loopback runs were; each run's efficiency after the row) and
+the predicted one: the compute of a step is the loopback step less the all-reduce the model exposes there, and the
+model adds what it exposes on the capped link (its fit), MWMS one pack after backward, Horovod Tensor Fusion
+overlapped with backward, each gradient ready when a Horovod timeline says (`harness.bench.timeline`), recorded
+in one more loopback run before the baselines ("loopback, timeline": its examples/s show what recording costs; it
+is not a baseline). The last line counts the rows predicted within ±10 points (issue 21's check).
 
   python benchmarks/cluster.py [--hosts 2,3,4] [--caps 10,100,1000] [--backends tf,horovod] [--steps 30] [--smoke]
 

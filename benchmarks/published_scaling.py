@@ -125,15 +125,15 @@ def calibrated_check(rows) -> str:
     per_doubling = []   # (source, the miss in points per doubling beyond the largest calibration run)
     for name, m, s, runs, fit, first, held in fitted:
         for r in held:
-            n, largest = int(r["gpus"]), max(run.replicas for run in runs)
-            miss = (scale.predict(m, fit.setup, n).efficiency - float(r["published_efficiency"])) * 100
-            per_doubling.append((_source(r), miss / math.log2(n / largest)))
+            miss = (scale.predict(m, fit.setup, int(r["gpus"])).efficiency - float(r["published_efficiency"])) * 100
+            per_doubling.append((_source(r), miss / calibrate.doublings(int(r["gpus"]), runs)))
 
     def rms(values):
         return math.sqrt(sum(v * v for v in values) / len(values))
 
-    lines = [f"calibrated on each series' smallest point(s) (a published run's spread taken as ±{PUBLISHED_SPREAD:.0%};"
-             f" the model's error beyond them from the other sources' points, ±{calibrate.EXTRAPOLATION_Z:g}x):",
+    lines = [f"calibrated on each series' smallest point(s) (a published run's spread taken as "
+             f"±{PUBLISHED_SPREAD:.0%}; the model's error beyond them from the other sources' points, "
+             f"±{calibrate.EXTRAPOLATION_Z:g}x):",
              f"  {'held-out point':<24} {'N':>4} {'published':>9} {'calibrated':>10} {'interval':>15} {'diff':>6}  "
              "check"]
     checked = within = inside = 0

@@ -230,16 +230,22 @@ def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequ
         other = calibrate(m, s, runs, held=dict(zip(open_, values)))
         if other.misfit <= tolerance:
             refits.append(other)
-    out, largest = [], max(r.replicas for r in runs)
+    out = []
     for n in ns:
         point = scale.predict(m, fit.setup, n)
         effs = [scale.predict(m, f.setup, n).efficiency for f in refits]
-        band = EXTRAPOLATION_Z * extrapolation_points / 100 * max(0.0, math.log2(n / largest))
+        band = EXTRAPOLATION_Z * extrapolation_points / 100 * doublings(n, runs)
         lo = max(0.0, min(min(effs) * (1 - fit.residual), point.efficiency - band))
         hi = min(1.0, max(max(effs) * (1 + fit.residual), point.efficiency + band))
         per = n * m.per_replica_batch / m.step_s
         out.append(Forecast(point, lo, hi, lo * per, hi * per))
     return out
+
+
+def doublings(n: int, runs: Sequence[Run]) -> float:
+    """How many doublings of N `n` lies beyond the largest of `runs` (0 at or below it): what the model's own
+    error (EXTRAPOLATION_POINTS) is counted per."""
+    return max(0.0, math.log2(n / max(r.replicas for r in runs)))
 
 
 def describe(fit: Calibration) -> str:

@@ -9,10 +9,10 @@ Cases (`--cases`, comma-separated; default all):
             tell the loop from the input: the harness loop on the hand-written pipeline, and each pipeline drawn
             alone (a plain Python `next()` per batch, no training); and the harness under `OneDeviceStrategy`,
             what one device ran under before.
-  unet      64x64x8 float GZIP patches written by `harness.data.synth` (`--unet-records`, 4 classes), the
-            built-in U-Net, global batch 16, one device: harness against fit at spe=1 (target >= 1.0); the same
-            U-Net built in Keras 3: the harness against Keras 3's fit at spe=1 (target >= 1.0), and against the
-            tf-keras one, without BatchNormalization (the step: target >= 0.95) and with it (target >= 0.95:
+  unet      64x64x8 float GZIP patches written by `harness.data.synth` (`--unet-records`, `--unet-size`, 4
+            classes), the built-in U-Net, global batch 16, one device: harness against fit at spe=1 (target >=
+            1.0); the same U-Net built in Keras 3: the harness against Keras 3's fit at spe=1 (target >= 1.0), and
+            against the tf-keras one, without BatchNormalization (the step: target >= 0.95) and with it (target >= 0.95:
             Keras 3's BatchNormalization, two unfused ops on TensorFlow, is trained on the fused kernel tf-keras
             uses, `harness.train.model.keras3_batch_norm`: 87.7 -> 72.7 ms per step here, tf-keras 71.9).
   mirrored  both cases above under `MirroredStrategy` over 2 logical CPU devices (`make_strategy("mirrored",
@@ -57,9 +57,10 @@ NO_BN_ROW, KERAS3_NO_BN_ROW = "harness auto, no BatchNorm", "harness auto, Keras
 CASES = ("points", "unet", "mirrored", "horovod", "overhead")
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 CHILD_TIMEOUT_S = 1200  # the mirrored child and each horovodrun launch: killed (process group) past this
-# --smoke: every case, one round of 2 epochs, 32 U-Net patches (2 steps of 16), 20 overhead steps; `make test` runs it
+# --smoke: every case, one round of 2 epochs, 16 U-Net patches of 16x16 (1 step of 16), 20 overhead steps, fit at
+# spe 1 and 8 only (the best-of code path; 32 and 128 run the same code with other numbers); `make test` runs it
 # (tests/bench/test_benchmarks_start.py)
-SMOKE = dict(rounds=1, epochs=2, unet_epochs=2, unet_records=32, overhead_steps=20)
+SMOKE = dict(rounds=1, epochs=2, unet_epochs=2, unet_records=16, unet_size=16, overhead_steps=20, fit_spe="1,8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,8 +288,9 @@ def _report(title: str, figures: dict, unit: str = "examples/s") -> dict:
 
 
 # --- cases -------------------------------------------------------------------------------------------------------
-def points_case(case: Case, backend, rounds: int) -> None:
-    """Harness auto and K=1 against fit at every spe, the loop on the hand-written input, the pipelines alone."""
+def points_case(case: Case, backend, rounds: int, fit_spe=KERAS_SPE) -> None:
+    """Harness auto and K=1 against fit at every spe of `fit_spe`, the loop on the hand-written input, the pipelines
+    alone."""
     inputs = prepare(case, backend)
     steps = inputs.plan.steps_per_epoch
     strategy = backend.strategy
@@ -296,7 +298,7 @@ def points_case(case: Case, backend, rounds: int) -> None:
           f"classifier, {case.epochs} epochs, one device ({strategy_name(strategy)})")
     variants = {"harness auto": lambda: harness_run(case, backend, "auto"),
                 "harness steps_per_loop=1": lambda: harness_run(case, backend, 1)}
-    for spe in KERAS_SPE:
+    for spe in fit_spe:
         variants[f"fit spe={spe}"] = lambda spe=spe: keras_run(case, inputs, spe, strategy)
     variants["harness auto, OneDeviceStrategy"] = lambda: harness_run(case, one_device_backend(), "auto")
     variants["harness loop, hand-written input"] = lambda: harness_run(
@@ -306,7 +308,7 @@ def points_case(case: Case, backend, rounds: int) -> None:
     variants["hand-written pipeline alone"] = lambda: pipeline_alone(
         hand_written_pipeline(case, inputs.spec, case.batch), steps, case.epochs, case.batch)
     med = _report("examples/s", _rounds(variants, rounds))
-    best = max((f"fit spe={spe}" for spe in KERAS_SPE), key=med.get)
+    best = max((f"fit spe={spe}" for spe in fit_spe), key=med.get)
     print(_ratio(med, "harness auto", "fit spe=1", 1.0))
     print(_ratio(med, "harness auto", best, 0.9) + "  (the best fit)")
     print(_ratio(med, "harness steps_per_loop=1", "fit spe=1"))
@@ -418,12 +420,13 @@ def strategy_name(strategy) -> str:
     return name(strategy)
 
 
-def write_patches(folder: str, records: int) -> str:
-    """64x64x8 float GZIP patches, 4 classes, label `landcover`, 4 shards (`harness synth`'s writer)."""
+def write_patches(folder: str, records: int, size: int = 64) -> str:
+    """`size`x`size`x8 (64x64x8) float GZIP patches, 4 classes, label `landcover`, 4 shards (`harness synth`'s
+    writer)."""
     from harness.data import synth
 
     synth.write_image_export(folder, prefix="patches", shards=4, records=records,
-                             bands=[f"B{i}" for i in range(8)], classes=4, patch_size=64, compressed=True, seed=0)
+                             bands=[f"B{i}" for i in range(8)], classes=4, patch_size=size, compressed=True, seed=0)
     return folder
 
 
@@ -437,7 +440,7 @@ def run_cases(args, cases: list, backend, patches: str | None) -> None:
         elif mirrored:
             fit_case(points, backend, args.rounds, "mirrored, points")
         else:
-            points_case(points, backend, args.rounds)
+            points_case(points, backend, args.rounds, tuple(int(v) for v in args.fit_spe.split(",")))
     if unet is not None:
         fit_case(unet, backend, args.rounds, "mirrored, U-Net" if mirrored else "U-Net")
     if "horovod" in cases and os.path.exists(args.data):
@@ -470,6 +473,10 @@ def main(argv=None) -> int:
                    help="epochs per points variant (~0.2 s each at fit speed); the first is not timed")
     p.add_argument("--unet-epochs", type=int, default=3, help="epochs per U-Net variant; the first is not timed")
     p.add_argument("--unet-records", type=int, default=256, help="64x64x8 patches written for the U-Net case")
+    p.add_argument("--unet-size", type=int, default=64, help="the U-Net case's patch size (pixels)")
+    p.add_argument("--fit-spe", default=",".join(map(str, KERAS_SPE)),
+                   help="steps_per_execution values of fit in the points case (comma-separated; the best one "
+                        "compared)")
     p.add_argument("--overhead-steps", type=int, default=2000, help="steps per epoch of the one-weight model")
     p.add_argument("--mirrored-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--horovod-rank", help=argparse.SUPPRESS)  # a folder for this rank's result
@@ -493,12 +500,14 @@ def main(argv=None) -> int:
     here = [c for c in cases if c != "mirrored"]
     if here:
         with tempfile.TemporaryDirectory(prefix="harness-step-loop-") as tmp:
-            run_cases(args, here, backend, write_patches(tmp, args.unet_records) if "unet" in here else None)
+            patches = write_patches(tmp, args.unet_records, args.unet_size) if "unet" in here else None
+            run_cases(args, here, backend, patches)
     if "mirrored" in cases:
         sys.stdout.flush()
         print(_run_group([sys.executable, os.path.abspath(__file__), "--mirrored-child", "--data", args.data,
                           "--rounds", str(args.rounds), "--epochs", str(args.epochs), "--unet-epochs",
-                          str(args.unet_epochs), "--unet-records", str(args.unet_records)], CHILD_TIMEOUT_S).rstrip())
+                          str(args.unet_epochs), "--unet-records", str(args.unet_records), "--unet-size",
+                          str(args.unet_size)], CHILD_TIMEOUT_S).rstrip())
     if not args.mirrored_child:
         print(f"done [{_load()}]")
     return 0

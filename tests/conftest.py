@@ -137,21 +137,37 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The teardown's report carries the CPU seconds of the whole test (setup, call and teardown: this process and
+    the children it waited for) as the user property `cpu_s`, which pytest-xdist sends to the controller's table
+    of where the time went (`pytest_terminal_summary`)."""
+    outcome = yield
+    start = item.stash.get(_CPU_START, None)
+    if call.when == "teardown" and start is not None:
+        outcome.get_result().user_properties.append(("cpu_s", round(_cpu_seconds() - start, 3)))
+
+
 def _cpu_seconds() -> float:
     """CPU seconds (user + system) of this process and of its children that ended and were waited for."""
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
+_CPU_START = pytest.StashKey()
+
+
 @contextlib.contextmanager
 def _cpu_logged(item):
-    """With HARNESS_TEST_CPU_LOG=FILE, one JSON line per test appended to FILE: its node id, wall seconds and the
-    CPU seconds it and the processes it started spent (setup, call and teardown): where a 2-core run's time goes."""
+    """The test's CPU seconds from its setup on (`_CPU_START`, read by `pytest_runtest_makereport`); with
+    HARNESS_TEST_CPU_LOG=FILE also one JSON line per test appended to FILE: its node id, wall seconds and the CPU
+    seconds it and the processes it started spent (setup, call and teardown): where a 2-core run's time goes."""
+    wall, cpu = time.monotonic(), _cpu_seconds()
+    item.stash[_CPU_START] = cpu
     log = os.environ.get("HARNESS_TEST_CPU_LOG")
     if not log:
         yield
         return
-    wall, cpu = time.monotonic(), _cpu_seconds()
     try:
         yield
     finally:
@@ -220,11 +236,38 @@ def pytest_collection_modifyitems(session, config, items):
 _WORKERS_OF_FILE: dict = {}   # on the xdist controller: test file -> the workers that ran its tests
 
 
+_TIME_OF_FOLDER: dict = {}   # test folder -> [tests, wall seconds, CPU seconds] (setup, call and teardown)
+
+
 def pytest_runtest_logreport(report):
-    """On the pytest-xdist controller, which worker ran each file's tests (`report.node`: the worker's gateway)."""
+    """On the pytest-xdist controller, which worker ran each file's tests (`report.node`: the worker's gateway);
+    in the process that prints the summary, each folder's tests, wall and CPU seconds."""
     node = getattr(report, "node", None)
     if node is not None and report.when == "call":
         _WORKERS_OF_FILE.setdefault(report.nodeid.split("::")[0], set()).add(node.gateway.id)
+    folder = report.nodeid.split("::")[0].rpartition("/")[0] or "."
+    row = _TIME_OF_FOLDER.setdefault(folder, [0, 0.0, 0.0])
+    row[1] += report.duration
+    if report.when == "teardown":
+        row[0] += 1
+        row[2] += dict(report.user_properties).get("cpu_s", 0.0)
+
+
+@pytest.hookimpl(trylast=True)   # after `--durations`' slowest tests
+def pytest_terminal_summary(terminalreporter):
+    """Where the time went, at the end of the run: per test folder the tests, their wall seconds (setup, call and
+    teardown, summed: tests on parallel workers overlap) and their CPU seconds (each test's process and the
+    children it waited for: on 2 cores the suite's wall is at least half the total)."""
+    if not _TIME_OF_FOLDER:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("time per test folder")
+    write(f"{'folder':<28} {'tests':>6} {'wall s':>9} {'CPU s':>9}")
+    total = [0, 0.0, 0.0]
+    for folder, (tests, wall, cpu) in sorted(_TIME_OF_FOLDER.items(), key=lambda kv: -kv[1][2]):
+        write(f"{folder:<28} {tests:>6} {wall:>9.1f} {cpu:>9.1f}")
+        total = [total[0] + tests, total[1] + wall, total[2] + cpu]
+    write(f"{'all':<28} {total[0]:>6} {total[1]:>9.1f} {total[2]:>9.1f}")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -55,6 +55,26 @@ def run_cli(*args, timeout=300, ok=True) -> subprocess.CompletedProcess:
     return r
 
 
+def cli_in_process(*args, ok=True) -> subprocess.CompletedProcess:
+    """`harness ARGS` run in this process (`harness.cli.main`), as `run_cli` runs it in a child: its exit code,
+    stdout and stderr. Only for commands that do not train (synth, inspect, plan, reshard, export, predict): the
+    test process keeps TensorFlow's state (2 logical CPUs, tests/conftest.py); it saves a process that imports
+    TensorFlow (~2.5 CPU-s)."""
+    import contextlib
+    import io
+
+    from harness import cli
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    r = subprocess.CompletedProcess(["harness", *argv], code, out.getvalue(), err.getvalue())
+    if ok:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
 def copy_export(src: pathlib.Path, dst: pathlib.Path, *, mixer_changes=None) -> pathlib.Path:
     shutil.copytree(src, dst)
     if mixer_changes:

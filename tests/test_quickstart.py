@@ -1,8 +1,9 @@
 """The README's quick start, run as printed: from the project's root (a folder holding `examples/` and `.venv`,
-whose `../shared/data` is the real exports), every line of its first fenced block in one `bash -e`: on the ACES
-points and image, and on synthetic exports of the same bands put where the ACES files are (so the same lines run).
-Then the report it wrote is opened in headless Chromium with the network blocked (tests/browser.py): nothing
-requested, nothing failed, no console message, every plot drawn, its tables equal to `summary.json`."""
+whose `../shared/data` is the real exports), every line of its first fenced block in one `bash -e`, once: on the
+ACES points and image when they can be had (../shared/data, or fetched: tests/shared_data.py), else on synthetic
+exports of the same bands put where the ACES files are (so the same lines run). Then the report it wrote is opened
+in headless Chromium with the network blocked (tests/browser.py): nothing requested, nothing failed, no console
+message, every plot drawn, its tables equal to `summary.json`."""
 import json
 import math
 import os
@@ -60,15 +61,18 @@ def _run_quick_start(base: pathlib.Path, data: pathlib.Path) -> tuple[pathlib.Pa
 
 
 @pytest.fixture(scope="module")
-def aces(shared_data, tmp_path_factory):
-    return _run_quick_start(tmp_path_factory.mktemp("aces"), pathlib.Path(shared_data))
+def quick_start_run(tmp_path_factory):
+    """The quick start run once, on the ACES exports when they can be had, else on the synthetic ones (each run
+    costs ~19 CPU-s: the two data sets run the same lines, so the one run carries both tests)."""
+    import shared_data as sd
 
-
-@pytest.fixture(scope="module")
-def synthetic(tmp_path_factory):
-    base = tmp_path_factory.mktemp("synthetic")
-    _synthetic(base / "data")
-    return _run_quick_start(base, base / "data")
+    try:
+        data = pathlib.Path(sd.shared_data_root())
+    except sd.SharedDataUnavailable:
+        base = tmp_path_factory.mktemp("synthetic")
+        _synthetic(base / "data")
+        return _run_quick_start(base, base / "data")
+    return _run_quick_start(tmp_path_factory.mktemp("aces"), data)
 
 
 def test_the_quick_start_is_in_the_readmes_first_60_lines():
@@ -78,11 +82,10 @@ def test_the_quick_start_is_in_the_readmes_first_60_lines():
     assert f"```python\n{model}```" in head and len(model.splitlines()) <= 10
 
 
-@pytest.mark.parametrize("case", ["aces", "synthetic"])
-def test_the_quick_start_runs_as_printed_and_ends_on_a_map(request, case):
+def test_the_quick_start_runs_as_printed_and_ends_on_a_map(quick_start_run):
     from harness.predict.run import read_outputs
 
-    root, done = request.getfixturevalue(case)
+    root, done = quick_start_run
     summary = json.loads((root / "runs" / "points" / "summary.json").read_text())
     assert summary["spec"]["bands"] == list(ACES_BANDS) and summary["spec"]["num_classes"] == 5
     assert len(summary["history"]) == 5 and "val_accuracy" in summary["history"][-1]
@@ -96,8 +99,8 @@ def test_the_quick_start_runs_as_printed_and_ends_on_a_map(request, case):
 
 
 @pytest.mark.skipif(browser.UNAVAILABLE is not None, reason=str(browser.UNAVAILABLE))
-def test_the_report_opens_offline_with_every_plot_drawn_and_the_runs_numbers(synthetic):
-    root, _ = synthetic
+def test_the_report_opens_offline_with_every_plot_drawn_and_the_runs_numbers(quick_start_run):
+    root, _ = quick_start_run
     page = browser.open_offline(str(root / "runs" / "points" / "report.html"))
     assert page["requests"] == [] and page["failed"] == [] and page["exceptions"] == []
     assert page["console"] == []

@@ -20,6 +20,10 @@
 #   entirely for TF >= 2.19 (`&& HAVE_GPU && TENSORFLOW_VERSION < 2019000000`), which holds on GPU images as well
 #   (a bare `&& HAVE_GPU` guard would still compile the broken includes where HAVE_GPU=1). The patched sdist is
 #   re-packed into a tarball and the wheel built from that (an unpacked folder can carry a stale build/ cache).
+# Build flags: setup.py always configures CMake as RelWithDebInfo (`-O3 -g` after its CMakeLists.txt), and the
+#   debug info is about a third of the compile (cc1plus emits and writes it for every Gloo and Horovod unit) and
+#   most of the wheel (16 MB with it). The sdist is built without `-g` (-O3 kept; symbols stay in .dynsym, so a
+#   crash's backtrace still names the functions): measured in docs/development.md.
 #
 # mpi4py is installed by the `mpi` extra of setup.cfg, which tools/install.sh always adds: PyPI's mpi4py 4.1 wheel
 # loads the system libmpi.so.40 at run time (Debian's OpenMPI 4.1.4 here, the one mpirun belongs to), and where no
@@ -81,16 +85,21 @@ if [ "${HARNESS_HOROVOD_REBUILD:-0}" = 1 ] || [ ${#wheels[@]} -eq 0 ]; then
   log "building $KEY (a few minutes)"
   $PIP download -q --no-deps --no-binary :all: "horovod==$HVD_VERSION" -d "$WORK"
   SDIST="$WORK/horovod-$HVD_VERSION.tar.gz"
+  tar -xzf "$SDIST" -C "$WORK"
+  SRC="$WORK/horovod-$HVD_VERSION"
+  # No debug info (see the header): after CMakeLists.txt's own -O2 -> -O3 of the RelWithDebInfo flags.
+  sed -i 's|^string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO .*$|&\nstring(REPLACE "-g" "" CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")\nstring(REPLACE "-g" "" CMAKE_C_FLAGS_RELWITHDEBINFO "${CMAKE_C_FLAGS_RELWITHDEBINFO}")|' "$SRC/CMakeLists.txt"
+  grep -q 'REPLACE "-g" "" CMAKE_CXX_FLAGS_RELWITHDEBINFO' "$SRC/CMakeLists.txt" \
+    || { log "the build-flag patch did not apply to $SRC/CMakeLists.txt"; exit 1; }
   if "$PY" -c "import sys; from packaging.version import Version as V; sys.exit(0 if V('$TF_VERSION') >= V('2.19') else 1)"; then
     log "TF $TF_VERSION >= 2.19: compiling out horovod/tensorflow/xla_mpi_ops.cc (see header of this script)"
-    tar -xzf "$SDIST" -C "$WORK"
-    f="$WORK/horovod-$HVD_VERSION/horovod/tensorflow/xla_mpi_ops.cc"
+    f="$SRC/horovod/tensorflow/xla_mpi_ops.cc"
     sed -i 's|^#if TENSORFLOW_VERSION >= 2006000000$|#if TENSORFLOW_VERSION >= 2006000000 \&\& HAVE_GPU \&\& TENSORFLOW_VERSION < 2019000000|' "$f"
     grep -q 'TENSORFLOW_VERSION < 2019000000' "$f" || { log "patch did not apply to $f"; exit 1; }
-    rm -f "$SDIST"
-    tar -czf "$SDIST" -C "$WORK" "horovod-$HVD_VERSION"
-    rm -rf "${WORK:?}/horovod-$HVD_VERSION"
   fi
+  rm -f "$SDIST"
+  tar -czf "$SDIST" -C "$WORK" "horovod-$HVD_VERSION"
+  rm -rf "${SRC:?}"
   export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
          HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
   if [ "$GPU" = 1 ]; then export HOROVOD_GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-NCCL}; fi

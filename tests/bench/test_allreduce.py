@@ -79,7 +79,7 @@ def test_the_readme_line_on_two_workers_under_launch_local(tmp_path):
 def test_two_ranks_under_horovodrun(tmp_path):
     sizes = [4096, 262144, 1048576]
     out = procs.run([BIN / "horovodrun", "-np", "2", "--gloo", BIN / "harness", "bench", "allreduce", "--backend",
-                     "horovod", "--sizes", "4K,256K,1M", "--rounds", "5", "--repeats", "3", "--output", tmp_path],
+                     "horovod", "--sizes", "4K,256K,1M", "--rounds", "2", "--repeats", "1", "--output", tmp_path],
                     env=_env(), timeout=300)
     assert "all-reduce over 2 worker(s), horovod" in out, out[-3000:]
     _check_report(json.loads((tmp_path / "allreduce.json").read_text()), 2, sizes)

@@ -1,5 +1,7 @@
-"""Every script in benchmarks/ starts and prints its figures: each runs as a real subprocess at its `--smoke` size
-(seconds, figures meaningless), and the table it prints is checked for its rows and for positive numbers in them.
+"""Every script in benchmarks/ starts and prints its figures: each runs at its `--smoke` size (seconds, figures
+meaningless) as a real subprocess, the short in-process ones (SHARED) one after the other in one Python process
+(each as `__main__` with its own argv and temporary folder: TensorFlow imported once, not once each), and the table
+it prints is checked for its rows and for positive numbers in them.
 The scripts are found by globbing benchmarks/, so a new benchmark without a smoke run here fails. The Makefile's
 `bench` target names only scripts and commands that exist (issue 19, item 9: `make bench` stopped at a
 SyntaxError that nothing ran)."""
@@ -110,15 +112,17 @@ RUNS = {
         "whole summary": rf"^whole runs, tuned / default and tuned / grid's best \(medians\): points {NUM} and {NUM}; "
                          rf"both targets met on [01] of 1 cases$",
         "done": r"^done \[load average"})],
-    # in-process cases, then the two that start child processes (the mirrored child, horovodrun -np 2)
+    # every case but the mirrored child in one run (the horovodrun group among them: one script process, not two);
+    # the mirrored child runs the cases above under a strategy (fit_case, as in-process) through the same child-group
+    # launch as horovodrun's: left to `make bench` (its smoke took ~40 s of the suite's budget)
     "step_loop.py": [
-        (["--data", "{points}", "--cases", "points,unet,overhead"], {
+        (["--data", "{points}", "--cases", "points,unet,horovod,overhead"], {
             **{f"points {n}": _STEP_ROW.format(name=re.escape(n)) for n in (
-                "harness auto", "harness steps_per_loop=1", "fit spe=1", "fit spe=8", "fit spe=32", "fit spe=128",
+                "harness auto", "harness steps_per_loop=1", "fit spe=1", "fit spe=8",   # smoke: spe 1 and 8 alone
                 "harness auto, OneDeviceStrategy", "harness loop, hand-written input", "harness pipeline alone",
                 "hand-written pipeline alone")},
             "points ratio": _RATIO.format(a="harness auto", b="fit spe=1") + r" \(target >= 1.0",
-            "unet": r"^== U-Net: 32 records, 2 steps of global batch 16 per epoch",
+            "unet": r"^== U-Net: 16 records, 1 steps of global batch 16 per epoch",
             **{f"row {n}": _STEP_ROW.format(name=re.escape(n)) for n in (
                 "harness auto, Keras 3 model", "fit spe=1, Keras 3 model", "harness auto, no BatchNorm",
                 "harness auto, Keras 3, no BatchNorm")},
@@ -129,14 +133,38 @@ RUNS = {
             "keras3 ratio": _RATIO.format(a=re.escape("harness auto, Keras 3 model"), b="harness auto") +
                             r" \(target >= 0.95: (?:met|MISSED)\)  \(with BatchNormalization: Keras 3.s trained on",
             "overhead": r"^== per-step overhead: one-weight model, batch 1, 20 steps per epoch",
-            "overhead row": _STEP_ROW.format(name="fit spe=128"),
-            "done": r"^done \[load average"}),
-        # the horovodrun group; the mirrored child runs the cases above under a strategy (fit_case, as in-process)
-        # through the same child-group launch: left to `make bench` (its smoke took ~40 s of the suite's budget)
-        (["--data", "{points}", "--cases", "horovod"], {
             "horovod all": _STEP_ROW.format(name="horovod 2 ranks, all"),
-            "horovod rank 1": _STEP_ROW.format(name="horovod rank 1")})],
+            "horovod rank 1": _STEP_ROW.format(name="horovod rank 1"),
+            "overhead row": _STEP_ROW.format(name="fit spe=128"),
+            "done": r"^done \[load average"})],
 }
+# Run in one Python process, one after the other (`_SHARED_RUNNER`): scripts that start no child process and set
+# nothing before TensorFlow loads (gcs_read.py routes the environment and the cores first: its own process).
+SHARED = ("published_scaling.py", "reshard.py", "input_pipeline.py", "profile_overhead.py", "per_pixel.py",
+          "predict.py")
+# argv: benchmarks/, the JSON list of [script, args, temporary folder], the JSON file of {script: {code, stdout}}
+_SHARED_RUNNER = r"""
+import contextlib, gc, io, json, os, runpy, sys, tempfile, traceback
+bench, jobs, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+sys.path.insert(0, bench)   # as `python benchmarks/X.py` puts the script's folder first
+results = {}
+for script, args, tmpdir in jobs:
+    os.environ["TMPDIR"] = tempfile.tempdir = tmpdir
+    sys.argv = [os.path.join(bench, script), "--smoke", *args]
+    printed, code = io.StringIO(), 0
+    with contextlib.redirect_stdout(printed):
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else str(e.code)
+        except BaseException:
+            code = traceback.format_exc()
+    results[script] = {"code": code, "stdout": printed.getvalue()}
+    gc.collect()   # the script's datasets and iterators (their threads) gone before the next one
+    print(f"{script}: exit {code}", file=sys.stderr, flush=True)
+with open(out, "w") as f:
+    json.dump(results, f)
+"""
 SHELL_ONLY = {"gpu_check.sh": "needs a GPU and a GPU build of TensorFlow (it stops at once without one): its "
                               "syntax is checked with bash -n; it runs on the GPU machine"}
 
@@ -162,6 +190,23 @@ def smoke_data(tmp_path_factory):
     return {"points": str(out / "points" / "points.tfrecord.gz"), "images": str(out / "images")}
 
 
+@pytest.fixture(scope="module")
+def shared_runs(smoke_data, tmp_path_factory):
+    """{script: (exit code, stdout, its temporary folder)} of the SHARED scripts, run in one Python process."""
+    base = tmp_path_factory.mktemp("shared")
+    jobs = []
+    for script in SHARED:
+        (extra, _), = RUNS[script]
+        (base / script / "tmpdir").mkdir(parents=True)
+        jobs.append([script, [a.format(tmp=base / script, **smoke_data) for a in extra], str(base / script / "tmpdir")])
+    done = _run([sys.executable, "-c", _SHARED_RUNNER, str(BENCHMARKS), json.dumps(jobs), str(base / "out.json")],
+                RUN_TIMEOUT_S)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    results = json.loads((base / "out.json").read_text())
+    return {script: (results[script]["code"], results[script]["stdout"], base / script / "tmpdir", done.stderr)
+            for script in SHARED}
+
+
 def _run(cmd: list, timeout_s: float, tmpdir: pathlib.Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                CUDA_VISIBLE_DEVICES="", **({"TMPDIR": str(tmpdir)} if tmpdir else {}))
@@ -169,7 +214,7 @@ def _run(cmd: list, timeout_s: float, tmpdir: pathlib.Path | None = None) -> sub
 
 
 @pytest.mark.parametrize("script, index", list(_cases()))
-def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_path):
+def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_path, request):
     assert index is not None, (f"benchmarks/{script} has no smoke run: give it a --smoke size (seconds) and add "
                                f"it to RUNS in {pathlib.Path(__file__).name}")
     if script == "cluster.py":   # hosts of network namespaces: root and iproute2 (tests/cluster/bed.py)
@@ -177,10 +222,14 @@ def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_
         if unavailable_reason():
             pytest.skip(f"benchmarks/cluster.py needs the bed: {unavailable_reason()}")
     extra, shape = RUNS[script][index]
-    args = [a.format(tmp=tmp_path, **smoke_data) for a in extra]
-    tmpdir = tmp_path / "tmpdir"
-    tmpdir.mkdir()
-    done = _run([sys.executable, str(BENCHMARKS / script), "--smoke", *args], RUN_TIMEOUT_S, tmpdir)
+    if script in SHARED:
+        code, stdout, tmpdir, stderr = request.getfixturevalue("shared_runs")[script]
+        done = subprocess.CompletedProcess([script], code, stdout, stderr)
+    else:
+        args = [a.format(tmp=tmp_path, **smoke_data) for a in extra]
+        tmpdir = tmp_path / "tmpdir"
+        tmpdir.mkdir()
+        done = _run([sys.executable, str(BENCHMARKS / script), "--smoke", *args], RUN_TIMEOUT_S, tmpdir)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     # nothing left in the temporary folder but autograph's converted functions (TensorFlow never deletes those)
     left = [p.name for p in tmpdir.iterdir() if not p.name.startswith("__autograph_generated_file")]

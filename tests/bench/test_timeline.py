@@ -118,7 +118,12 @@ def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
     """docs/scaling.md's `horovodrun ... --timeline-filename runs/bench/timeline.json harness bench train ...` and
     `harness bench scale ... --timeline runs/bench/timeline.json ...`, run as printed in a folder of the test's (2
     real Horovod ranks; a one-replica report.json written there in place of runs/bench/one's): the profile has the
-    bench model's gradients and the line the page shows; the table says the timeline placed them."""
+    bench model's gradients and the line the page shows; the table says the timeline placed them.
+
+    The recording line is also `bench train --backend horovod`'s test (it was tests/bench/test_bench_train.py's own
+    horovodrun launch): the step `harness train --backend horovod` runs (one replica per rank, Horovod's
+    all-reduce), both ranks' steps in rank 0's report (before: no --backend, and under horovodrun each rank ran
+    alone, one replica each, a report written twice)."""
     import os
     import pathlib
     import shlex
@@ -140,7 +145,15 @@ def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
     write_report(work / "runs" / "bench" / "one" / "report.json")
     monkeypatch.chdir(work)   # the lines' relative paths
     argv = shlex.split(record)
-    procs.run([bin_dir / argv[0], *argv[1:]], env=env, timeout=300)
+    recorded = procs.run([bin_dir / argv[0], *argv[1:]], env=env, timeout=300)
+    from harness.cli import build_parser
+    train = build_parser().parse_args(argv[argv.index("harness") + 1:])
+    report = json.loads((work / train.output / "report.json").read_text())
+    assert report["summary"]["replicas_in_sync"] == 2, recorded[-3000:]
+    assert [p["rank"] for p in report["parts"]] == [0, 1]
+    assert all(len(p["steps"]) == train.steps + train.warmup for p in report["parts"])
+    assert "(horovod)" in report["config"]["context"] and report["config"]["backend"] == "horovod"
+    assert recorded.count("bench train: synthetic batches") == 1, recorded[-3000:]   # the chief alone reports
     argv = shlex.split(predict)
     out = procs.run([bin_dir / argv[0], *argv[1:]], env=env, timeout=300)
     from harness.train.model import builtin

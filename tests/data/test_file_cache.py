@@ -1,5 +1,6 @@
 """File caches with real processes (issue 11.5): a fill killed mid-way is cleared and the re-run reads every record
-once; a cache being filled by a live process is refused by name, and that process finishes unharmed."""
+once; a cache being filled by a live process is refused by name, and that process finishes unharmed. A finished
+cache is read back in this process (`_read_back`): only the fills are processes of their own."""
 import json
 import os
 import pathlib
@@ -16,13 +17,13 @@ from harness.errors import CacheInUseError
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "fill_cache.py"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-RECORDS = 1024
+RECORDS = 256            # 32 cache elements of 8: the fill is partial when a reader holds at record 20
 TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
-    """4 shards x 256 rows; their band values tell the records apart."""
+    """4 shards x 64 rows; their band values tell the records apart."""
     folder = tmp_path_factory.mktemp("points")
     synth.write_table_export(str(folder), prefix="points", shards=4, records=RECORDS, seed=7)
     return folder
@@ -84,7 +85,17 @@ def _run_fill(export, cache_dir) -> list:
     return json.loads(done.stdout.split("RESULT ", 1)[1])["ids"]
 
 
-def test_rerun_after_a_fill_killed_midway_reads_every_record_once(export, every_id, tmp_path):
+def _read_back(export, cache_dir, monkeypatch) -> list:
+    """The band values of every record read through the file cache in `cache_dir`, in this process, as
+    fill_cache.py reads them (the same read batches: the same cache)."""
+    monkeypatch.setattr(stages, "READ_BATCH_MAX", 8)
+    found = S.discover_shards(str(export))
+    ds = P.build_dataset(found, SP.infer_spec(found), P.PipelineOptions(
+        per_replica_batch_size=1, training=False, cache="file", cache_dir=str(cache_dir)))
+    return [[float(v) for v in x[0]] for x, _ in ds]
+
+
+def test_rerun_after_a_fill_killed_midway_reads_every_record_once(export, every_id, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     filler = _Filler(export, cache, hold=20)
     try:
@@ -98,7 +109,7 @@ def test_rerun_after_a_fill_killed_midway_reads_every_record_once(export, every_
     ids = _run_fill(export, cache)
     assert sorted(ids) == every_id  # every record exactly once
     assert len(list(cache.glob("harness-*.index"))) == 1 and not list(cache.glob("harness-*.lockfile"))
-    assert sorted(_run_fill(export, cache)) == every_id  # and the finished cache reads back whole
+    assert sorted(_read_back(export, cache, monkeypatch)) == every_id  # and the finished cache reads back whole
 
 
 def test_a_cache_being_filled_by_a_live_process_is_refused_by_name(export, every_id, tmp_path, monkeypatch):
@@ -120,4 +131,4 @@ def test_a_cache_being_filled_by_a_live_process_is_refused_by_name(export, every
         filler.kill()
     assert sorted(result["ids"]) == every_id  # the owner was unharmed
     assert filecache.complete(str(next(cache.glob("harness-*.index")))[:-len(".index")])
-    assert sorted(_run_fill(export, cache)) == every_id  # complete: anyone reads it
+    assert sorted(_read_back(export, cache, monkeypatch)) == every_id  # complete: anyone reads it

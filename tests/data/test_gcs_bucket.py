@@ -1,6 +1,8 @@
 """gs:// end to end through a bucket on loopback (tests/gcs_bed.py): real `harness` processes read and write it with
 TensorFlow's own GCS file system (no tensorflow-io), through a local proxy that refuses every host but Google Cloud
-Storage's two, which it serves itself (the `gcs` fixture fails a test in which it refused anything)."""
+Storage's two, which it serves itself (the `gcs` fixture fails a test in which it refused anything). The local side
+a bucket's result is compared with runs in this process (`predict_support.cli_in_process`): only what reads or
+writes the bucket is a `harness` process of its own."""
 import json
 import os
 import subprocess
@@ -10,6 +12,7 @@ import urllib.parse
 import uuid
 
 import pytest
+from predict_support import cli_in_process
 
 from harness.data import synth
 
@@ -45,15 +48,29 @@ def _reads(gcs, url) -> list[str]:
 
 
 def test_inspect_reads_a_bucket_folder_glob_and_list_as_the_local_export(gcs, folder, tmp_path):
-    local = _table(tmp_path)
+    """The folder, a glob and a list of its shards read as the local export reads; then the record index counts a
+    shard re-uploaded under the same name again (its size in the key) and leaves the other's count as it was."""
+    local = _table(tmp_path)                                     # 32 + 32 rows
     gcs.upload_tree(str(local), f"{folder}/export")
-    want = json.loads(_run("inspect", "--json", local, cwd=tmp_path).stdout)
+    want = json.loads(cli_in_process("inspect", "--json", local).stdout)
     shards = [f"{folder}/export/points-0000{i}.tfrecord.gz" for i in range(2)]
-    for source in ([f"{folder}/export"], [f"{folder}/export/*.tfrecord.gz"], shards):
+    for source in ([f"{folder}/export/*.tfrecord.gz"], shards, [f"{folder}/export"]):
         got = json.loads(_run("inspect", "--json", *source, cwd=tmp_path).stdout)
         text = json.dumps(got).replace(folder + "/export", os.path.realpath(local))
         assert json.loads(text) == want, source
     assert len(_reads(gcs, f"{folder}/export/")) >= 2          # through TensorFlow's own reads, over the proxy
+
+    # the record index: a re-upload under the same name is counted again (was test_record_index_counts_a_reupload_
+    # under_the_same_name_again, whose first inspect of the folder is the last one above)
+    shard, first = shards[0], got
+    keys = [k for k in _index(tmp_path) if k.startswith(shard + "|")]
+    replacement = _table(tmp_path, records=40, seed=5)           # 20 + 20 rows, the same names
+    gcs.put(shard, (replacement / "points-00000.tfrecord.gz").read_bytes())
+    second = json.loads(_run("inspect", "--json", f"{folder}/export", cwd=tmp_path).stdout)
+    size = int(gcs.objects(shard)[shard]["size"])
+    new = [k for k in _index(tmp_path) if k.startswith(shard + "|") and k not in keys]
+    assert len(keys) == 1 and len(new) == 1 and new[0].split("|")[1] == str(size)
+    assert _counts(first) == [32, 32] and _counts(second) == [20, 32]
 
 
 def _files(gcs, url) -> dict:
@@ -67,25 +84,17 @@ def _index(tmp_path) -> dict:
         return json.load(f)
 
 
-def test_record_index_counts_a_reupload_under_the_same_name_again(gcs, folder, tmp_path):
-    gcs.upload_tree(str(_table(tmp_path)), f"{folder}/export")   # 32 + 32 rows
-    shard = f"{folder}/export/points-00000.tfrecord.gz"
-    first = json.loads(_run("inspect", "--json", f"{folder}/export", cwd=tmp_path).stdout)
-    keys = [k for k in _index(tmp_path) if k.startswith(shard + "|")]
-    replacement = _table(tmp_path, records=40, seed=5)           # 20 + 20 rows, the same names
-    gcs.put(shard, (replacement / "points-00000.tfrecord.gz").read_bytes())
-    second = json.loads(_run("inspect", "--json", f"{folder}/export", cwd=tmp_path).stdout)
-    size = int(gcs.objects(shard)[shard]["size"])
-    new = [k for k in _index(tmp_path) if k.startswith(shard + "|") and k not in keys]
-    assert len(keys) == 1 and len(new) == 1 and new[0].split("|")[1] == str(size)
-    assert _counts(first) == [32, 32] and _counts(second) == [20, 32]
-
-
 def _counts(report: dict) -> list[int]:
     return [s["records"] for s in report["shards"]]
 
 
 def test_train_from_a_bucket_writes_the_model_and_backup_there_and_resumes_from_them(gcs, folder, tmp_path):
+    """Also TensorBoard on a bucket, each events file uploaded once (was test_tensorboard_on_a_bucket_uploads_each_
+    events_file_once, 3 epochs of its own): the writer's context flushed at every step and each flush uploaded the
+    whole events object again (198 uploads of a growing object for 3 x 64 steps, past Cloud Storage's one write
+    per second per object). Now one events file per epoch: uploaded when TensorFlow creates it (its header) and
+    once whole at the epoch's end; TensorBoard reads them all: every step's rate is there, the resumed epoch's
+    too (here 2 epochs of 4 steps, the second in the resumed run: a flush per step would be 4 uploads a file)."""
     gcs.upload_tree(str(_table(tmp_path)), f"{folder}/export")
     run = f"{folder}/run"
     args = ["train", "--data", f"{folder}/export", "--label", "class", "--global-batch-size", "16", "--output", run,
@@ -103,6 +112,20 @@ def test_train_from_a_bucket_writes_the_model_and_backup_there_and_resumes_from_
     for name in ("model.keras", "best/model.keras"):     # each a whole .keras archive, as tf_keras loads it
         assert gcs.get(f"{run}/{name}")[:4] == b"PK\x03\x04", name
 
+    name = urllib.parse.quote(f"{run[len('gs://bucket/'):]}/logs/train/events.out.tfevents", safe="")
+    uploads = [r for r in gcs.requests() if r.startswith("POST www.googleapis.com /upload/") and name in r]
+    events = sorted(o for o in gcs.objects(run) if "/logs/train/events.out.tfevents" in o)
+    assert len(events) == 2 and len(uploads) == 2 * 2, (events, uploads)
+    import tensorflow as tf
+
+    steps = []
+    for url in events:
+        local = tmp_path / url.rpartition("/")[2]
+        local.write_bytes(gcs.get(url))
+        steps += [e.step for e in tf.compat.v1.train.summary_iterator(str(local))
+                  if any(v.tag == "learning_rate" for v in e.summary.value)]
+    assert sorted(steps) == list(range(1, 9))
+
 
 def test_predict_from_and_to_a_bucket_writes_what_a_local_run_writes_with_the_mixer_copy(gcs, folder, tmp_path):
     from predict_support import BANDS, K, P, band_picker, check_map
@@ -115,7 +138,7 @@ def test_predict_from_and_to_a_bucket_writes_what_a_local_run_writes_with_the_mi
     gcs.put(f"{folder}/b3.keras", model.read_bytes())
     out = _run("predict", "--model", f"{folder}/b3.keras", "--data", f"{folder}/scene", "--output",
                f"{folder}/preds", cwd=tmp_path)
-    _run("predict", "--model", model, "--data", local, "--output", tmp_path / "preds", cwd=tmp_path)
+    cli_in_process("predict", "--model", model, "--data", local, "--output", tmp_path / "preds")
     mine = {p.name: p.read_bytes() for p in (tmp_path / "preds").iterdir()}
     theirs = _files(gcs, f"{folder}/preds/")
     assert sorted(theirs) == sorted(mine) and "scene-mixer.json" in theirs
@@ -136,7 +159,7 @@ def test_reshard_from_and_to_a_bucket_writes_what_a_local_reshard_writes(gcs, fo
     local = _table(tmp_path)
     gcs.upload_tree(str(local), f"{folder}/export")
     _run("reshard", f"{folder}/export", "--output", f"{folder}/resharded", "--workers", "3", cwd=tmp_path)
-    _run("reshard", local, "--output", tmp_path / "resharded", "--workers", "3", cwd=tmp_path)
+    cli_in_process("reshard", local, "--output", tmp_path / "resharded", "--workers", "3")
     theirs = _files(gcs, f"{folder}/resharded/")
     mine = {p.name: p.read_bytes() for p in (tmp_path / "resharded").iterdir()}
     assert sorted(theirs) == sorted(mine) == ["points-00000.tfrecord", "points-00001.tfrecord",
@@ -186,7 +209,7 @@ def test_plan_of_a_bucket_export_is_the_plan_of_the_local_export(gcs, folder, tm
     local = _table(tmp_path, records=70, shards=3)
     gcs.upload_tree(str(local), f"{folder}/export")
     args = ["--workers", "2", "--replicas-per-worker", "2", "--per-replica-batch-size", "4", "--json"]
-    want = json.loads(_run("plan", local, *args, cwd=tmp_path).stdout)
+    want = json.loads(cli_in_process("plan", local, *args).stdout)
     got = json.loads(_run("plan", f"{folder}/export", *args, cwd=tmp_path).stdout)
     assert json.loads(json.dumps(got).replace(f"{folder}/export", os.path.realpath(local))) == want
     assert want["steps_per_epoch"] >= 1 and sum(w["records"] for w in want["per_worker"]) <= 70
@@ -267,30 +290,6 @@ def test_a_bucket_file_is_read_in_one_request_per_read_buffer_unless_the_user_se
                            env=dict(env, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))
         assert r.returncode == 0 and r.stdout.split() == ["10"], r.stderr[-2000:]
         assert len(_reads(gcs, url)) - before == want, (user, _reads(gcs, url)[before:])
-
-
-def test_tensorboard_on_a_bucket_uploads_each_events_file_once(gcs, folder, tmp_path):
-    """3 epochs of 32 steps, a `learning_rate` event at each: the writer's context flushed at every step and each
-    flush uploaded the whole events object again (198 uploads of a growing object for 3 x 64 steps, past Cloud
-    Storage's one write per second per object). Now one events file per epoch: uploaded when TensorFlow creates it
-    (its header) and once whole at the epoch's end; TensorBoard reads them all: every step's rate is there."""
-    gcs.upload_tree(str(_table(tmp_path, records=512)), f"{folder}/export")
-    run = f"{folder}/run"
-    _run("train", "--data", f"{folder}/export", "--label", "class", "--global-batch-size", "16", "--epochs", "3",
-         "--output", run, cwd=tmp_path)
-    name = urllib.parse.quote(f"{run[len('gs://bucket/'):]}/logs/train/events.out.tfevents", safe="")
-    uploads = [r for r in gcs.requests() if r.startswith("POST www.googleapis.com /upload/") and name in r]
-    events = sorted(o for o in gcs.objects(run) if "/logs/train/events.out.tfevents" in o)
-    assert len(events) == 3 and len(uploads) == 2 * 3, (events, uploads)
-    import tensorflow as tf
-
-    steps = []
-    for url in events:
-        local = tmp_path / url.rpartition("/")[2]
-        local.write_bytes(gcs.get(url))
-        steps += [e.step for e in tf.compat.v1.train.summary_iterator(str(local))
-                  if any(v.tag == "learning_rate" for v in e.summary.value)]
-    assert sorted(steps) == list(range(1, 97))
 
 
 def test_a_bucket_that_stops_serving_mid_run_is_a_storage_fault_naming_the_object(gcs, folder, tmp_path):

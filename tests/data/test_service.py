@@ -16,8 +16,9 @@ from harness.train import job
 
 
 @pytest.fixture(scope="module")
-def data_service(tmp_path_factory):
-    """`harness data-service dispatcher` and two `harness data-service worker` processes; yields the address.
+def servers(tmp_path_factory):
+    """`harness data-service dispatcher` and two `harness data-service worker` processes; yields the address, the
+    dispatcher's process and its log.
 
     Their output goes to files: a pipe nobody reads fills up and blocks the server."""
     logs = tmp_path_factory.mktemp("data_service")
@@ -33,12 +34,18 @@ def data_service(tmp_path_factory):
                 procs.append(subprocess.Popen(harness + role, env=env, stdout=out, stderr=subprocess.STDOUT,
                                               start_new_session=True))
             wait_for_line(log, "tf.data service", procs[-1])
-        yield f"grpc://localhost:{port}"
+        yield f"grpc://localhost:{port}", procs[0], logs / "0-dispatcher.log"
     finally:
         for p in reversed(procs):  # workers first, then the dispatcher
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def data_service(servers):
+    """The address of the module's tf.data service (`servers`)."""
+    return servers[0]
 
 
 def test_pipeline_through_the_service_yields_every_record_once(data_service, image_export):
@@ -65,22 +72,16 @@ def test_address_forms():
     assert service.address("grpc://host:5050") == "grpc://host:5050"
 
 
-def test_a_server_names_its_port_open_on_every_interface(tmp_path):
-    """A dispatcher says once, at its start, which port it opened to every host: the one it listens on."""
-    log = tmp_path / "dispatcher.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "data-service", "dispatcher"],
-                                env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        wait_for_line(log, "tf.data service", proc)
-        listening = procs.listening(proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def test_a_server_names_its_port_open_on_every_interface(servers):
+    """A dispatcher says once, at its start, which port it opened to every host: the one it listens on (the
+    module's dispatcher, serving two workers, not one started for this test alone)."""
+    address, proc, log = servers
+    assert proc.poll() is None, log.read_text()
+    listening = procs.listening(proc.pid)
     notes = [ln for ln in log.read_text().splitlines() if ln.startswith("harness data-service dispatcher: TCP port")]
     assert len(notes) == 1, log.read_text()
     port = int(notes[0].split()[5])
+    assert port == int(address.rsplit(":", 1)[1])                # the port it was given (--port)
     assert {p for _, p in listening} == {port}, (listening, notes)
     assert {a for a, _ in listening} <= {"0.0.0.0", "::"}       # every interface, as the line says
 

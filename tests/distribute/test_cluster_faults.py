@@ -19,7 +19,7 @@ from harness.launch.local import free_ports
 
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "build_strategy.py"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-WAIT_S = 10
+WAIT_S = 5   # worker 1 waits this long for worker 0 (another process holds its port), then fails
 STARTUP_S = 40   # importing TensorFlow on 2 shared cores, before make_strategy runs
 TERM_S = 5
 

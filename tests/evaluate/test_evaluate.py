@@ -64,11 +64,15 @@ def test_the_validation_split_scored_again_equals_the_runs_last_validation(readm
     np.testing.assert_allclose(metrics["val_loss"], last["val_loss"], rtol=1e-6)
 
 
-def test_a_model_without_its_run_is_refused(readme, tmp_path):
+def test_a_model_without_its_run_is_refused(readme, tmp_path, capsys):
+    """`harness evaluate` in this process: the model is loaded, then refused before any data is read."""
     import shutil
+
+    from harness import cli
 
     folder, _ = readme
     shutil.copy(folder / "runs" / "points" / "model.keras", tmp_path / "bare.keras")
-    r = run_cli("evaluate", "--model", tmp_path / "bare.keras", "--data", folder / "points", ok=False)
-    assert r.returncode == 2
-    assert "no run summary.json with a labelled spec beside the model" in r.stderr, r.stderr[-2000:]
+    code = cli.main(["evaluate", "--model", str(tmp_path / "bare.keras"), "--data", str(folder / "points")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "no run summary.json with a labelled spec beside the model" in err, err[-2000:]

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import psutil
 import procs
@@ -27,7 +28,7 @@ from harness.launch.local import free_ports
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "fault_worker.py"
 BIN = pathlib.Path(sys.executable).parent
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EPOCHS = 4
+EPOCHS = 3   # the faults come in epoch 2; a resume runs it and one more
 STOP_S = 60          # a killed worker must have stopped the whole job within this
 RUN_TIMEOUT_S = 300
 
@@ -206,13 +207,18 @@ def test_launcher_code_follows_the_operators_retry_rule(code, launcher_code, tex
 
 
 # --- a worker killed mid-epoch -------------------------------------------------------------------------------------
-# 5 steps per call does not divide the 16 steps per epoch: calls of 5, 5, 5, 1 (auto picks 1 at 0.2 s a step)
-@pytest.mark.parametrize("steps_per_loop", ["auto", "5"])
-def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(table_export, tmp_path, steps_per_loop):
-    output, tmp = tmp_path / "run", tmp_path / "tmp"   # TMPDIR: where worker 1 keeps its copy of each backup
+# Each launcher once, each steps-per-loop once (the loop's calls and the launcher's stop are independent): 5 steps
+# per call under launch local, which do not divide the 16 steps per epoch (calls of 5, 5, 5, 1), auto under
+# horovodrun (1 step per call at 0.2 s a step). The preemption tests below run 5 under both launchers.
+@pytest.fixture(scope="module")
+def killed_local(table_export, tmp_path_factory):
+    """Worker 1 SIGKILLed mid-epoch under launch local (5 steps per call), then the same command to the end: what
+    the kill test asserts, and the 2-worker backup at the last epoch's end the one-worker continuation starts from."""
+    root = tmp_path_factory.mktemp("killed-local")
+    output, tmp = root / "run", root / "tmp"   # TMPDIR: where worker 1 keeps its copy of each backup
     tmp.mkdir()
     cmd = [sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "240", "--",
-           *_train_args(table_export, output, steps_per_loop)]
+           *_train_args(table_export, output, "5")]
     launcher = subprocess.Popen(cmd, env=_env(HARNESS_TEST_STEP_DELAY_S="0.2", TMPDIR=str(tmp)),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -221,22 +227,31 @@ def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(tabl
                 "index") == 1)
     finally:
         _kill_session(launcher)
-    assert launcher.returncode == 137, err[-3000:]   # retryable: the operators restart the pod
+    left = [(p.name, any(p.iterdir())) for p in tmp.iterdir() if p.name.startswith("harness-backup-worker1-")]
+    resumed = _run(cmd, _env(TMPDIR=str(tmp)))
+    return SimpleNamespace(code=launcher.returncode, resumed_from=resumed_from, stop_s=stop_s, out=out, err=err,
+                           left=left, resumed=resumed, output=output,
+                           table_export=table_export,
+                           left_after=[p.name for p in tmp.iterdir() if p.name.startswith("harness-backup-")])
+
+
+def test_killed_worker_under_launch_local_stops_the_job_and_restart_resumes(killed_local):
+    k = killed_local
+    assert k.code == 137, k.err[-3000:]   # retryable: the operators restart the pod
     assert re.search(r"WorkerFailedError: worker 1 exited with code -9 \(SIGKILL, 137 to the shell\), retryable: "
-                     r"the first to fail, at localhost:\d+; stopped the other workers", err), err[-3000:]
-    assert stop_s < STOP_S
-    assert max(_epochs_printed(out)) == resumed_from // 16   # killed before the next epoch ended: mid-epoch
-    left = [p for p in tmp.iterdir() if p.name.startswith("harness-backup-worker1-")]
-    assert len(left) == 1 and any(left[0].iterdir()), left   # the killed worker's copy: it could not delete it
+                     r"the first to fail, at localhost:\d+; stopped the other workers", k.err), k.err[-3000:]
+    assert k.stop_s < STOP_S
+    assert max(_epochs_printed(k.out)) == k.resumed_from // 16   # killed before the next epoch ended: mid-epoch
+    assert len(k.left) == 1 and k.left[0][1], k.left   # the killed worker's copy: it could not delete it
 
-    r = _run(cmd, _env(TMPDIR=str(tmp)))
+    r = k.resumed
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    _check_resumed(_results(r.stdout), resumed_from)
+    _check_resumed(_results(r.stdout), k.resumed_from)
     # the restarted worker 1 deleted the killed one's copy (its process gone), and its own at the run's end
-    assert not [p.name for p in tmp.iterdir() if p.name.startswith("harness-backup-")], list(tmp.iterdir())
+    assert not k.left_after, k.left_after
 
 
-@pytest.mark.parametrize("steps_per_loop", ["auto", "5"])
+@pytest.mark.parametrize("steps_per_loop", ["auto"])
 def test_killed_rank_under_horovodrun_stops_the_job_and_restart_resumes_from_rank0(table_export, tmp_path,
                                                                                   steps_per_loop):
     output = tmp_path / "run"
@@ -448,25 +463,28 @@ def _check_refused_on_one_worker(data, output: pathlib.Path, step: int) -> None:
     assert _latest_step(backup) == step
 
 
-def test_two_worker_backup_at_an_epoch_end_continues_on_one_worker_with_the_same_global_batch(table_export,
+def test_two_worker_backup_at_an_epoch_end_continues_on_one_worker_with_the_same_global_batch(killed_local,
                                                                                               tmp_path):
+    """The 2-worker run above (global batch 16) ends with a backup at the last epoch's end; the same global batch
+    on 1 worker continues it for 2 more epochs (a copy of its output: the kill test reads the original)."""
+    import shutil
+
     output, records = tmp_path / "run", tmp_path / "records"
     records.mkdir()
-    two = [sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "240", "--",
-           *_one_worker(table_export, output, "--global-batch-size", "16"), "--epochs", "2"]
-    r = _run(two, _env())
+    shutil.copytree(killed_local.output, output)
+    last = EPOCHS * 16
+    assert _latest_step(output / "backup") == last
+    r = _run([*_one_worker(killed_local.table_export, output, "--global-batch-size", "16"), "--epochs",
+              str(EPOCHS + 2)], _env(HARNESS_TEST_RECORDS_DIR=str(records)))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert _latest_step(output / "backup") == 32
-    r = _run(_one_worker(table_export, output, "--global-batch-size", "16"),
-             _env(HARNESS_TEST_RECORDS_DIR=str(records)))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert (f"{output / 'backup'}: written by 2 workers at the end of epoch 2, continued on 1 worker: the same "
-            "global batch 16 and 16 steps per epoch; epoch 3 on is planned on the 1 worker") in r.stdout
+    assert (f"{output / 'backup'}: written by 2 workers at the end of epoch {EPOCHS}, continued on 1 worker: the "
+            f"same global batch 16 and 16 steps per epoch; epoch {EPOCHS + 1} on is planned on the 1 worker"
+            ) in r.stdout, r.stdout[-3000:]
     result = _results(r.stdout)[0]
-    assert result["steps_per_epoch"] == 16 and result["initial_step"] == 32
-    assert result["final_step"] == result["optimizer_iterations"] == EPOCHS * 16   # the schedule's step went on
-    assert result["epochs_run"] == [3, 4] and result["batches_drawn"] == 32
+    assert result["steps_per_epoch"] == 16 and result["initial_step"] == last
+    assert result["final_step"] == result["optimizer_iterations"] == last + 32   # the schedule's step went on
+    assert result["epochs_run"] == [EPOCHS + 1, EPOCHS + 2] and result["batches_drawn"] == 32
     drawn = _records(records)
-    for epoch in (3, 4):   # the one worker reads every file: each record once per epoch
-        rows = _epoch_rows(drawn, 32, 16, epoch)
+    for epoch in (EPOCHS + 1, EPOCHS + 2):   # the one worker reads every file: each record once per epoch
+        rows = _epoch_rows(drawn, last, 16, epoch)
         assert len(rows) == len(set(rows)) == 256

@@ -1,7 +1,8 @@
 """Bad input is a named error before any prediction is written: the mixer's totalPatches against the records, a
 patch size that disagrees with the mixer plus margin, bands missing from the export, a model of the wrong size,
 an output folder holding other files; and a worker killed mid-run leaves no half file, the re-run completing
-with files identical to an uninterrupted run."""
+with files identical to an uninterrupted run. Only the killed worker is a child process: the other runs and the
+CLI's one line run in this one (`predict_support.cli_in_process`: what `harness predict` runs)."""
 import hashlib
 import json
 import os
@@ -10,7 +11,7 @@ import subprocess
 import time
 
 import pytest
-from predict_support import BANDS, band_picker, copy_export, harness_cmd, run_cli
+from predict_support import BANDS, band_picker, cli_in_process, copy_export, harness_cmd
 from harness.data import synth
 from harness.distribute.context import WorkerContext
 from harness.errors import MissingFeatureError, MixerError, ModelMismatchError, OutputExistsError, SpecError
@@ -119,7 +120,7 @@ def test_a_killed_worker_leaves_no_half_file_and_the_rerun_completes_identically
                              patch_size=120, kernel_size=8, seed=4)
     reference, out = tmp_path / "reference", tmp_path / "out"
     predict = ["predict", "--model", b3_model, "--data", data, "--batch-size", 1, "--task", "regression"]
-    run_cli(*predict, "--output", reference)
+    cli_in_process(*predict, "--output", reference)     # the files of an uninterrupted run
     proc = subprocess.Popen(harness_cmd(*predict, "--output", out), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -133,7 +134,7 @@ def test_a_killed_worker_leaves_no_half_file_and_the_rerun_completes_identically
     assert 0 < len(finals) < 5, f"the kill came too late to test anything: {sorted(finals)}"
     assert all(finals[name] == _digests(reference)[name] for name in finals)  # every final name is whole
     assert _half(out)  # the file being written when the kill came is still under its temporary name
-    r = run_cli(*predict, "--output", out)
+    r = cli_in_process(*predict, "--output", out)
     assert r.stdout.count("complete, skipped") == len(finals)
     assert _digests(out) == _digests(reference) and not _half(out)
     manifest = json.loads((out / "predict.json").read_text())
@@ -142,6 +143,6 @@ def test_a_killed_worker_leaves_no_half_file_and_the_rerun_completes_identically
 
 def test_the_cli_prints_the_named_error_in_one_line(margin_export, b3_model, tmp_path):
     data = copy_export(margin_export, tmp_path / "data", mixer_changes={"totalPatches": 24})
-    r = run_cli("predict", "--model", b3_model, "--data", data, "--output", tmp_path / "out", ok=False)
+    r = cli_in_process("predict", "--model", b3_model, "--data", data, "--output", tmp_path / "out", ok=False)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "harness predict: MixerError: " in r.stderr and "totalPatches 24 but the shards hold 23" in r.stderr

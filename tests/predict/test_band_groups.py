@@ -2,14 +2,15 @@
 delivers them (`group_delivery` time or dict), on the ACES points (a temporal model trained for one epoch) and on
 an image export (models written beside their run's spec); the predictions equal the model called on the records as
 the training pipeline decodes them, in record order. A model whose inputs are not the spec's is a
-ModelMismatchError naming both shapes."""
+ModelMismatchError naming both shapes. Only the training runs in a child process: `harness predict` runs in this
+one (`predict_support.cli_in_process`)."""
 import json
 import pathlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import K, P, grouped_image_run, run_cli
+from predict_support import K, P, cli_in_process, grouped_image_run, run_cli
 
 from harness.data import pipeline
 from harness.data.spec import DataSpec
@@ -58,8 +59,8 @@ def test_a_run_trained_on_band_groups_predicts_the_pipelines_inputs(shared_data,
                                                                           f"group_delivery: {delivery}"))
     run_cli("train", "--data", points / "training.tfrecord.gz", "--config", config, "--model",
             f"{EXAMPLES / 'temporal_pixel.py'}:build", "--epochs", 1, "--output", run_dir)
-    run_cli("predict", "--model", run_dir, "--data", points / "testing.tfrecord.gz", "--output", out,
-            "--probabilities", "--format", "tfrecord")
+    cli_in_process("predict", "--model", run_dir, "--data", points / "testing.tfrecord.gz", "--output", out,
+                   "--probabilities", "--format", "tfrecord")
     spec = DataSpec.from_config(json.loads((run_dir / "summary.json").read_text())["spec"])
     assert spec.group_delivery == delivery
     model = keras.models.load_model(str(run_dir / "model.keras"), compile=False)

@@ -1,11 +1,16 @@
 """`harness export --format savedmodel`: loaded with `tf.saved_model.load`, a request built as Earth Engine builds
 it (per band, a serialized tensor; any key order) gives the classes `harness predict` writes; a missing band is
 an error naming it; the input names survive a reload and re-export; the run was trained under MirroredStrategy.
-A run on band groups (time or dict) serves the Keras model's outputs."""
+A run on band groups (time or dict) serves the Keras model's outputs. The trained run also predicts through its
+saved spec, checked against the same model called on each patch. Only the training runs in a child process:
+`harness synth`, `export` and `predict` run in this one (`predict_support.cli_in_process`)."""
+import json
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import run_cli
+from predict_support import cli_in_process, run_cli
 
 from harness.predict.run import read_outputs
 
@@ -13,15 +18,17 @@ BANDS = ["B2", "B3", "B4"]
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def trained(tmp_path_factory):
+    """`harness train` (MirroredStrategy, 2 CPU replicas) on `harness synth` data: 6 patches of 16 + margin 4 in 2
+    shards; `harness predict --probabilities` of the run over them (its rows, classes and stdout); the stored
+    patches per band, in order."""
     tmp = tmp_path_factory.mktemp("export")
     data, run_dir = tmp / "data", tmp / "run"
-    run_cli("synth", data, "--shards", 2, "--records", 6, "--patch-size", 16, "--kernel-size", 4, "--bands", *BANDS,
-            "--classes", 3)
+    cli_in_process("synth", data, "--shards", 2, "--records", 6, "--patch-size", 16, "--kernel-size", 4, "--bands",
+                   *BANDS, "--classes", 3)
     run_cli("train", "--data", data, "--label", "landcover", "--epochs", 1, "--global-batch-size", 2,
             "--num-classes", 3, "--strategy", "mirrored", "--cpu-replicas", 2, "--output", run_dir)
-    r = run_cli("export", "--format", "savedmodel", "--model", run_dir, "--output", tmp / "sm", "--probabilities")
-    run_cli("predict", "--model", run_dir, "--data", data, "--output", tmp / "pred")
+    r = cli_in_process("predict", "--model", run_dir, "--data", data, "--output", tmp / "pred", "--probabilities")
     rows = read_outputs(sorted((tmp / "pred").glob("*.tfrecord")))
     classes = np.stack([row["class"].reshape(16, 16) for row in rows])
     patches = []
@@ -29,7 +36,32 @@ def exported(tmp_path_factory):
         for raw in tf.data.TFRecordDataset(str(path), compression_type="GZIP"):
             f = tf.train.Example.FromString(raw.numpy()).features.feature
             patches.append({b: np.array(f[b].float_list.value, np.float32).reshape(20, 20) for b in BANDS})
-    return tmp / "sm", r.stdout, classes, patches
+    return types.SimpleNamespace(tmp=tmp, run_dir=run_dir, rows=rows, classes=classes, stdout=r.stdout,
+                                 patches=patches)
+
+
+@pytest.fixture(scope="module")
+def exported(trained):
+    r = cli_in_process("export", "--format", "savedmodel", "--model", trained.run_dir, "--output", trained.tmp / "sm",
+                       "--probabilities")
+    return trained.tmp / "sm", r.stdout, trained.classes, trained.patches
+
+
+def test_a_trained_run_predicts_in_order(trained):
+    """The run's saved spec, and predict through it: counts, shapes and order (2 shards) checked against the same
+    model called on each patch (was tests/predict/test_trained.py's, on a run trained for it alone)."""
+    spec = json.loads((trained.run_dir / "summary.json").read_text())["spec"]
+    assert spec["bands"] == BANDS and spec["patch_size"] == 16 and spec["kernel_margin"] == 4
+    rows = trained.rows
+    assert len(rows) == 6
+    assert "earthengine upload image --asset_id=projects/my-project/assets/predictions" in trained.stdout
+    assert set(rows[0]) == {"class", "probability_0", "probability_1", "probability_2"}
+    assert all(v.size == 16 * 16 for row in rows for v in row.values())
+    import tf_keras as keras
+    model = keras.models.load_model(str(trained.run_dir / "model.keras"), compile=False)
+    stored = np.stack([np.stack([p[b] for b in BANDS], -1) for p in trained.patches])
+    expected = np.argmax(model.predict_on_batch(stored), -1)[:, 2:18, 2:18]
+    np.testing.assert_array_equal(trained.classes, expected)
 
 
 def _request(patches, bands):
@@ -87,7 +119,7 @@ def test_a_table_model(tmp_path):
     model = keras.Model(x, dense(x))
     dense.set_weights([np.array([[-1, 0], [1, 0]], np.float32)])
     model.save(str(tmp_path / "m.keras"))
-    r = run_cli("export", "--model", tmp_path / "m.keras", "--output", tmp_path / "sm", "--bands", "a", "b")
+    r = cli_in_process("export", "--model", tmp_path / "m.keras", "--output", tmp_path / "sm", "--bands", "a", "b")
     assert 'inputProperties=["a", "b"], outputProperties={"class": {"type": ee.PixelType.uint8()' in r.stdout
     rows = np.random.default_rng(0).normal(size=(9, 2)).astype(np.float32)
     request = {name: tf.constant([tf.io.serialize_tensor(v).numpy() for v in rows[:, j]])
@@ -108,7 +140,8 @@ def test_a_run_on_band_groups_serves_the_keras_models_outputs(margin_export, tmp
     from harness.data import pipeline
 
     run_dir, spec = grouped_image_run(tmp_path / "run", delivery)
-    run_cli("export", "--format", "savedmodel", "--model", run_dir, "--output", tmp_path / "sm", "--probabilities")
+    cli_in_process("export", "--format", "savedmodel", "--model", run_dir, "--output", tmp_path / "sm",
+                   "--probabilities")
     paths = [str(p) for p in sorted(margin_export.glob("*.tfrecord.gz"))]
     serialized = next(iter(tf.data.TFRecordDataset(paths, compression_type="GZIP").batch(1000)))
     model = keras.models.load_model(str(run_dir / "model.keras"), compile=False)
@@ -143,8 +176,8 @@ def test_a_mixed_precision_model_is_served_in_float32(tmp_path, kind):
     finally:
         keras.mixed_precision.set_global_policy("float32")
     model.save(str(tmp_path / "m.keras"))
-    run_cli("export", "--model", tmp_path / "m.keras", "--output", tmp_path / "sm", "--bands", "a", "b",
-            "--patch-size", 4)
+    cli_in_process("export", "--model", tmp_path / "m.keras", "--output", tmp_path / "sm", "--bands", "a", "b",
+                   "--patch-size", 4)
     serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["grpc"]
     graph = serve.graph.as_graph_def()
     nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]   # the model's own functions

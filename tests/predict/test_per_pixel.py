@@ -1,13 +1,14 @@
 """A model trained on a table export (rows of bands, as Earth Engine exports sampled points) predicts an image
 export of the same bands pixel by pixel (`harness.predict.model.Geometry.per_pixel`): every pixel's class is the
-model applied to that pixel's bands, the kernel margin cut, on 1 worker and on 2 (`harness launch local`)."""
+model applied to that pixel's bands, the kernel margin cut, on 1 worker (`harness predict`, in this process:
+`predict_support.cli_in_process`) and on 2 (`harness launch local`)."""
 import json
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import check_map, run_cli
+from predict_support import check_map, cli_in_process, run_cli
 
 from harness.data import synth
 from harness.predict import describe, model as model_lib
@@ -49,7 +50,7 @@ def test_every_pixel_is_the_table_model_applied_to_its_bands(points_and_scene, t
     predict = ["predict", "--model", root / "run", "--data", root / "scene", "--output", tmp_path / "preds",
                *(["--probabilities"] if workers == 2 else [])]
     if workers == 1:
-        run_cli(*predict)
+        cli_in_process(*predict)
     else:
         run_cli("launch", "local", "--workers", 2, "--timeout", 240, "--", sys.executable, "-m", "harness.cli",
                 *predict)

@@ -1,10 +1,18 @@
 """A run that resized its patches (`data: resize: R`) predicts and serves as it trained: the read patch (P cropped,
 or the stored S) resized to R x R, the model's R x R logits resized back (bilinear) and cropped to P x P. Before,
-predict read the stored size: a fixed-size model was refused and a fully convolutional one ran at another scale."""
+predict read the stored size: a fixed-size model was refused and a fully convolutional one ran at another scale.
+One run is trained (crop_margin true, resize R: the crop and the resize in training's pipeline); the uncropped
+case is that run with `crop_margin` taken out of its spec (the only field the two runs' specs differ in; a model
+of R x R input either way; the training pipeline's resize without a crop: tests/data/test_pipeline.py). Only the
+training runs in a child process: `harness synth`, `predict` and `export` run in this one
+(`predict_support.cli_in_process`)."""
+import json
+import shutil
+
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import run_cli
+from predict_support import cli_in_process, run_cli
 
 from harness.predict.run import read_outputs
 
@@ -25,19 +33,32 @@ def _stored(data):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("resized") / "data"
-    run_cli("synth", folder, "--shards", 2, "--records", 6, "--patch-size", P, "--kernel-size", K, "--bands", *BANDS,
-            "--classes", 3)
+    cli_in_process("synth", folder, "--shards", 2, "--records", 6, "--patch-size", P, "--kernel-size", K, "--bands",
+                   *BANDS, "--classes", 3)
     return folder
 
 
-@pytest.mark.parametrize("crop", [True, False])
-def test_predict_resizes_in_and_back(data, tmp_path, crop):
-    config = tmp_path / "run.yaml"
-    config.write_text(f"data:\n  crop_margin: {str(crop).lower()}\n  resize: {R}\n")
-    run_dir, out = tmp_path / "run", tmp_path / "pred"
+@pytest.fixture(scope="module")
+def cropped_run(data, tmp_path_factory):
+    """A run trained with `data: {crop_margin: true, resize: R}`."""
+    folder = tmp_path_factory.mktemp("resized_run")
+    config = folder / "run.yaml"
+    config.write_text(f"data:\n  crop_margin: true\n  resize: {R}\n")
     run_cli("train", "--config", config, "--data", data, "--label", "landcover", "--epochs", 1,
-            "--global-batch-size", 2, "--num-classes", 3, "--output", run_dir)
-    run_cli("predict", "--model", run_dir, "--data", data, "--output", out)
+            "--global-batch-size", 2, "--num-classes", 3, "--output", folder / "run")
+    return folder / "run"
+
+
+@pytest.mark.parametrize("crop", [True, False])
+def test_predict_resizes_in_and_back(data, cropped_run, tmp_path, crop):
+    run_dir, out = tmp_path / "run", tmp_path / "pred"
+    shutil.copytree(cropped_run, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["spec"]["crop_margin"] is True and summary["spec"]["resize"] == R
+    if not crop:
+        del summary["spec"]["crop_margin"]               # as a run of `crop_margin: false` writes its spec
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    cli_in_process("predict", "--model", run_dir, "--data", data, "--output", out)
     rows = read_outputs(sorted(out.glob("*.tfrecord")))
     got = np.stack([r["class"].reshape(P, P) for r in rows])
 
@@ -55,7 +76,7 @@ def test_predict_resizes_in_and_back(data, tmp_path, crop):
     np.testing.assert_array_equal(got, np.argmax(back, -1))
 
     sm = tmp_path / "sm"
-    r = run_cli("export", "--format", "savedmodel", "--model", run_dir, "--output", sm)
+    r = cli_in_process("export", "--format", "savedmodel", "--model", run_dir, "--output", sm)
     assert f"inputTileSize=[{side}, {side}], inputOverlapSize=[{0 if crop else K // 2}" in r.stdout
     serve = tf.saved_model.load(str(sm)).signatures["grpc"]
     tiles = x if crop else _stored(data)

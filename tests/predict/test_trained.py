@@ -1,13 +1,14 @@
-"""A trained run (`harness train` on `harness synth` data) predicts through its saved spec: counts, shapes and
-order checked against the same model called on each patch; and the real ACES patch (256x256x8, its renamed
-mixer) predicted by a run trained on synthetic patches with its bands: one Example of 65536 class ids, read back by
-`inspect` as an export of the same grid."""
+"""The real ACES patch (256x256x8, its renamed mixer) predicted by a run trained on synthetic patches with its
+bands: one Example of 65536 class ids, read back by `inspect` as an export of the same grid. (A trained run
+predicting in order, checked against the same model called on each patch: tests/predict/test_export.py's
+`test_a_trained_run_predicts_in_order`, on the run that file trains.) Only the training runs in a child process:
+`harness synth` and `predict` run in this one (`predict_support.cli_in_process`)."""
 import json
 import shutil
 
 import numpy as np
 import tensorflow as tf
-from predict_support import check_map, run_cli
+from predict_support import check_map, cli_in_process, run_cli
 
 from harness.data import inspect as inspect_lib
 from harness.predict.run import read_outputs
@@ -18,8 +19,8 @@ ACES_BANDS = ["blue_before", "blue_during", "green_before", "green_during", "nir
 
 def _train(tmp, *, patch, kernel, records, bands, label="landcover"):
     data, out = tmp / "data", tmp / "run"
-    run_cli("synth", data, "--shards", 3, "--records", records, "--patch-size", patch, "--kernel-size", kernel,
-            "--bands", *bands, "--label", label, "--classes", 3)
+    cli_in_process("synth", data, "--shards", 3, "--records", records, "--patch-size", patch, "--kernel-size",
+                   kernel, "--bands", *bands, "--label", label, "--classes", 3)
     run_cli("train", "--data", data, "--label", label, "--epochs", 1, "--global-batch-size", 2, "--num-classes", 3,
             "--output", out)
     return data, out
@@ -33,29 +34,12 @@ def _patches(path, bands, side, compression="GZIP"):
     return np.stack(rows)
 
 
-def test_a_trained_run_predicts_in_order(tmp_path):
-    data, run_dir = _train(tmp_path, patch=16, kernel=4, records=9, bands=["B2", "B3", "B4"])
-    spec = json.loads((run_dir / "summary.json").read_text())["spec"]
-    assert spec["bands"] == ["B2", "B3", "B4"] and spec["patch_size"] == 16 and spec["kernel_margin"] == 4
-    out = tmp_path / "pred"
-    r = run_cli("predict", "--model", run_dir, "--data", data, "--output", out, "--probabilities")
-    rows = read_outputs(sorted(out.glob("*.tfrecord")))
-    assert len(rows) == 9 and "earthengine upload image --asset_id=projects/my-project/assets/predictions" in r.stdout
-    assert set(rows[0]) == {"class", "probability_0", "probability_1", "probability_2"}
-    assert all(v.size == 16 * 16 for row in rows for v in row.values())
-    import tf_keras as keras
-    model = keras.models.load_model(str(run_dir / "model.keras"), compile=False)
-    stored = np.concatenate([_patches(p, ["B2", "B3", "B4"], 20) for p in sorted(data.glob("*.tfrecord.gz"))])
-    expected = np.argmax(model.predict_on_batch(stored), -1)[:, 2:18, 2:18]
-    np.testing.assert_array_equal(np.stack([r["class"].reshape(16, 16) for r in rows]), expected)
-
-
 def test_the_real_aces_patch(tmp_path, shared_data):
     _, run_dir = _train(tmp_path, patch=256, kernel=0, records=3, bands=ACES_BANDS)
     aces = tmp_path / "aces"
     shutil.copytree(shared_data / "gee-aces-image", aces)
     out = tmp_path / "pred"
-    r = run_cli("predict", "--model", run_dir, "--data", aces, "--output", out)
+    r = cli_in_process("predict", "--model", run_dir, "--data", aces, "--output", out)
     assert sorted(p.name for p in out.iterdir()) == ["image_2021-00000.tfrecord", "image_2021-mixer.json",
                                                      "image_2021.png", "image_2021.tif", "predict.json"]
     # the real export's georeference: EPSG:4326, 8.98e-5 degrees per pixel from (89.39, 27.448), every pixel

@@ -1,13 +1,19 @@
-"""`harness train` refuses what would train the wrong model or lose results, with a named error and exit 2."""
+"""`harness train` refuses what would train the wrong model or lose results, with a named error and exit 2.
+
+A refusal met before the first step (flags, config, the data's counts and labels, the backup) is run in-process
+(`harness.cli.main`, as `harness train` runs it: the default strategy, nothing trained); a run that trains, or one
+whose error is met mid-shard while training, is a real process."""
 import json
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import tensorflow as tf
 
+from harness import cli
 from harness.data import synth
 
 CLI = [sys.executable, "-m", "harness.cli"]
@@ -15,6 +21,14 @@ CLI = [sys.executable, "-m", "harness.cli"]
 
 def _cli(*args, timeout=300):
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def _main(capsys, *args):
+    """`harness ARGS` in this process, read as `_cli`'s result: its exit code, stdout and stderr."""
+    capsys.readouterr()
+    code = cli.main([str(a) for a in args])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
 
 @pytest.fixture(scope="module")
@@ -32,31 +46,36 @@ def test_epochs_and_learning_rate_must_be_positive(points):
         assert "Traceback" not in r.stderr
 
 
-def test_continuous_label_is_refused(shared_data, tmp_path):
-    r = _cli("train", "--data", shared_data / "gee-aces-points" / "validation.tfrecord.gz", "--label", "nir_before",
-             "--output", tmp_path)
+def test_continuous_label_is_refused(shared_data, tmp_path, capsys):
+    r = _main(capsys, "train", "--data", shared_data / "gee-aces-points" / "validation.tfrecord.gz", "--label",
+              "nir_before", "--output", tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "LabelValueError" in r.stderr and "record 0: label 'nir_before' holds" in r.stderr
     assert "class ids are integers >= 0" in r.stderr
 
 
-def test_rerun_and_changed_resume(points, tmp_path):
+def test_rerun_and_changed_resume(tmp_path, capsys):
+    """A finished run run again does nothing; with another batch size it is refused. Its first run (which trains)
+    also shows a nodata label value pointed out, and trained on all the same."""
+    _table(tmp_path / "d", "pts-00000.tfrecord.gz", [255.0 if i % 10 == 0 else i % 3 for i in range(300)])
     out = tmp_path / "out"
-    base = ["train", "--data", points, "--label", "class", "--epochs", "1", "--output", out]
-    first = _cli(*base, "--global-batch-size", "32")
+    base = ["train", "--data", tmp_path / "d", "--label", "class", "--epochs", "1", "--output", out]
+    first = _cli(*base, "--global-batch-size", "50")
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "warning: label 'class': the largest value 255 is far above the others (0, 1, 2): a nodata value? " \
+           "It makes 256 classes" in first.stdout + first.stderr
     summary = (out / "summary.json").read_text()
 
-    again = _cli(*base, "--global-batch-size", "32")                 # finished: nothing to do, nothing rewritten
+    again = _main(capsys, *base, "--global-batch-size", "50")        # finished: nothing to do, nothing rewritten
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already trained 1 epochs (8 steps); nothing to do" in again.stdout
+    assert "already trained 1 epochs (6 steps); nothing to do" in again.stdout
     assert (out / "summary.json").read_text() == summary
 
-    changed = _cli("train", "--data", points, "--label", "class", "--epochs", "3", "--output", out,
-                   "--global-batch-size", "64")                        # 4 steps per epoch now, not 8
+    changed = _main(capsys, "train", "--data", tmp_path / "d", "--label", "class", "--epochs", "3", "--output", out,
+                    "--global-batch-size", "100")                     # 3 steps per epoch now, not 6
     assert changed.returncode == 2, changed.stderr[-3000:]
     assert "ConfigError" in changed.stderr and "was written by a different run" in changed.stderr
-    assert "steps_per_epoch: backup 8, now 4" in changed.stderr
+    assert "steps_per_epoch: backup 6, now 3" in changed.stderr
 
 
 def test_interrupt_exits_cleanly(points, tmp_path):
@@ -75,10 +94,10 @@ def test_interrupt_exits_cleanly(points, tmp_path):
     assert "Traceback" not in err
 
 
-def test_value_errors_are_messages_not_tracebacks(points):
-    r = _cli("plan", points, "--workers", "0", "--global-batch-size", "8")
+def test_value_errors_are_messages_not_tracebacks(points, capsys):
+    r = _main(capsys, "plan", points, "--workers", "0", "--global-batch-size", "8")
     assert r.returncode == 2 and "harness plan: ClusterConfigError: workers (0)" in r.stderr and "Traceback" not in r.stderr
-    r = _cli("train", "--config", "/nonexistent/run.yaml")
+    r = _main(capsys, "train", "--config", "/nonexistent/run.yaml")
     assert r.returncode == 2 and "FileNotFoundError" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -89,8 +108,8 @@ def test_launch_errors_name_the_launcher():
     assert "Traceback" not in r.stderr
 
 
-def test_plan_matches_summary(points, tmp_path):
-    r = _cli("plan", points, "--workers", "1", "--global-batch-size", "32", "--json")
+def test_plan_matches_summary(points, tmp_path, capsys):
+    r = _main(capsys, "plan", points, "--workers", "1", "--global-batch-size", "32", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["steps_per_epoch"] == 8
 
 
@@ -132,9 +151,9 @@ def test_label_outside_the_classes_mid_shard_is_named_by_file_and_record(tmp_pat
         in r.stderr, r.stderr[-3000:]
 
 
-def test_training_and_validation_data_must_not_share_files(points, tmp_path):
-    r = _cli("train", "--data", points, "--validation-data", points / "points-00001.tfrecord.gz",
-             "--label", "class", "--output", tmp_path)
+def test_training_and_validation_data_must_not_share_files(points, tmp_path, capsys):
+    r = _main(capsys, "train", "--data", points, "--validation-data", points / "points-00001.tfrecord.gz",
+              "--label", "class", "--output", tmp_path)
     assert r.returncode == 2 and "1 file(s) are both training and validation data" in r.stderr, r.stderr[-2000:]
 
 
@@ -149,24 +168,19 @@ def test_bad_yaml_is_a_one_line_error(points, tmp_path):
     assert r.returncode == 2 and "section 'data:' must be a mapping" in r.stderr, r.stderr[-2000:]
 
 
-def test_export_folder_missing_a_shard_is_refused(tmp_path):
+def test_export_folder_missing_a_shard_is_refused(tmp_path, capsys):
     folder = tmp_path / "img"
     synth.write_image_export(str(folder), prefix="exp", shards=3, records=12, patch_size=8, seed=1)
     (folder / "exp-00002.tfrecord.gz").unlink()  # the last shard: no gap in the indices, only the mixer knows
-    r = _cli("train", "--data", folder, "--epochs", "1", "--global-batch-size", "4", "--output", tmp_path / "o")
+    r = _main(capsys, "train", "--data", folder, "--epochs", "1", "--global-batch-size", "4", "--output",
+              tmp_path / "o")
     assert r.returncode == 2 and "MixerError" in r.stderr and "totalPatches 12 but the shards hold 8" in r.stderr \
         and "a shard of the export is missing or extra" in r.stderr, r.stderr[-2000:]
-    r = _cli("plan", str(folder / "exp-*.tfrecord.gz"), "--global-batch-size", "4")  # a glob: a subset on purpose
+    r = _main(capsys, "plan", str(folder / "exp-*.tfrecord.gz"), "--global-batch-size", "4")  # a glob: a subset
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_a_nodata_label_value_is_pointed_out(tmp_path):
-    _table(tmp_path / "d", "pts-00000.tfrecord.gz", [255.0 if i % 10 == 0 else i % 3 for i in range(300)])
-    r = _cli("train", "--data", tmp_path / "d", "--label", "class", "--epochs", "1", "--global-batch-size", "50",
-             "--output", tmp_path / "out")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "warning: label 'class': the largest value 255 is far above the others (0, 1, 2): a nodata value? " \
-           "It makes 256 classes" in r.stdout + r.stderr
+# A nodata label value pointed out (a run that trains on all the same): test_rerun_and_changed_resume's first run.
 
 
 def test_train_section_values_are_type_checked(points, tmp_path):

@@ -1,7 +1,8 @@
 """A Keras 3 model (`import keras`: examples/keras3_unet.py) through the whole job as a user runs it: `harness train`
 on 2 MirroredStrategy replicas with validation, the best epoch kept, --clip-norm and AdamW; the same command again
 with more epochs resumes from the backup; `harness predict` and `harness export` read the Keras 3 file; a tf-keras
-model given it with --init-from is refused by name. One run, read by every test."""
+model given it with --init-from is refused by name. One run, read by every test; what trains is a real process, the
+rest (synth, predict, export, the refusals met before any step) runs in this one (`harness.cli.main`)."""
 import json
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import tensorflow as tf
 from predict_support import run_cli
 
-from harness import keras_kinds
+from harness import cli, keras_kinds
 from harness.predict.run import read_outputs
 
 BANDS = ["B2", "B3", "B4"]
@@ -21,8 +22,8 @@ def keras3_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("keras3")
     data, val, run_dir = tmp / "data", tmp / "val", tmp / "run"
     for folder, seed in ((data, 1), (val, 2)):
-        run_cli("synth", folder, "--shards", 2, "--records", 8, "--patch-size", 16, "--bands", *BANDS,
-                "--classes", 3, "--seed", seed)
+        assert cli.main(["synth", str(folder), "--shards", "2", "--records", "8", "--patch-size", "16", "--bands",
+                         *BANDS, "--classes", "3", "--seed", str(seed)]) == 0
     train = ["train", "--data", data, "--validation-data", val, "--label", "landcover", "--num-classes", 3,
              "--model", EXAMPLE, "--strategy", "mirrored", "--cpu-replicas", 2, "--global-batch-size", 4,
              "--optimizer", "adamw", "--clip-norm", 1.0, "--monitor", "val_loss", "--output", run_dir]
@@ -30,10 +31,10 @@ def keras3_run(tmp_path_factory):
     summary_2 = json.loads((run_dir / "summary.json").read_text())
     resumed = run_cli(*train, "--epochs", 3)
     summary_3 = json.loads((run_dir / "summary.json").read_text())
-    run_cli("predict", "--model", run_dir, "--data", data, "--output", tmp / "pred")
-    exported = run_cli("export", "--format", "savedmodel", "--model", run_dir, "--output", tmp / "sm")
+    assert cli.main(["predict", "--model", str(run_dir), "--data", str(data), "--output", str(tmp / "pred")]) == 0
+    assert cli.main(["export", "--format", "savedmodel", "--model", str(run_dir), "--output", str(tmp / "sm")]) == 0
     return dict(tmp=tmp, data=data, run=run_dir, first=first, resumed=resumed, summary_2=summary_2,
-                summary_3=summary_3, exported=exported)
+                summary_3=summary_3)
 
 
 def test_the_run_trains_a_keras3_model_and_saves_it_as_keras3(keras3_run):
@@ -68,18 +69,26 @@ def test_predict_and_export_read_the_keras3_file(keras3_run):
     np.testing.assert_array_equal(out["class"].numpy(), classes)
 
 
-def test_a_tf_keras_model_given_the_keras3_run_by_init_from_is_refused(keras3_run, tmp_path):
-    r = run_cli("train", "--data", keras3_run["data"], "--label", "landcover", "--num-classes", 3, "--epochs", 1,
-                "--init-from", keras3_run["run"], "--global-batch-size", 4, "--output", tmp_path / "run", ok=False)
-    assert r.returncode == 2, r.stderr[-3000:]
-    assert "a Keras 3 model file; this model is tf-keras" in r.stderr and "Traceback" not in r.stderr
+def _refused(capsys, *args):
+    """`harness ARGS` in this process: its exit code and stderr."""
+    capsys.readouterr()
+    code = cli.main([str(a) for a in args])
+    return code, capsys.readouterr().err
 
 
-def test_the_keras3_runs_backup_resumed_with_a_tf_keras_model_is_refused_by_name(keras3_run, tmp_path):
+def test_a_tf_keras_model_given_the_keras3_run_by_init_from_is_refused(keras3_run, tmp_path, capsys):
+    code, err = _refused(capsys, "train", "--data", keras3_run["data"], "--label", "landcover", "--num-classes", 3,
+                         "--epochs", 1, "--init-from", keras3_run["run"], "--global-batch-size", 4, "--output",
+                         tmp_path / "run")
+    assert code == 2, err[-3000:]
+    assert "a Keras 3 model file; this model is tf-keras" in err and "Traceback" not in err
+
+
+def test_the_keras3_runs_backup_resumed_with_a_tf_keras_model_is_refused_by_name(keras3_run, tmp_path, capsys):
     import shutil
 
     run_dir = shutil.copytree(keras3_run["run"], tmp_path / "run")   # the built-in model is tf-keras
-    r = run_cli("train", "--data", keras3_run["data"], "--label", "landcover", "--num-classes", 3, "--epochs", 4,
-                "--global-batch-size", 4, "--output", run_dir, ok=False)
-    assert r.returncode == 2, r.stderr[-3000:]
-    assert "was written by a different run (keras: backup 'keras3', now 'tf_keras')" in r.stderr, r.stderr[-3000:]
+    code, err = _refused(capsys, "train", "--data", keras3_run["data"], "--label", "landcover", "--num-classes", 3,
+                         "--epochs", 4, "--global-batch-size", 4, "--output", run_dir)
+    assert code == 2, err[-3000:]
+    assert "was written by a different run (keras: backup 'keras3', now 'tf_keras')" in err, err[-3000:]

@@ -4,7 +4,9 @@ Every batch drawn (inside the training loop's `tf.function`, `Trainer._next_batc
 seconds, so a test can act in the middle of an epoch; on the worker or rank HARNESS_TEST_STALL_RANK, the batch
 after HARNESS_TEST_STALL_AFTER batches blocks for an hour: an input pipeline stuck in a read, the process alive.
 On the worker or rank HARNESS_TEST_CRASH_RANK, the batch of global step HARNESS_TEST_CRASH_AT_STEP + 1 ends the
-process (exit 1), at that step on every attempt: a fault that a retry meets again.
+process (exit 1), at that step on every attempt: a fault that a retry meets again. Rank 1 (of Horovod) sleeps
+HARNESS_TEST_LATE_S seconds before `harness train` (after the imports: the lateness is at `hvd.init()`, where Gloo's
+rendezvous starts its clock): a rank scheduled late.
 """
 import json
 import os
@@ -47,4 +49,6 @@ def counted_next_batch(self, iterator):
 
 
 Trainer._next_batch = counted_next_batch
+if os.environ.get("HOROVOD_RANK") == "1":
+    time.sleep(float(os.environ.get("HARNESS_TEST_LATE_S", "0")))
 sys.exit(main(["train", *sys.argv[1:]]))

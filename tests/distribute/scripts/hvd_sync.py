@@ -1,7 +1,9 @@
 """2-rank Horovod check, launched by tests/distribute/test_horovod_install.py under horovodrun --gloo and mpirun.
 
 hvd.init, an allreduce of the rank, then a few steps of hvd.DistributedGradientTape training of a tiny tf_keras
-model on rank-dependent data. Each rank prints one line `HVD_RESULT {json}` that the test compares across ranks.
+model on rank-dependent data. Each rank prints one line `HVD_RESULT {json}` that the test compares across ranks,
+with what its Horovod was built with (`built`: the controllers as `horovodrun --check-build` lists them, asked of
+horovod.tensorflow's library, which this script's ops ran on).
 """
 import json
 import os
@@ -41,6 +43,7 @@ weights = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 print("HVD_RESULT " + json.dumps({
     "rank": rank, "size": size, "rank_sum": rank_sum,
     "mpi_enabled": bool(hvd.mpi_enabled()), "gloo_enabled": bool(hvd.gloo_enabled()),
+    "built": {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built())},
     "keras": tf.keras.__name__, "local_losses": local_losses,
     "initial": initial.tolist(), "weights": weights.tolist(),
 }), flush=True)

@@ -3,7 +3,7 @@ against OMPI_COMM_WORLD_RANK / HOROVOD_RANK), at the first epoch's end only: its
 inferences sleep HARNESS_TEST_EVAL_SLEEP_S seconds each (a rank that spends longer in the validation pass), and
 its first save after them (the layer's `get_config`) sleeps HARNESS_TEST_SAVE_SLEEP_S seconds (the chief writing
 a large best model to a bucket). Its training steps are not slowed. Used by
-tests/distribute/test_horovod_backend.py (Horovod's stall inspector at an epoch's end).
+tests/distribute/test_horovod_backend.py (Horovod's stall inspector at an epoch's end, in mixed_float16).
 
     --model tests/distribute/scripts/slow_eval_model.py:build
 """
@@ -49,8 +49,10 @@ class SlowAtEpochEnd(keras.layers.Layer):
 
 
 def build(inputs):
-    """A 1x1 convolution per pixel of `[batch, H, W, bands]` float32 to `[batch, H, W, classes]` logits."""
+    """A 1x1 convolution per pixel of `[batch, H, W, bands]` float32 to `[batch, H, W, classes]` float32 logits,
+    computed in the global policy's dtype (float16 under mixed_float16)."""
     x = image = keras.Input(inputs.input_shape)
     x = SlowAtEpochEnd()(x)
-    logits = keras.layers.Conv2D(inputs.num_classes, 1, dtype="float32")(x)
+    x = keras.layers.Conv2D(inputs.num_classes, 1)(x)
+    logits = keras.layers.Activation("linear", dtype="float32")(x)
     return keras.Model(image, logits)

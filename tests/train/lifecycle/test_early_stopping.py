@@ -42,13 +42,16 @@ def test_patience_min_delta_and_mode():
         _feed(EarlyStopping(monitor="val_miou"), [0.5])
 
 
-def test_validation_metric_needs_validation_data(tmp_path):
+def test_validation_metric_needs_validation_data(tmp_path, capsys):
+    """`harness train` in this process (refused before any data is read)."""
+    from harness import cli
+
     synth.write_table_export(str(tmp_path / "d"), shards=1, records=64, seed=1)
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "train", "--data", str(tmp_path / "d"), "--label",
-                        "class", "--epochs", "1", "--monitor", "val_mean_iou", "--output", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "ConfigError: --monitor val_mean_iou is a validation metric: give " \
-                                  "--validation-data" in r.stderr, r.stderr[-2000:]
+    code = cli.main(["train", "--data", str(tmp_path / "d"), "--label", "class", "--epochs", "1", "--monitor",
+                     "val_mean_iou", "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "ConfigError: --monitor val_mean_iou is a validation metric: give " \
+                         "--validation-data" in err, err[-2000:]
 
 
 def test_two_workers_stop_at_the_same_epoch_and_keep_the_best(tmp_path):
@@ -145,13 +148,22 @@ def test_a_run_killed_and_resumed_stops_where_an_uninterrupted_one_does(tmp_path
     """Patience 2, min-delta 1.0 on mean IoU: only epoch 1 improves, so a run stops after epoch 3 of 6. A run killed
     (SIGKILL) right after the backup of epoch 2 and started again resumes at epoch 3 with the best value, its epoch
     and the wait of 1 from the backup: it stops after epoch 3 too, and keeps epoch 1's best model (a restarted
-    wait would find epoch 3 "better" than no best, overwrite best/model.keras and run to epoch 5)."""
+    wait would find epoch 3 "better" than no best, overwrite best/model.keras and run to epoch 5). The
+    uninterrupted run is this process's (`job.run` with early_stop_worker.py's options, as
+    test_keras_callbacks_through_the_python_api runs it); the killed one and its resumption are real processes."""
+    import tensorflow as tf
+
+    from harness.distribute.context import WorkerContext
+    from harness.train import job
+
     synth.write_table_export(str(tmp_path / "train"), prefix="t", shards=2, records=256, seed=1)
     synth.write_table_export(str(tmp_path / "val"), prefix="v", shards=1, records=64, seed=2)
-    straight = _early_stop_run(tmp_path, tmp_path / "straight", 0)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    (result,) = _lines(straight.stdout, "RESULT ")
-    assert result["epochs"] == [1, 2, 3] and result["best"]["epoch"] == 1
+    options = job.TrainOptions(data=(str(tmp_path / "train"),), validation_data=(str(tmp_path / "val"),),
+                               output=str(tmp_path / "straight"), epochs=6, per_replica_batch_size=32,
+                               monitor="val_mean_iou", early_stopping=2, min_delta=1.0, steps_per_loop=4)
+    straight = job.run(options, data_config={"label": "class"},
+                       distribution=(tf.distribute.OneDeviceStrategy("/cpu:0"), WorkerContext.single()))
+    assert [h["epoch"] for h in straight["history"]] == [1, 2, 3] and straight["best"]["epoch"] == 1
 
     out = tmp_path / "killed"
     killed = _early_stop_run(tmp_path, out, 2)

@@ -4,8 +4,7 @@ and between the kinds; Keras 3's BatchNormalization statistics averaged over the
 replicas equal to one device's for a Keras 3 model.
 
 The multi-worker cases are real processes (tests/train/scripts/overflow_step.py: 2 MultiWorkerMirroredStrategy
-workers with a 30 s collective timeout, 2 Horovod ranks over Gloo and over MPI), one launch each carrying both
-kinds."""
+workers with a 30 s collective timeout, 2 Horovod ranks over Gloo), one launch each carrying both kinds."""
 import os
 import pathlib
 import shutil
@@ -71,15 +70,15 @@ def test_overflow_on_one_of_two_workers_skips_the_step_on_both(tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("horovodrun", path=str(BIN)), reason="no horovodrun (Horovod not installed)")
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_overflow_on_one_of_two_horovod_ranks_skips_the_step_on_both(controller):
-    if controller == "mpi" and not shutil.which("mpirun"):
-        pytest.skip("no mpirun (Open MPI not installed)")
-    # a collective that waits for a rank that skipped it fails in 30 s (Gloo) instead of hanging; Open MPI's
-    # controller has no such timeout: the process timeout bounds it
+def test_overflow_on_one_of_two_horovod_ranks_skips_the_step_on_both():
+    """Over Gloo. The skip is the harness's all-reduce of the step's finiteness (HorovodBackend), the same whatever
+    controller carries it: the MPI controller's case (another ~12 CPU-s launch) was dropped; `harness train
+    --backend horovod` under mpirun, mixed_float16 included, is tests/distribute/test_horovod_backend.py's, and
+    `harness launch mpi` trains in tests/train/measure/test_tune.py and tests/test_ports_inventory.py."""
+    # a collective that waits for a rank that skipped it fails in 30 s (Gloo) instead of hanging
     env = dict(procs.outer_free(), HOROVOD_GLOO_TIMEOUT_SECONDS="30",
                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    out = procs.run([BIN / "horovodrun", "-np", "2", "-H", "localhost:2", f"--{controller}", sys.executable, SCRIPT,
+    out = procs.run([BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
                      "horovod"], env=env, timeout=180)
     _check(procs.tagged(out, "OVERFLOW"), workers=2)
 

@@ -61,7 +61,7 @@ def _check_plan_line(line: str, levers: dict) -> None:
 
 
 def test_one_worker_trains_with_the_tuned_levers_and_records_them(small_images, tmp_path):
-    out = _train("--data", small_images, "--epochs", "2", "--per-replica-batch-size", "8", "--augment",
+    out = _train("--data", small_images, "--epochs", "1", "--per-replica-batch-size", "8", "--augment",
                  "--prefetch", "1", "--output", tmp_path / "run")   # a lever given: replaced, said so
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     record = summary["tune"]
@@ -86,14 +86,14 @@ def test_one_worker_trains_with_the_tuned_levers_and_records_them(small_images, 
     # trained to the end with them: the training pipeline's plan (the last logged; the sample's is planned first)
     line = [s for s in out.splitlines() if "input pipeline 0/1" in s and "repeat:" in s][-1]
     _check_plan_line(line, applied)
-    assert summary["final_step"] == 2 * summary["plan"]["steps_per_epoch"] == 16
+    assert summary["final_step"] == summary["plan"]["steps_per_epoch"] == 8
     assert json.loads((tmp_path / "run" / "tune.json").read_text())["applied"] == applied
 
     # a resume keeps the decision (the files read at once set the records' order): not probed again
-    again = _train("--data", small_images, "--epochs", "3", "--per-replica-batch-size", "8", "--augment",
+    again = _train("--data", small_images, "--epochs", "2", "--per-replica-batch-size", "8", "--augment",
                    "--output", tmp_path / "run")
     resumed = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert resumed["initial_step"] == 16 and resumed["final_step"] == 24
+    assert resumed["initial_step"] == 8 and resumed["final_step"] == 16
     assert "tune: resuming: the levers decided when this run started" in again and "tune: parse: " not in again
     assert [_levers(m[2]) for m in APPLIES.finditer(again)] == [applied]
     assert resumed["tune"]["applied"] == applied and resumed["tune"]["kept_from"].endswith("tune.json")
@@ -118,7 +118,7 @@ def _check_two_workers(out: str, summary: dict) -> None:
     files = [f for w in plan["per_worker"] for f in w["files"]]
     assert len(files) == len(set(files)) == 4 and [w["records"] for w in plan["per_worker"]] == [32, 32]
     assert plan["records_per_epoch"] == 64 and plan["dropped"] == 0
-    assert summary["final_step"] == 2 * plan["steps_per_epoch"] == 8
+    assert summary["final_step"] == plan["steps_per_epoch"] == 4   # one epoch: the decision is made before it
     assert len(set(summary["workers_weights_sha256"])) == 1
 
 
@@ -129,7 +129,7 @@ def test_two_horovod_ranks_apply_the_same_decision(small_images, tmp_path):
     (`HorovodBackend.allgather`). tf.distribute's all-gather (`TrainingBackend.allgather`) carries every
     multi-worker run's statistics and resume; its `launch local` tune run was dropped for the suite's time."""
     cmd = [*CLI, "launch", "mpi", "--np", "2", "--timeout", "400", "--", *CLI, "train", "--tune", "--backend",
-           "horovod", "--data", small_images, "--epochs", "2", "--per-replica-batch-size", "8", "--output",
+           "horovod", "--data", small_images, "--epochs", "1", "--per-replica-batch-size", "8", "--output",
            str(tmp_path / "run")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=ENV)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -174,10 +174,11 @@ def _l2_expected(clip_norm=None):
     return float(loss), [kernel.numpy() - 0.1 * grads[0].numpy(), bias.numpy() - 0.1 * grads[1].numpy()]
 
 
-def _l2_step(launcher, *args) -> list[dict]:
+def _l2_step(launcher, *runs) -> list[dict]:
+    """Every run of `runs` (`REPLICAS[:CLIP]` or `horovod[:CLIP]`) in one launch of l2_step.py: its L2_STEP lines."""
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
                PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    out = subprocess.run([*launcher, sys.executable, str(SCRIPTS / "l2_step.py"), *map(str, args)],
+    out = subprocess.run([*launcher, sys.executable, str(SCRIPTS / "l2_step.py"), *map(str, runs)],
                          capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
     return [json.loads(part.split("\n")[0]) for part in out.stdout.split("L2_STEP ")[1:]]
@@ -185,6 +186,7 @@ def _l2_step(launcher, *args) -> list[dict]:
 
 def _check_step(results, expected, what):
     loss, weights = expected
+    assert results, what
     for r in results:
         assert r["loss"] == pytest.approx(loss, rel=1e-6), what
         for e, got in zip(weights, r["weights"]):
@@ -193,25 +195,29 @@ def _check_step(results, expected, what):
 
 def test_regularization_counted_once_on_1_2_3_4_replicas():
     """One SGD step with an L2 layer gives the same weights on 1, 2, 3 and 4 replicas, for a tf-keras model and a
-    Keras 3 one (each process runs both); counted once per replica
+    Keras 3 one (one process runs every replica count, both kinds each); counted once per replica
     (not scaled by 1/replicas) the regularizer's gradient would be subtracted N times."""
+    results = _l2_step([], 1, 2, 3, 4, "2:0.5")
+    assert [(r["replicas"], r["clip"], r["kind"]) for r in results] == [
+        (n, clip, kind) for n, clip in ((1, None), (2, None), (3, None), (4, None), (2, 0.5))
+        for kind in ("tf_keras", "keras3")]
     for n in (1, 2, 3, 4):
-        results = _l2_step([], n)
-        assert [r["kind"] for r in results] == ["tf_keras", "keras3"] and {r["replicas"] for r in results} == {n}
-        _check_step(results, _l2_expected(), f"{n} replicas")
-    _check_step(_l2_step([], 2, 0.5), _l2_expected(0.5), "2 replicas, clip 0.5")
+        _check_step([r for r in results if (r["replicas"], r["clip"]) == (n, None)], _l2_expected(),
+                    f"{n} replicas")
+    _check_step([r for r in results if r["clip"] == 0.5], _l2_expected(0.5), "2 replicas, clip 0.5")
 
 
 def test_regularization_and_clip_on_two_horovod_ranks():
     """The same step on 2 Horovod ranks (6 rows each), both kinds: the same loss and weights on both, with and
-    without --clip-norm (clipped after the tape's average)."""
+    without --clip-norm (clipped after the tape's average); one horovodrun runs both."""
     horovodrun = [pathlib.Path(sys.executable).parent / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
+    results = _l2_step(horovodrun, "horovod", "horovod:0.5")
     for clip in (None, 0.5):
-        results = _l2_step(horovodrun, "horovod", *([clip] if clip else []))
-        assert sorted((r["kind"], r["rank"]) for r in results) == [(k, i) for k in ("keras3", "tf_keras")
-                                                                    for i in (0, 1)]
-        assert {r["replicas"] for r in results} == {2}
-        _check_step(results, _l2_expected(clip), f"2 Horovod ranks, clip {clip}")
+        mine = [r for r in results if r["clip"] == clip]
+        assert sorted((r["kind"], r["rank"]) for r in mine) == [(k, i) for k in ("keras3", "tf_keras")
+                                                                 for i in (0, 1)]
+        assert {r["replicas"] for r in mine} == {2}
+        _check_step(mine, _l2_expected(clip), f"2 Horovod ranks, clip {clip}")
 
 
 def _write(tmp_path, text):

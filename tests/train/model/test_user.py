@@ -226,51 +226,63 @@ def _cli(*args, timeout=300):
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def test_cli_import_failure_is_one_line(tmp_path):
+def test_cli_import_failure_is_one_line(tmp_path, capsys):
+    """`harness train` in this process: refused before the data is read (nothing trains)."""
+    from harness import cli
+
     path = _write(tmp_path, "broken.py", "import not_a_real_package_xyz\n")
-    r = _cli("train", "--data", "/nonexistent", "--model", f"{path}:build")
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    code = cli.main(["train", "--data", "/nonexistent", "--model", f"{path}:build"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err[-2000:]
     assert (f"harness train: UserCodeError: --model '{path}:build': cannot import module '{path}': "
-            "ModuleNotFoundError: No module named 'not_a_real_package_xyz'") in r.stderr  # before the data is read
-
-
-def test_temporal_example_trains_on_aces_points_and_fine_tunes(shared_data, tmp_path):
-    points = shared_data / "gee-aces-points"
-    base = ["train", "--config", EXAMPLES / "aces_points.yaml", "--data", points / "training.tfrecord.gz",
-            "--validation-data", points / "validation.tfrecord.gz", "--model", "examples/temporal_pixel.py:build",
-            "--global-batch-size", "64", "--epochs", "2"]
-    r = _cli(*base, "--model-args", '{"filters": 16, "dropout": 0.1}', "--output", tmp_path / "a")
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
-    assert summary["history"][-1]["val_accuracy"] > 0.6  # the majority class is 36% of the points
-    # Fine-tuning with a narrower hidden layer: the convolution loads, the two layers after it are named.
-    r = _cli(*base, "--model-args", '{"filters": 16, "hidden": 32}', "--init-from", tmp_path / "a",
-             "--output", tmp_path / "b", "--epochs", "1")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert (f"init-from {tmp_path}/a/model.keras: 1 layers loaded; shapes differ (kept initialized): "
-            "['hidden [(32, 32), (32,)] vs saved [(32, 64), (64,)]', 'logits [(32, 5), (5,)] vs saved [(64, 5), "
-            "(5,)]']") in r.stdout, r.stdout[-3000:]
+            "ModuleNotFoundError: No module named 'not_a_real_package_xyz'") in err  # before the data is read
 
 
 def _aces_flags(points, output, *extra):
+    # 1 epoch: validation accuracy ~0.73 on 1 worker and on 2 (majority 0.36); a 2-process epoch is ~6 CPU-s of steps
     return ["train", "--config", EXAMPLES / "aces_points.yaml", "--data", points / "training.tfrecord.gz",
             "--validation-data", points / "validation.tfrecord.gz", "--model", EXAMPLES / "temporal_pixel.py:build",
             "--model-args", '{"dropout": 0.2}', "--loss", EXAMPLES / "losses.py:smoothed_crossentropy",
-            "--per-replica-batch-size", "64", "--epochs", "2", "--seed", "1", "--output", output, *extra]
+            "--per-replica-batch-size", "64", "--epochs", "1", "--seed", "1", "--output", output, *extra]
 
 
-def test_user_model_and_loss_on_aces_points_one_and_two_workers(shared_data, tmp_path):
+@pytest.fixture(scope="module")
+def aces_one(shared_data, tmp_path_factory):
+    """examples/temporal_pixel.py (filters 32, hidden 64) with a custom loss trained on 1 worker: the run folder,
+    read by the 1-and-2-worker proof and fine-tuned by the temporal example's test."""
+    out = tmp_path_factory.mktemp("aces") / "one"
+    one = _cli(*_aces_flags(shared_data / "gee-aces-points", out))
+    assert one.returncode == 0, one.stderr[-3000:]
+    return out
+
+
+def test_temporal_example_trains_on_aces_points_and_fine_tunes(shared_data, aces_one, tmp_path):
+    """The example trained on the points (the 1-worker run of the proof below, `aces_one`) is fine-tuned with a
+    narrower hidden layer, the model given as a path relative to the working folder."""
+    points = shared_data / "gee-aces-points"
+    summary = json.loads((aces_one / "summary.json").read_text())
+    assert summary["history"][-1]["val_accuracy"] > 0.6  # the majority class is 36% of the points
+    # Fine-tuning with a narrower hidden layer: the convolution loads, the two layers after it are named.
+    r = _cli("train", "--config", EXAMPLES / "aces_points.yaml", "--data", points / "training.tfrecord.gz",
+             "--validation-data", points / "validation.tfrecord.gz", "--model", "examples/temporal_pixel.py:build",
+             "--global-batch-size", "64", "--model-args", '{"hidden": 32}', "--init-from", aces_one,
+             "--output", tmp_path / "b", "--epochs", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (f"init-from {aces_one}/model.keras: 1 layers loaded; shapes differ (kept initialized): "
+            "['hidden [(64, 32), (32,)] vs saved [(64, 64), (64,)]', 'logits [(32, 5), (5,)] vs saved [(64, 5), "
+            "(5,)]']") in r.stdout, r.stdout[-3000:]
+
+
+def test_user_model_and_loss_on_aces_points_one_and_two_workers(shared_data, aces_one, tmp_path):
     """The proof of issue 14: a user model file with dropout and a custom per-example loss trains on 1 worker and
     on 2 (`harness launch local`), with identical final weights on both workers and a validation accuracy well
     above the majority share (0.36)."""
     points = shared_data / "gee-aces-points"
-    one = _cli(*_aces_flags(points, tmp_path / "one"))
-    assert one.returncode == 0, one.stderr[-3000:]
     two = _cli("launch", "local", "--workers", "2", "--timeout", "400", "--", sys.executable, "-m", "harness.cli",
                *map(str, _aces_flags(points, tmp_path / "two")), timeout=450)
     assert two.returncode == 0, (two.stdout[-2000:], two.stderr[-3000:])
-    for name, workers in (("one", 1), ("two", 2)):
-        summary = json.loads((tmp_path / name / "summary.json").read_text())
+    for folder, workers in ((aces_one, 1), (tmp_path / "two", 2)):
+        summary = json.loads((folder / "summary.json").read_text())
         digests = summary["workers_weights_sha256"]
         assert len(digests) == workers and len(set(digests)) == 1, digests
         assert digests[0] == summary["weights_sha256"][:12]

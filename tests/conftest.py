@@ -161,8 +161,9 @@ _CPU_START = pytest.StashKey()
 def _cpu_logged(item):
     """The test's CPU seconds from its setup on (`_CPU_START`, read by `pytest_runtest_makereport`); with
     HARNESS_TEST_CPU_LOG=FILE also one JSON line per test appended to FILE: its node id, wall seconds and the CPU
-    seconds it and the processes it started spent (setup, call and teardown): where a 2-core run's time goes."""
-    wall, cpu = time.monotonic(), _cpu_seconds()
+    seconds it and the processes it started spent (setup, call and teardown), when it started (Unix seconds, after
+    its turn came) and on which pytest-xdist worker: where a 2-core run's time goes, and where the cores sat idle."""
+    start, wall, cpu = time.time(), time.monotonic(), _cpu_seconds()
     item.stash[_CPU_START] = cpu
     log = os.environ.get("HARNESS_TEST_CPU_LOG")
     if not log:
@@ -172,7 +173,8 @@ def _cpu_logged(item):
         yield
     finally:
         line = json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 3),
-                           "cpu_s": round(_cpu_seconds() - cpu, 3)})
+                           "cpu_s": round(_cpu_seconds() - cpu, 3), "start": round(start, 3),
+                           "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
         with open(log, "a") as f:
             f.write(line + "\n")
 

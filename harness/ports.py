@@ -36,7 +36,8 @@ TF_SERVER_PORT = 2222         # a worker's gRPC port in an Indexed Job's TF_CONF
 DATA_SERVICE_PORT = 5050      # `harness data-service dispatcher --port`
 TENSORBOARD_PORT = 6006       # TensorBoard's own default; it tries the next 99 when taken
 
-# Modes: the commands a user runs (README). Each is run by tests/test_ports_inventory.py.
+# Modes: the commands a user runs (README). Each is run by tests/test_ports_inventory.py (`launch local`: by
+# tests/cluster/test_local_isolation.py, on a two-host bed).
 TRAIN = "harness train"
 PROFILE = "harness train --profile"
 LOCAL = "harness launch local"

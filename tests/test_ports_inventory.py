@@ -5,17 +5,18 @@ workers or ranks at most), polls the sockets of the run's process trees with psu
 it ends, traces every listen(2) of those processes with strace (`harness.ports.traced`: Gloo's listeners are open for
 less than one poll, so a poll alone sees them by chance), and compares all it saw with `harness.ports.INVENTORY`: a
 socket no row describes fails the test with what it found (so a new listener cannot appear unnoticed), and so does
-a row of the mode that no socket matched (a stale row).
+a row of the mode that no socket matched (a stale row) (`ports_support.watch`, `check`). `harness launch local`'s
+modes run on a host of the bed, watched in the same way: tests/cluster/test_local_isolation.py.
 """
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from ports_support import check, watch
 
 from harness import ports
 from harness.launch.local import free_ports
@@ -27,24 +28,6 @@ CLI = [sys.executable, "-m", "harness.cli"]
 ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
            CUDA_VISIBLE_DEVICES="", HARNESS_WORKER_WAIT_S="60",
            PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-POLL_S = 0.05         # where strace cannot trace: the poll is all there is
-# Where every listen(2) is traced, the poll is needed only for what the trace cannot decode (the sockets of workers in
-# a network namespace of their own, open as long as they run) and for bound UDP sockets (no row lists one, so the
-# poll only ever finds one to fail on). One poll reads 4 tables of /proc/PID/net per process of the run (~6 ms each on
-# 2 loaded cores, `ports.observe`): at POLL_S the test process spent about a core on it beside a Horovod run.
-TRACED_POLL_S = 1.0
-
-
-def _can_trace() -> str:
-    """"" where strace can trace a command here, else why not."""
-    if not shutil.which("strace"):
-        return "no strace (tools/install.sh installs it)"
-    r = subprocess.run(["strace", "-f", "--seccomp-bpf", "-qq", "-o", os.devnull, "-e", "trace=listen", "true"],
-                       capture_output=True, text=True, timeout=30)
-    return "" if r.returncode == 0 else f"strace cannot trace here: {r.stderr.strip()[-300:]}"
-
-
-NO_TRACE = _can_trace()
 
 
 @pytest.fixture(scope="module")
@@ -60,102 +43,6 @@ def _train(table, output, *flags) -> list:
             "--output", str(output), *flags]
 
 
-def _start(cmd, env, log):
-    with open(log, "w") as out:
-        return subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _kill(procs):
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        p.wait(30)
-
-
-def _tracee(p) -> int:
-    """The pid of the command strace (`p`) runs: its child, or `p`'s own where it has none (yet)."""
-    import psutil
-    try:
-        children = psutil.Process(p.pid).children()
-    except psutil.NoSuchProcess:
-        return p.pid
-    return children[0].pid if children else p.pid
-
-
-def watch(runs, tmp_path, *, timeout=240, servers=(), until=None) -> list:
-    """Start `runs` (commands, each with its environment: [(cmd, env), ...]) and `servers` (likewise, started
-    first and stopped by SIGTERM once the runs end), each in its own session with its output in a file under
-    `tmp_path`, each under strace (`harness.ports.trace_command`) where it can trace; poll their process trees'
-    sockets every `TRACED_POLL_S` seconds (`POLL_S` where nothing is traced) until every run has exited (or
-    `until()` is true: the runs are then stopped by SIGTERM too); returns every socket seen, polled or traced (once
-    per process, address and port).
-
-    Fails the test, with the output's tail, when a run exits non-zero or `timeout` seconds pass (all killed), and
-    when the trace holds a listen call it could not decode (a socket in another network namespace) by a process
-    of which no poll saw a socket in its namespace.
-    """
-    started, traces = [], []
-    period = POLL_S if NO_TRACE else TRACED_POLL_S
-    try:
-        for i, (cmd, env) in enumerate([*servers, *runs]):
-            traces.append(str(tmp_path / f"trace{i}" / "t") if not NO_TRACE else None)
-            if traces[-1]:
-                os.makedirs(os.path.dirname(traces[-1]))
-            started.append(_start([*(ports.trace_command(traces[-1]) if traces[-1] else []), *cmd], env,
-                                  tmp_path / f"{i}.log"))
-        runs_ = started[len(servers):]
-        seen, deadline = {}, time.monotonic() + timeout
-        while any(p.poll() is None for p in runs_) and not (until and until(seen)):
-            for p in started:
-                try:
-                    for s in ports.observe(p.pid):
-                        seen.setdefault((s.pid, s.ip, s.port, s.udp), s)
-                except Exception:   # the process ended between the poll and the read
-                    pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout} s:\n{_tails(tmp_path, len(started))}")
-            time.sleep(period)
-        stopped = [p for p in started if p.poll() is None]
-        for p in stopped:
-            os.kill(_tracee(p) if not NO_TRACE else p.pid, signal.SIGTERM)
-        for p in stopped:
-            p.wait(30)
-        bad = [p for p in runs_ if p not in stopped and p.returncode != 0]
-        assert not bad, f"exit {[p.returncode for p in bad]}:\n{_tails(tmp_path, len(started))}"
-        undecoded = []
-        for prefix in filter(None, traces):
-            sockets, missed = ports.traced(prefix)
-            undecoded += missed
-            for s in sockets:
-                seen.setdefault((s.pid, s.ip, s.port, s.udp), s)
-        private = {s.pid for s in seen.values() if s.private}
-        assert all(pid in private for pid, _ in undecoded), (
-            f"listen calls in another network namespace by processes never polled there: {undecoded}; "
-            f"polled: {list(seen.values())}")
-        return list(seen.values())
-    finally:
-        _kill(started)
-
-
-def _tails(tmp_path, n) -> str:
-    return "\n".join(f"--- {i}.log\n" + (tmp_path / f"{i}.log").read_text()[-3000:] for i in range(n))
-
-
-def check(mode, sockets) -> None:
-    """The run of `mode` listened as the inventory says: no unlisted socket, no row unseen."""
-    if NO_TRACE and mode == ports.HOROVOD_GLOO:
-        pytest.skip(f"Gloo's listeners are open for less than a poll and need a trace: {NO_TRACE}")
-    unlisted, unseen = ports.compare(mode, sockets)
-    assert not unlisted, (f"{mode}: listeners the inventory (harness/ports.py) does not list:\n" +
-                          "\n".join(f"  {s.process} pid {s.pid}: {'udp' if s.udp else 'tcp'} {s.ip}:{s.port} "
-                                    f"(told {sorted(s.told)}) {s.command}" for s in unlisted))
-    assert not unseen, f"{mode}: rows no socket matched (stale?): {unseen}\nseen: {sockets}"
-
-
 # --- the modes ------------------------------------------------------------------------------------------------------
 def test_single_process_train_listens_on_nothing_and_profile_opens_no_profiler_server(table, tmp_path):
     """One run with --profile (its 4 steps hold the default trace window, steps 3-4): a single-process `harness
@@ -166,19 +53,10 @@ def test_single_process_train_listens_on_nothing_and_profile_opens_no_profiler_s
     assert list((tmp_path / "run" / "tensorboard").rglob("*.xplane.pb")), "tf.profiler traced no step"
 
 
-@pytest.mark.parametrize("network", ["private", "host"])
-def test_launch_local_workers(table, tmp_path, network):
-    """With --network host the launcher's workers are `harness train` processes with the TF_CONFIG of
-    `worker_environments`, each in this host's network, as a cluster that sets TF_CONFIG starts them: that run is
-    also the TF_CONFIG (MWMS) mode's."""
-    cmd = [*CLI, "launch", "local", "--workers", "2", "--network", network, "--", *_train(table, tmp_path / "run")]
-    sockets = watch([(cmd, ENV)], tmp_path)
-    check(ports.LOCAL if network == "private" else ports.LOCAL_HOST, sockets)
-    if network == "host":
-        check(ports.TF_CONFIG_MODE, sockets)
-
-
-# The TF_CONFIG (MWMS) mode (workers started with TF_CONFIG, no launcher): test_launch_local_workers[host] above.
+# `harness launch local` (--network private and host) and the TF_CONFIG (MWMS) mode (workers started with TF_CONFIG, as
+# the host run's are): tests/cluster/test_local_isolation.py, whose two runs on a host of the bed, while another host
+# tries their ports, are watched and checked against the inventory as these are (ports_support: one run per network,
+# not one for each test).
 
 
 def _horovod_train(table, tmp_path):

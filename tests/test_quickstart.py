@@ -1,14 +1,19 @@
 """The README's quick start, run as printed: from the project's root (a folder holding `examples/` and `.venv`,
-whose `../shared/data` is the real exports), every line of its first fenced block in one `bash -e`, once: on the
-ACES points and image when they can be had (../shared/data, or fetched: tests/shared_data.py), else on synthetic
-exports of the same bands put where the ACES files are (so the same lines run). Then the report it wrote is opened
-in headless Chromium with the network blocked (tests/browser.py): nothing requested, nothing failed, no console
-message, every plot drawn, its tables equal to `summary.json`."""
+whose `../shared/data` is the real exports), every line of its first fenced block in order, once: on the ACES points
+and image when they can be had (../shared/data, or fetched: tests/shared_data.py), else on synthetic exports of the
+same bands put where the ACES files are (so the same lines run). `harness train` runs in `bash -e` after the
+block's own `. .venv/bin/activate`, as a user's shell runs them (the console script the venv puts on PATH); the
+`harness` lines that train nothing (inspect, predict, report, evaluate) run word for word in this process, in the
+project's root (`predict_support.cli_in_process`: each saves a process that imports TensorFlow). Then the report it
+wrote is opened in headless Chromium with the network blocked (tests/browser.py): nothing requested, nothing
+failed, no console message, every plot drawn, its tables equal to `summary.json`."""
+import contextlib
 import json
 import math
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -17,6 +22,7 @@ import pytest
 
 import browser
 from harness.data import synth
+from predict_support import cli_in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ACES_BANDS = ("blue_before", "blue_during", "green_before", "green_during", "nir_before", "nir_during", "red_before",
@@ -51,19 +57,30 @@ def _run_quick_start(base: pathlib.Path, data: pathlib.Path) -> tuple[pathlib.Pa
     (base / "shared" / "data").symlink_to(data.resolve())
     (root / "examples").symlink_to(ROOT / "examples")
     (root / ".venv").symlink_to(pathlib.Path(sys.prefix))
-    script = base / "quickstart.sh"
-    script.write_text(quick_start())
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-    done = subprocess.run(["bash", "-e", str(script)], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    return root, done
+    lines = [line for line in quick_start().replace("\\\n", "").splitlines() if line.strip()]
+    assert lines[0] == ". .venv/bin/activate", lines
+    stdout, stderr = [], []
+    for line in lines[1:]:
+        argv = shlex.split(line, comments=True)
+        if argv[:1] == ["harness"] and argv[1:2] != ["train"]:     # trains nothing: in this process
+            with contextlib.chdir(root):
+                done = cli_in_process(*argv[1:], ok=False)
+        else:                                                       # the shell, after the block's activate line
+            script = base / "line.sh"
+            script.write_text(f"{lines[0]}\n{line}\n")
+            done = subprocess.run(["bash", "-e", str(script)], cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=600)
+        assert done.returncode == 0, (line, done.stdout[-3000:], done.stderr[-3000:])
+        stdout.append(done.stdout)
+        stderr.append(done.stderr)
+    return root, subprocess.CompletedProcess(lines, 0, "".join(stdout), "".join(stderr))
 
 
 @pytest.fixture(scope="module")
 def quick_start_run(tmp_path_factory):
     """The quick start run once, on the ACES exports when they can be had, else on the synthetic ones (each run
-    costs ~19 CPU-s: the two data sets run the same lines, so the one run carries both tests)."""
+    costs ~12 CPU-s: the two data sets run the same lines, so the one run carries both tests)."""
     import shared_data as sd
 
     try:

@@ -47,21 +47,21 @@ def _reads(gcs, url) -> list[str]:
     return [r for r in gcs.requests() if r.startswith(f"GET storage.googleapis.com {path}")]
 
 
-def test_inspect_reads_a_bucket_folder_glob_and_list_as_the_local_export(gcs, folder, tmp_path):
-    """The folder, a glob and a list of its shards read as the local export reads; then the record index counts a
-    shard re-uploaded under the same name again (its size in the key) and leaves the other's count as it was."""
+def test_inspect_reads_a_bucket_folder_as_the_local_export(gcs, folder, tmp_path):
+    """The folder reads as the local export reads (a glob of its shards: the plan's test below; a list of them: the
+    reshard's, each command finding the shards as every other does, `harness.data.shards.discover_shards`); then the
+    record index counts a shard re-uploaded under the same name again (its size in the key) and leaves the other's
+    count as it was."""
     local = _table(tmp_path)                                     # 32 + 32 rows
     gcs.upload_tree(str(local), f"{folder}/export")
     want = json.loads(cli_in_process("inspect", "--json", local).stdout)
     shards = [f"{folder}/export/points-0000{i}.tfrecord.gz" for i in range(2)]
-    for source in ([f"{folder}/export/*.tfrecord.gz"], shards, [f"{folder}/export"]):
-        got = json.loads(_run("inspect", "--json", *source, cwd=tmp_path).stdout)
-        text = json.dumps(got).replace(folder + "/export", os.path.realpath(local))
-        assert json.loads(text) == want, source
+    got = json.loads(_run("inspect", "--json", f"{folder}/export", cwd=tmp_path).stdout)
+    assert json.loads(json.dumps(got).replace(folder + "/export", os.path.realpath(local))) == want
     assert len(_reads(gcs, f"{folder}/export/")) >= 2          # through TensorFlow's own reads, over the proxy
 
     # the record index: a re-upload under the same name is counted again (was test_record_index_counts_a_reupload_
-    # under_the_same_name_again, whose first inspect of the folder is the last one above)
+    # under_the_same_name_again, whose first inspect of the folder is the one above)
     shard, first = shards[0], got
     keys = [k for k in _index(tmp_path) if k.startswith(shard + "|")]
     replacement = _table(tmp_path, records=40, seed=5)           # 20 + 20 rows, the same names
@@ -89,22 +89,36 @@ def _counts(report: dict) -> list[int]:
 
 
 def test_train_from_a_bucket_writes_the_model_and_backup_there_and_resumes_from_them(gcs, folder, tmp_path):
-    """Also TensorBoard on a bucket, each events file uploaded once (was test_tensorboard_on_a_bucket_uploads_each_
+    """The first epoch on two local workers reading one bucket, each shard by one worker (was test_two_local_workers_
+    read_one_bucket_each_shard_by_one_worker, a run of its own), the second on one worker, resumed from their backup
+    at the epoch's end (where another worker count may continue it: harness/train/lifecycle/resume.py).
+
+    Also TensorBoard on a bucket, each events file uploaded once (was test_tensorboard_on_a_bucket_uploads_each_
     events_file_once, 3 epochs of its own): the writer's context flushed at every step and each flush uploaded the
     whole events object again (198 uploads of a growing object for 3 x 64 steps, past Cloud Storage's one write
-    per second per object). Now one events file per epoch: uploaded when TensorFlow creates it (its header) and
-    once whole at the epoch's end; TensorBoard reads them all: every step's rate is there, the resumed epoch's
-    too (here 2 epochs of 4 steps, the second in the resumed run: a flush per step would be 4 uploads a file)."""
-    gcs.upload_tree(str(_table(tmp_path)), f"{folder}/export")
+    per second per object). Now one events file per epoch (the chief's): uploaded when TensorFlow creates it (its
+    header) and once whole at the epoch's end; TensorBoard reads them all: every step's rate is there, the resumed
+    epoch's too (here 2 epochs of 4 steps, the second in the resumed run: a flush per step would be 4 uploads a
+    file)."""
+    gcs.upload_tree(str(_table(tmp_path, records=64, shards=4)), f"{folder}/export")   # 4 shards of 16 rows
     run = f"{folder}/run"
     args = ["train", "--data", f"{folder}/export", "--label", "class", "--global-batch-size", "16", "--output", run,
             "--monitor", "loss"]                                    # also keeps best/model.keras
-    _run(*args, "--epochs", "1", cwd=tmp_path)
+    # --network host: a private namespace (the default) has its own loopback, where the bed is not
+    _run("launch", "local", "--workers", "2", "--network", "host", "--timeout", "400", "--", *CLI, *args,
+         "--epochs", "1", cwd=tmp_path, timeout=500)
     written = gcs.objects(run)
     for name in ("model.keras", "best/model.keras", "summary.json", "backup/checkpoint", "backup/run.json"):
         assert f"{run}/{name}" in written, "\n".join(sorted(written))
     first = json.loads(gcs.get(f"{run}/summary.json"))
     assert (first["initial_step"], first["final_step"]) == (0, 4)          # 64 rows, global batch 16
+    workers = first["plan"]["per_worker"]
+    files = [f for w in workers for f in w["files"]]
+    assert sorted(files) == [f"{folder}/export/points-0000{i}.tfrecord.gz" for i in range(4)]   # disjoint, all
+    assert [w["records"] for w in workers] == [32, 32]
+    assert len(set(first["workers_weights_sha256"])) == 1
+    for f in files:                                               # every shard read through the bucket
+        assert _reads(gcs, f), f
     out = _run(*args, "--epochs", "2", cwd=tmp_path)
     second = json.loads(gcs.get(f"{run}/summary.json"))
     assert (second["initial_step"], second["final_step"], second["optimizer_iterations"]) == (4, 8, 8), out.stdout
@@ -156,9 +170,11 @@ def test_predict_from_and_to_a_bucket_writes_what_a_local_run_writes_with_the_mi
 
 
 def test_reshard_from_and_to_a_bucket_writes_what_a_local_reshard_writes(gcs, folder, tmp_path):
+    """The bucket's shards given as a list of files (the local export as its folder)."""
     local = _table(tmp_path)
     gcs.upload_tree(str(local), f"{folder}/export")
-    _run("reshard", f"{folder}/export", "--output", f"{folder}/resharded", "--workers", "3", cwd=tmp_path)
+    shards = [f"{folder}/export/points-0000{i}.tfrecord.gz" for i in range(2)]
+    _run("reshard", *shards, "--output", f"{folder}/resharded", "--workers", "3", cwd=tmp_path)
     cli_in_process("reshard", local, "--output", tmp_path / "resharded", "--workers", "3")
     theirs = _files(gcs, f"{folder}/resharded/")
     mine = {p.name: p.read_bytes() for p in (tmp_path / "resharded").iterdir()}
@@ -188,29 +204,13 @@ def test_the_proxy_refuses_every_other_host_and_plain_http(gcs_bed):
     assert gcs_bed.refused()[before:] == [f"{m} {t} HTTP/1.1" for m, t in requests]
 
 
-def test_two_local_workers_read_one_bucket_each_shard_by_one_worker(gcs, folder, tmp_path):
-    gcs.upload_tree(str(_table(tmp_path, records=64, shards=4)), f"{folder}/export")   # 4 shards of 16 rows
-    run = f"{folder}/run2"
-    # --network host: a private namespace (the default) has its own loopback, where the bed is not
-    _run("launch", "local", "--workers", "2", "--network", "host", "--timeout", "400", "--", *CLI, "train",
-         "--data", f"{folder}/export", "--label", "class", "--epochs", "1", "--global-batch-size", "16",
-         "--output", run, cwd=tmp_path, timeout=500)
-    summary = json.loads(gcs.get(f"{run}/summary.json"))
-    workers = summary["plan"]["per_worker"]
-    files = [f for w in workers for f in w["files"]]
-    assert sorted(files) == [f"{folder}/export/points-0000{i}.tfrecord.gz" for i in range(4)]   # disjoint, all
-    assert [w["records"] for w in workers] == [32, 32] and summary["final_step"] == 4
-    assert len(set(summary["workers_weights_sha256"])) == 1
-    for f in files:                                               # every shard read through the bucket
-        assert _reads(gcs, f), f
-
-
 def test_plan_of_a_bucket_export_is_the_plan_of_the_local_export(gcs, folder, tmp_path):
+    """The bucket's shards given as a glob (the local export as its folder)."""
     local = _table(tmp_path, records=70, shards=3)
     gcs.upload_tree(str(local), f"{folder}/export")
     args = ["--workers", "2", "--replicas-per-worker", "2", "--per-replica-batch-size", "4", "--json"]
     want = json.loads(cli_in_process("plan", local, *args).stdout)
-    got = json.loads(_run("plan", f"{folder}/export", *args, cwd=tmp_path).stdout)
+    got = json.loads(_run("plan", f"{folder}/export/*.tfrecord.gz", *args, cwd=tmp_path).stdout)
     assert json.loads(json.dumps(got).replace(f"{folder}/export", os.path.realpath(local))) == want
     assert want["steps_per_epoch"] >= 1 and sum(w["records"] for w in want["per_worker"]) <= 70
 

@@ -1,6 +1,11 @@
 """`harness evaluate` (harness/evaluate/run.py): docs/predictions.md's block run as printed (a table run, its test split
 scored on 1 worker and on 2 with `harness launch local`: the same counts), and the run's validation split scored
-again: equal to the validation metrics in its summary.json, to the last count; a model without its run refused."""
+again: equal to the validation metrics in its summary.json, to the last count; a model without its run refused.
+
+The commands that train nothing and start no worker (synth, plan, the 1-worker evaluate and the scores again) run in
+this process (`predict_support.cli_in_process`: each saves a process that imports TensorFlow); `harness train` and
+`harness launch local`, with its 2 workers, are processes of their own, as printed."""
+import contextlib
 import json
 import os
 import pathlib
@@ -11,15 +16,15 @@ import sys
 
 import numpy as np
 import pytest
-from predict_support import run_cli
+from predict_support import cli_in_process
 
 README = pathlib.Path(__file__).resolve().parents[2] / "docs" / "predictions.md"
 
 
 @pytest.fixture(scope="module")
 def readme(tmp_path_factory):
-    """The fenced block of docs/predictions.md's `harness evaluate` section, word for word, in an empty folder: its
-    outputs, and the folder."""
+    """The fenced block of docs/predictions.md's `harness evaluate` section, word for word, in an empty folder (the
+    lines that train nothing and start no worker in this process): its outputs, and the folder."""
     folder = tmp_path_factory.mktemp("readme")
     section = README.read_text().partition("\n## Scoring a test split: `harness evaluate`\n")[2].split("\n## ", 1)[0]
     block = re.search(r"^```\n(.*?)^```$", section, re.S | re.M).group(1)
@@ -29,8 +34,13 @@ def readme(tmp_path_factory):
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
     out = []
     for line in lines:
-        r = subprocess.run(shlex.split(line), cwd=folder, env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
+        argv = shlex.split(line)
+        if argv[1] in ("synth", "plan", "evaluate"):
+            with contextlib.chdir(folder):
+                r = cli_in_process(*argv[1:])
+        else:
+            r = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
         out.append(r.stdout)
     return folder, out
 
@@ -54,8 +64,8 @@ def test_the_test_split_is_scored_on_one_worker_and_on_two_alike(readme):
 def test_the_validation_split_scored_again_equals_the_runs_last_validation(readme, tmp_path):
     folder, _ = readme
     summary = json.loads((folder / "runs" / "points" / "summary.json").read_text())
-    run_cli("evaluate", "--model", folder / "runs" / "points", "--data", folder / "points" / "export-00002.tfrecord.gz",
-            "--output", tmp_path / "out")
+    cli_in_process("evaluate", "--model", folder / "runs" / "points", "--data",
+                   folder / "points" / "export-00002.tfrecord.gz", "--output", tmp_path / "out")
     metrics, last = json.loads((tmp_path / "out" / "evaluation.json").read_text())["metrics"], summary["history"][-1]
     assert (metrics["val_records"], metrics["val_pixels"]) == (last["val_records"], last["val_pixels"]) == (200, 200)
     assert metrics["val_confusion_matrix"] == last["val_confusion_matrix"]

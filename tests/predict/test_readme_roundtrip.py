@@ -1,5 +1,7 @@
 """docs/predictions.md's Earth Engine round trip, run as printed (issue 23): the fenced block that opens "## Predictions back
-to Earth Engine", every line a real process, on the loopback bed of tests/gcs_bed.py.
+to Earth Engine", every line that reads or writes the bucket or Earth Engine a real process, on the loopback bed of
+tests/gcs_bed.py; the one that touches neither (`harness export` of the local run) runs word for word in this
+process (`predict_support.cli_in_process`: it saves a process that imports TensorFlow).
 
 Real: the commands, word for word as the page prints them (split as a shell splits them: `\\`-newline joins a
 line, `#` starts a comment), with `harness` the installed console script and `earthengine` earthengine-api's own
@@ -9,6 +11,7 @@ Earth Engine client's credentials, discovery, token refresh and import request. 
 OAuth endpoints (tests/earthengine_bed.py: it records the import request and answers a pending Operation; nothing
 is ingested). The export is synthetic (harness.data.synth): 4 patches of 16 x 16 in 2 shards, with its mixer. The
 `gcs` fixture fails the test if the proxy refused anything (something tried to leave loopback)."""
+import contextlib
 import importlib.util
 import os
 import pathlib
@@ -18,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+from predict_support import cli_in_process
 
 from harness.data import synth
 
@@ -85,7 +89,11 @@ def test_the_readme_round_trip_runs_as_printed_and_uploads_what_harness_wrote(gc
     printed = []
     for line in lines:
         argv = shlex.split(line, comments=True)
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=work)
+        if argv[:2] == ["harness", "export"] and "gs://" not in line:
+            with contextlib.chdir(work):
+                done = cli_in_process(*argv[1:], ok=False)
+        else:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=work)
         assert done.returncode == 0, f"exit {done.returncode}: {line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         assert not (work / "gs:").exists(), f"{line}: a gs:// path was written as a local folder named gs:"
         said = [m[1] for m in map(PRINTED.match, done.stdout.splitlines()) if m]

@@ -55,7 +55,7 @@ RUNS = {
         **{f"row {pipe}": rf"^  {re.escape(pipe)}\s+{NUM}\s+\d+%\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s"
            for pipe in _TABLE_PIPES},
         "read limit ratio": rf"^  harness / read limit \(fastest raw read\) = {NUM} \[",
-        "points": r"^== small records \(Earth Engine point export\): 1 shard\(s\), 256 records",
+        "points": r"^== small records \(Earth Engine point export\): 4 shard\(s\), 256 records",   # 1 file, 4x
         "patches": r"^== large records \(256x256x8 float GZIP patches\): 2 shard\(s\), 4 records"})],
     "per_pixel.py": [([], {
         "title": r"^4 patches of 24x24x4 \(P=16, k=8\) in 2 shards, batch 2, pixel classifier \(64, 64\), 1 timed runs",
@@ -138,17 +138,20 @@ RUNS = {
             "overhead row": _STEP_ROW.format(name="fit spe=128"),
             "done": r"^done \[load average"})],
 }
-# Run in one Python process, one after the other (`_SHARED_RUNNER`): scripts that start no child process and set
-# nothing before TensorFlow loads (gcs_read.py routes the environment and the cores first: its own process).
+# Run in one Python process, one after the other (`_SHARED_RUNNER`): scripts that set nothing before TensorFlow
+# loads (gcs_read.py routes the environment and the cores first: its own process) and whose child processes, if any,
+# hand their output back to the script (step_loop.py's horovodrun, tune.py's harness train runs): each saves a
+# process that imports TensorFlow (step_loop.py, tune.py and fit_ratio.py: 100 -> 92 CPU-s when they joined).
 SHARED = ("published_scaling.py", "reshard.py", "input_pipeline.py", "profile_overhead.py", "per_pixel.py",
-          "predict.py")
+          "predict.py", "step_loop.py", "tune.py", "fit_ratio.py")
 # argv: benchmarks/, the JSON list of [script, args, temporary folder], the JSON file of {script: {code, stdout}}
 _SHARED_RUNNER = r"""
-import contextlib, gc, io, json, os, runpy, sys, tempfile, traceback
+import contextlib, gc, io, json, os, runpy, sys, tempfile, time, traceback
 bench, jobs, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 sys.path.insert(0, bench)   # as `python benchmarks/X.py` puts the script's folder first
 results = {}
 for script, args, tmpdir in jobs:
+    cpu = time.process_time() + sum(os.times()[2:4])   # this process's and its waited children's
     os.environ["TMPDIR"] = tempfile.tempdir = tmpdir
     sys.argv = [os.path.join(bench, script), "--smoke", *args]
     printed, code = io.StringIO(), 0
@@ -160,8 +163,12 @@ for script, args, tmpdir in jobs:
         except BaseException:
             code = traceback.format_exc()
     results[script] = {"code": code, "stdout": printed.getvalue()}
+    for keras in ("tf_keras", "keras"):   # a global policy set (fit_ratio.py's mixed_float16) not left to the next
+        if keras in sys.modules:
+            sys.modules[keras].mixed_precision.set_global_policy("float32")
     gc.collect()   # the script's datasets and iterators (their threads) gone before the next one
-    print(f"{script}: exit {code}", file=sys.stderr, flush=True)
+    print(f"{script}: exit {code}, {time.process_time() + sum(os.times()[2:4]) - cpu:.1f} CPU-s", file=sys.stderr,
+          flush=True)
 with open(out, "w") as f:
     json.dump(results, f)
 """
@@ -244,7 +251,7 @@ def test_benchmark_starts_and_prints_its_figures(script, index, smoke_data, tmp_
             assert value is None or float(value.replace(",", "")) > 0, f"{name}: {m.group(0)!r}"
     assert not missing, f"benchmarks/{script} printed no {missing}:\n{done.stdout[-4000:]}"
     if script == "fit_ratio.py":   # --json: the same figures, one per round and variant
-        result = json.loads((tmp_path / "fit.json").read_text())
+        result = json.loads((tmpdir.parent / "fit.json").read_text())   # {tmp}: the temporary folder's parent
         assert {k: len(v) for k, v in result["examples_per_s"].items()} == {"harness": 1, "fit_spe1": 1,
                                                                             "fit_speK": 1}
         assert result["model"] == "unet" and result["global_batch"] == 4 and result["ratio_fit_spe1"] > 0

@@ -117,8 +117,9 @@ def test_scale_places_gradients_as_the_profile_says():
 def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
     """docs/scaling.md's `horovodrun ... --timeline-filename runs/bench/timeline.json harness bench train ...` and
     `harness bench scale ... --timeline runs/bench/timeline.json ...`, run as printed in a folder of the test's (2
-    real Horovod ranks; a one-replica report.json written there in place of runs/bench/one's): the profile has the
-    bench model's gradients and the line the page shows; the table says the timeline placed them.
+    real Horovod ranks; a one-replica report.json written there in place of runs/bench/one's; the scale line in this
+    process, it trains nothing): the profile has the bench model's gradients and the line the page shows; the table
+    says the timeline placed them.
 
     The recording line is also `bench train --backend horovod`'s test (it was tests/bench/test_bench_train.py's own
     horovodrun launch): the step `harness train --backend horovod` runs (one replica per rank, Horovod's
@@ -130,6 +131,7 @@ def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
     import sys
 
     import procs
+    from predict_support import cli_in_process
     from scale_support import write_report
 
     root = pathlib.Path(__file__).resolve().parents[2]
@@ -145,7 +147,8 @@ def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
     write_report(work / "runs" / "bench" / "one" / "report.json")
     monkeypatch.chdir(work)   # the lines' relative paths
     argv = shlex.split(record)
-    recorded = procs.run([bin_dir / argv[0], *argv[1:]], env=env, timeout=300)
+    assert argv[0] == "horovodrun", record
+    recorded = procs.run(argv, env=env, timeout=300)
     from harness.cli import build_parser
     train = build_parser().parse_args(argv[argv.index("harness") + 1:])
     report = json.loads((work / train.output / "report.json").read_text())
@@ -155,7 +158,8 @@ def test_the_readme_lines_run_as_printed(tmp_path, monkeypatch):
     assert "(horovod)" in report["config"]["context"] and report["config"]["backend"] == "horovod"
     assert recorded.count("bench train: synthetic batches") == 1, recorded[-3000:]   # the chief alone reports
     argv = shlex.split(predict)
-    out = procs.run([bin_dir / argv[0], *argv[1:]], env=env, timeout=300)
+    assert argv[0] == "harness", predict
+    out = cli_in_process(*argv[1:]).stdout
     from harness.train.model import builtin
     weights = builtin.builtin_model("image", (16, 16, 4), 4).trainable_weights
     nbytes = sum(int(w.shape.num_elements()) * w.dtype.size for w in weights)

@@ -2,8 +2,9 @@
 
 Every launch runs in its own process group under a timeout that kills the group and fails the test (a hang in a
 collective must not hang the suite). The ranks run tests/distribute/scripts/hvd_train.py (the job as the CLI runs
-it, printing each rank's final weights and writes) or hvd_loss_scale.py. In-process tests cover the pieces that
-need no second process: GPU pinning, the sharding check, Horovod ranks' backups, options.
+it, printing each rank's final weights and writes) or hvd_mpi_threads.py (MPI beside Horovod's thread, then
+hvd_loss_scale.py's step). In-process tests cover the pieces that need no second process: GPU pinning, the
+sharding check, Horovod ranks' backups, options.
 """
 import gzip
 import json
@@ -94,10 +95,12 @@ def image_export(tmp_path_factory):
     return folder, [p for p in paths if p.endswith(".tfrecord.gz")]
 
 
-def test_horovodrun_gloo_trains_in_sync_stops_early_alike_and_resumes_from_rank0(image_export, tmp_path):
-    """The first run, of 5 epochs, stops early: --min-delta 1.0 on mean IoU, so only epoch 1 improves and both ranks
-    stop after epoch 2 (the metric is summed over the ranks, so they decide alike), and rank 0 alone writes
-    best/model.keras. The second resumes it to epoch 3 from rank 0's backup."""
+def test_horovodrun_gloo_trains_in_sync_and_stops_early_alike(image_export, tmp_path):
+    """The run, of 5 epochs, stops early: --min-delta 1.0 on mean IoU, so only epoch 1 improves and both ranks stop
+    after epoch 2 (the metric is summed over the ranks, so they decide alike), and rank 0 alone writes
+    best/model.keras. A resume from rank 0's backup under horovodrun --gloo (rank 0 alone restores; every rank
+    continues from its step with its optimizer state and ends with the same weights): tests/launch/
+    test_fault_tolerance.py's horovodrun runs."""
     folder, files = image_export
     data, out = folder / "train", tmp_path / "run"
     by_rank = train(horovodrun(2), data, out, "--epochs", "5", "--per-replica-batch-size", "4",
@@ -124,15 +127,6 @@ def test_horovodrun_gloo_trains_in_sync_stops_early_alike_and_resumes_from_rank0
     assert {"backup", "model.keras", "summary.json"} <= set(os.listdir(out))  # rank 0 wrote them
     assert json.loads((out / "summary.json").read_text())["final_step"] == 8
 
-    # Resume: rank 0 alone restores; every rank continues from its step with its optimizer state.
-    # 3 steps per call over 4 steps per epoch: calls of 3 and 1 (never across the epoch end)
-    resumed = train(horovodrun(2), data, out, "--epochs", "3", "--per-replica-batch-size", "4",
-                    "--steps-per-loop", "3")
-    check_ranks(resumed, files)
-    for r in resumed.values():
-        assert (r["summary"]["initial_step"], r["summary"]["final_step"]) == (8, 12)
-        assert r["summary"]["optimizer_iterations"] == 12
-
 
 # mixed_float16 under mpirun with the mpi4py control plane: the validation test at the end of this file (its run
 # under mpirun trains in mixed_float16 with --check-sharding).
@@ -151,12 +145,19 @@ def test_mpirun_refuses_mpi_without_thread_multiple():
         assert "MPI4PY_RC_THREAD_LEVEL=serialized is set" in r["error"]
 
 
-def test_mpirun_control_plane_collectives_beside_horovod_thread():
+@pytest.fixture(scope="module")
+def threads_run() -> dict:
+    """2 ranks of hvd_mpi_threads.py under mpirun: its 300 rounds, then hvd_loss_scale.py's step at a fixed scale
+    of 8 (one mpirun, one TensorFlow import per rank, for both tests)."""
+    return results(run(MPIRUN + ["-np", "2", sys.executable, SCRIPTS / "hvd_mpi_threads.py", "stress", "300", "8"],
+                       timeout=240), "HVD_THREADS", 2)
+
+
+def test_mpirun_control_plane_collectives_beside_horovod_thread(threads_run):
     """MPI grants 'multiple' (mpi4py's default request) and the plane is a duplicate of COMM_WORLD; 300 rounds of
     its pickled-object collectives on the main thread while another thread runs Horovod all-reduces through the MPI
     controller, then an uneven exit: every value arrives right, both ranks exit 0."""
-    by_rank = results(run(MPIRUN + ["-np", "2", sys.executable, SCRIPTS / "hvd_mpi_threads.py", "stress", "300"],
-                          timeout=240), "HVD_THREADS", 2)
+    by_rank = threads_run
     for r in by_rank.values():
         assert (r["level"], r["plane"], r["own_comm"], r["congruent"]) == ("multiple", "MPIControlPlane", True, True)
         assert r["rounds"] == 300
@@ -164,49 +165,17 @@ def test_mpirun_control_plane_collectives_beside_horovod_thread():
         assert r["allreduces"] > 0 and r["allreduces_right"] == r["allreduces"], r
 
 
-def test_loss_scale_applied_once_under_horovod():
+def test_loss_scale_applied_once_under_horovod(threads_run):
     """Kernel [[0, 0]], x = 1, label 0, SGD lr 1, fixed scale 8 → [[0.5, -0.5]] on both ranks (see
     tests/train/model/test_precision.py); scaled twice or never unscaled would multiply or divide it by 8, dividing by
     the global batch instead of the rank's would halve it. Under mpirun (no middleman per rank, as horovodrun
-    spawns); Horovod's Gloo controller under mixed_float16: tests/train/loop/test_keras_kinds.py's overflow test."""
-    by_rank = results(run(MPIRUN + ["-np", "2", sys.executable, SCRIPTS / "hvd_loss_scale.py", "8"]),
-                      "HVD_LOSS_SCALE", 2)
-    for r in by_rank.values():
+    spawns), in the ranks of the control plane's test after their rounds; Horovod's Gloo controller under
+    mixed_float16: tests/train/loop/test_keras_kinds.py's overflow test."""
+    assert sorted(threads_run) == [0, 1]
+    for r in (x["loss_scale"] for x in threads_run.values()):
         assert r["scaled"] and r["size"] == 2
         assert r["loss"] == pytest.approx(np.log(2.0), rel=1e-3)
         np.testing.assert_allclose(r["kernel"], [[0.5, -0.5]], rtol=1e-3)
-
-
-@pytest.fixture(scope="module")
-def uneven_export(tmp_path_factory):
-    """4 files of 20/20/20/16 records."""
-    from harness.data import synth
-    folder = tmp_path_factory.mktemp("uneven")
-    paths = synth.write_table_export(str(folder), shards=4, records=80, seed=3)
-    with gzip.open(paths[-1], "rb") as f:
-        raw = f.read()
-    offset = 0
-    for _ in range(16):  # TFRecord framing: u64 length, u32 crc, data, u32 crc
-        offset += 16 + int.from_bytes(raw[offset:offset + 8], "little")
-    with gzip.open(paths[-1], "wb") as f:
-        f.write(raw[:offset])
-    return folder, paths
-
-
-def test_uneven_shards_ranks_take_equal_steps(uneven_export, tmp_path):
-    """Per-rank batch 4: rank 0 (files 0 and 2: 40 records) could take 10 steps, rank 1 (files 1 and 3: 36) only 9;
-    both take 9 and report what they drop, also with 5 steps per call (calls of 5 and 4). Two ranks: the rule is the
-    same for any number (4 ranks over 2 hosts: tests/cluster/test_horovod_hosts.py). Under mpirun: horovodrun
-    spawns a Python middleman per rank (this run cost ~4 CPU-s more under it); Gloo's runs: the first test."""
-    data, files = uneven_export
-    by_rank = train(MPIRUN + ["-np", "2"], data, tmp_path / "run", "--epochs", "1", "--per-replica-batch-size", "4",
-                    "--steps-per-loop", "5")
-    check_ranks(by_rank, files)
-    stats = by_rank[0]["summary"]["ranks"]
-    assert [s["records"] for s in stats] == [40, 36]
-    assert [s["dropped"] for s in stats] == [4, 0]
-    assert [s["steps"] for s in stats] == [9] * 2
-    assert {r["summary"]["final_step"] for r in by_rank.values()} == {9}
 
 
 # --- in-process -------------------------------------------------------------------------------------------------------
@@ -327,9 +296,35 @@ def test_backend_option_and_flags():
 # `check_ranks` here.
 
 
-def test_mpirun_mixed_float16_ranks_score_every_validation_record_once_and_meet_after_the_chiefs_writes(
-        image_export, tmp_path_factory, tmp_path):
+@pytest.fixture(scope="module")
+def uneven_images(tmp_path_factory):
+    """4 GZIP files of 20/20/20/16 patches of 16x16 (the last cut after its 16th record, the mixer's total
+    with it); returns the folder and the files."""
+    from harness.data import synth
+    folder = tmp_path_factory.mktemp("uneven")
+    paths = synth.write_image_export(str(folder), shards=4, records=80, patch_size=16, seed=3)
+    files = [p for p in paths if p.endswith(".tfrecord.gz")]
+    with gzip.open(files[-1], "rb") as f:
+        raw = f.read()
+    offset = 0
+    for _ in range(16):  # TFRecord framing: u64 length, u32 crc, data, u32 crc
+        offset += 16 + int.from_bytes(raw[offset:offset + 8], "little")
+    with gzip.open(files[-1], "wb") as f:
+        f.write(raw[:offset])
+    mixer = folder / "export-mixer.json"
+    mixer.write_text(json.dumps(dict(json.loads(mixer.read_text()), totalPatches=76)))
+    return folder, files
+
+
+def test_mpirun_mixed_float16_ranks_take_equal_steps_score_each_validation_record_once_meet_after_chiefs_writes(
+        uneven_images, tmp_path_factory, tmp_path):
     """Under mpirun the ranks take the mpi4py control plane, not Horovod's, and train in mixed_float16 in sync.
+
+    Uneven training files, per-rank batch 4: rank 0 (files 0 and 2: 40 patches) could take 10 steps, rank 1
+    (files 1 and 3: 36) only 9; both take 9 and report what they drop, with 5 steps per call (calls of 5 and 4).
+    Two ranks: the rule is the same for any number (4 ranks over 2 hosts: tests/cluster/test_horovod_hosts.py).
+    Under mpirun: horovodrun spawns a Python middleman per rank (a run cost ~4 CPU-s more under it); Gloo's runs:
+    the first test.
 
     39 validation patches in 3 files (rank 0 reads 2: 26 patches, rank 1 reads 1: 13), 4 per rank per step:
     equal steps would score 3 batches per rank (24 patches); every patch is scored once, and every rank reports
@@ -342,22 +337,27 @@ def test_mpirun_mixed_float16_ranks_score_every_validation_record_once_and_meet_
     first all-reduce, and the job was killed as a lost peer. The ranks now agree at every validation step whether
     any has data, and meet on the control plane after the chief's writes."""
     from harness.data import synth
-    folder, files = image_export
+    folder, files = uneven_images
     val = tmp_path_factory.mktemp("val13")
     synth.write_image_export(str(val), prefix="val", shards=3, records=39, patch_size=16, seed=5)
     slow = {"HARNESS_TEST_EVAL_SLEEP_S": "0.6", "HARNESS_TEST_SLOW_BATCHES": "7", "HARNESS_TEST_SAVE_SLEEP_S": "5",
             "HARNESS_TEST_SLOW_RANK": "0",
             "HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"}
     launcher = MPIRUN + ["-np", "2"] + [a for k in slow for a in ("-x", k)]
-    by_rank = train(launcher, folder / "train", tmp_path / "run", "--epochs", "2", "--per-replica-batch-size", "4",
-                    "--validation-data", val, "--monitor", "val_loss", "--precision", "mixed_float16",
-                    "--check-sharding", "--model", f"{SCRIPTS / 'slow_eval_model.py'}:build", env=slow)
+    by_rank = train(launcher, folder, tmp_path / "run", "--epochs", "2", "--per-replica-batch-size", "4",
+                    "--steps-per-loop", "5", "--validation-data", val, "--monitor", "val_loss", "--precision",
+                    "mixed_float16", "--check-sharding", "--model", f"{SCRIPTS / 'slow_eval_model.py'}:build",
+                    env=slow)
     assert {r["launcher"] for r in by_rank.values()} == {"openmpi"}  # mpi4py plane, not Horovod's
     check_ranks(by_rank, files, models=(2, 3))  # the final model and the best of epoch 1 (and of 2)
     summary = by_rank[0]["summary"]
+    stats = summary["ranks"]
+    assert [s["records"] for s in stats] == [40, 36]
+    assert [s["dropped"] for s in stats] == [4, 0]
+    assert [s["steps"] for s in stats] == [2 * 9] * 2   # 2 epochs of 9 steps
+    assert {r["summary"]["final_step"] for r in by_rank.values()} == {2 * 9}
     assert summary["policy"] == "mixed_float16"
     assert all(np.isfinite(h["loss"]) for h in summary["history"])
-    assert summary["final_step"] == 2 * 4  # 16 patches per rank // 4
     for r in by_rank.values():
         evaluation = r["summary"]["evaluation"]
         assert evaluation["records_expected"] == 39

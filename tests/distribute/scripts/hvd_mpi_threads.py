@@ -2,9 +2,12 @@
 mpirun. Prints `HVD_THREADS {json}`.
 
   hvd_mpi_threads.py init       `horovod.init()`: the thread level granted, or the error it raised.
-  hvd_mpi_threads.py stress N   N rounds of the control plane's collectives (pickled objects of 10 B to 64 KiB) on
+  hvd_mpi_threads.py stress N [SCALE]
+                                N rounds of the control plane's collectives (pickled objects of 10 B to 64 KiB) on
                                 the main thread while a second thread runs Horovod all-reduces, then an uneven
                                 exit (rank 0 at once, the others after a pause): every round's values are checked.
+                                With SCALE, between the rounds and the exit, hvd_loss_scale.py's step with that
+                                fixed loss scale (its result under "loss_scale"): one mpirun for both.
 """
 import json
 import os
@@ -21,7 +24,7 @@ from harness.errors import ClusterConfigError  # noqa: E402
 
 rank = environment.read_launcher().rank
 try:
-    _, context = horovod.init()
+    strategy, context = horovod.init()
 except ClusterConfigError as e:
     print("HVD_THREADS " + json.dumps({"rank": rank, "error": str(e)}), flush=True)
     sys.exit(0)
@@ -64,6 +67,10 @@ if sys.argv[1] == "stress":
         stop.set()
         thread.join()
     result.update(rounds=rounds, wrong=wrong, allreduces=len(sums), allreduces_right=sum(sums))
+    if len(sys.argv) > 3:
+        import hvd_loss_scale  # tests/distribute/scripts, this script's folder
+
+        result["loss_scale"] = hvd_loss_scale.step(strategy, context, float(sys.argv[3]))
     plane.bcast(None)  # both loops done everywhere before anyone leaves
     if context.rank:
         time.sleep(1.0)  # rank 0 exits (and shuts Horovod down everywhere) while this rank still runs Python

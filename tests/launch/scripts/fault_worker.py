@@ -6,10 +6,11 @@ batches drawn from the input pipeline (the data position), counted where the tra
 `tf.function`, at each `next(iterator)` (`Trainer._next_batch`), whatever the steps per call. With
 HARNESS_TEST_STEP_DELAY_S set, every step waits that many seconds for its batch, so a test can kill a worker in
 the middle of an epoch. With HARNESS_TEST_RECORDS_DIR set, every batch drawn is also kept as its records (each
-row of the inputs, as text: a record's identity) and written at exit, preempted or not, to
-`records-<rank>-<pid>.json` there: `{"rank", "batches": [[row, ...], ...]}` in the order drawn. With
-HARNESS_TEST_EXIT_DELAY_S set, rank 0 waits that many seconds at exit before writing them, so the stop a launcher
-sends the workers still running (after another one exited) arrives while it exits.
+row of the inputs, as text: a record's identity): appended as it is drawn, one line `[row, ...]` per batch in the
+order drawn, to `records-<rank>-<pid>.jsonl` there (one write each, unbuffered: what a process drew is on file
+whenever and however it ends, a launcher's SIGKILL included). With HARNESS_TEST_EXIT_DELAY_S set, rank 0 waits that
+many seconds at exit, so the stop a launcher sends the workers still running (after another one exited) arrives
+while it exits, then (with HARNESS_TEST_RECORDS_DIR) writes `exited-<rank>-<pid>` there: it finished its exit.
 
 Errors end the process as `harness train` does (`harness.cli.main`): a `ClusterFault` (a preemption) prints one
 line and exits 138, a `HarnessError` (a resume refused) one line and 2.
@@ -35,29 +36,30 @@ delay = float(os.environ.get("HARNESS_TEST_STEP_DELAY_S", "0"))
 records_dir = os.environ.get("HARNESS_TEST_RECORDS_DIR")
 exit_delay = float(os.environ.get("HARNESS_TEST_EXIT_DELAY_S", "0"))
 drawn = []   # batches this process took from its input pipeline: the data position
-batches = []   # with records_dir: each batch drawn, as its rows
 _next_batch = Trainer._next_batch
 config, launcher = environment.read_tf_config(), environment.read_launcher()
 rank = config.tasks().index((config.task_type, config.task_index)) if config else launcher.rank if launcher else 0
+records = os.open(os.path.join(records_dir, f"records-{rank}-{os.getpid()}.jsonl"),
+                  os.O_WRONLY | os.O_CREAT | os.O_APPEND) if records_dir else None
 
 
 def _drew(inputs):
     drawn.append(1)
-    if records_dir:
-        batches.append([",".join(f"{v:.7g}" for v in row) for row in inputs.numpy().reshape(len(inputs), -1)])
+    if records is not None:   # one write(2) per batch, before the step that trains on it
+        rows = [",".join(f"{v:.7g}" for v in row) for row in inputs.numpy().reshape(len(inputs), -1)]
+        os.write(records, (json.dumps(rows) + "\n").encode())
     time.sleep(delay)
     return 0
 
 
-def _write_records():
+def _exit():
     if exit_delay and rank == 0:
         time.sleep(exit_delay)
-    if records_dir:
-        with open(os.path.join(records_dir, f"records-{rank}-{os.getpid()}.json"), "w") as f:
-            json.dump({"rank": rank, "batches": batches}, f)
+        if records_dir:
+            open(os.path.join(records_dir, f"exited-{rank}-{os.getpid()}"), "w").close()
 
 
-atexit.register(_write_records)
+atexit.register(_exit)
 
 
 def counted_next_batch(self, iterator):

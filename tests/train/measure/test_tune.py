@@ -1,8 +1,11 @@
 """`harness train --tune` (harness/train/measure/tune.py): the levers decided before the first epoch from this worker's
 probes, the chief's decision applied on every worker, the decision and its numbers in summary.json. Real processes:
-one worker, and two Horovod ranks under `harness launch mpi`."""
+one worker, and two Horovod ranks under `harness launch mpi`, each `harness train` through
+scripts/short_probes.py (the probes' windows shortened: every code path runs, ~4 CPU-s less a process) with the
+model of scripts/one_conv.py (a 1x1 convolution: the built-in U-Net's three traces cost ~5 CPU-s more a process)."""
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -17,6 +20,9 @@ from harness.errors import ConfigError
 from harness.train.measure import tune
 
 CLI = [sys.executable, "-m", "harness.cli"]
+SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
+HARNESS = [sys.executable, str(SCRIPTS / "short_probes.py")]
+MODEL = ["--model", f"{SCRIPTS / 'one_conv.py'}:build"]
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="")
 APPLIES = re.compile(r"tune: worker (\d) applies (parse=[a-z]+ parallel_reads=[\da-z]+ map_parallelism=[\da-z]+ "
                      r"prefetch=[\da-z]+ cache=[a-z]+)")   # Horovod's ranks under mpirun: the next tag may follow on the line
@@ -31,7 +37,7 @@ def small_images(tmp_path_factory):
 
 
 def _train(*args, workers=1, timeout=500):
-    train = [*CLI, "train", "--tune", *map(str, args)]
+    train = [*HARNESS, "train", "--tune", *MODEL, *map(str, args)]
     cmd = train if workers == 1 else [*CLI, "launch", "local", "--workers", str(workers), "--timeout", "400", "--",
                                       *train]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
@@ -128,9 +134,9 @@ def test_two_horovod_ranks_apply_the_same_decision(small_images, tmp_path):
     `test_agreement_applies_the_chiefs_decision_on_every_worker`), over Horovod's control plane
     (`HorovodBackend.allgather`). tf.distribute's all-gather (`TrainingBackend.allgather`) carries every
     multi-worker run's statistics and resume; its `launch local` tune run was dropped for the suite's time."""
-    cmd = [*CLI, "launch", "mpi", "--np", "2", "--timeout", "400", "--", *CLI, "train", "--tune", "--backend",
-           "horovod", "--data", small_images, "--epochs", "1", "--per-replica-batch-size", "8", "--output",
-           str(tmp_path / "run")]
+    cmd = [*CLI, "launch", "mpi", "--np", "2", "--timeout", "400", "--", *HARNESS, "train", "--tune", *MODEL,
+           "--backend", "horovod", "--data", small_images, "--epochs", "1", "--per-replica-batch-size", "8",
+           "--output", str(tmp_path / "run")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=ENV)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     _check_two_workers(done.stdout + done.stderr, json.loads((tmp_path / "run" / "summary.json").read_text()))

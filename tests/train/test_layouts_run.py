@@ -1,17 +1,20 @@
 """Each Earth Engine layout trained as a user runs it (`harness train`, the built-in model, no layout flag but the
-collapsed bands' names), on 2 workers (`harness launch local`), and the array layout on 1 worker too: the label is
-cut from one plane of one array band (or the third of four collapsed bands), so only a reader that puts that plane
-in the right place reaches the accuracy asserted on a held-out shard. The 1-worker array run is then predicted (no
-mixer: said why no upload), exported (Earth Engine's array input shape) and checked against predict; a record
-corrupted after the counts is named by file and record."""
+collapsed bands' names), on 2 workers (`harness launch local`, the layouts one after the other in one launch): the
+label is cut from one plane of one array band (or the third of four collapsed bands), so only a reader that puts that
+plane in the right place reaches the accuracy asserted on a held-out shard. The array run is then predicted (no
+mixer: said why no upload), exported (Earth Engine's array input shape) and checked against predict; docs/data.md's
+time-series block trains an array band on 1 worker; a record corrupted after the counts is named by file and
+record."""
 import json
 import os
+import pathlib
 import shutil
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import harness_cmd, run_cli
+from predict_support import cli_in_process, run_cli
 
 from harness import cli
 from harness.data import records, synth
@@ -19,19 +22,24 @@ from harness.data import shards as S
 from harness.predict.run import NO_MIXER, read_outputs
 
 TRAIN, HELD_OUT = "export-0000[0-3].tfrecord.gz", "export-00004.tfrecord.gz"
-IMAGE_FLAGS = ["--global-batch-size", 8, "--learning-rate", 0.006, "--epochs", 5]
+TRAIN_RUNS = pathlib.Path(__file__).resolve().parent / "scripts" / "train_runs.py"
+# 2 epochs each (an epoch of a 2-worker run, its steps, validation and backup, costs 1.5-3 CPU-s): 320 patches (256
+# trained, 32 steps an epoch) over 2 epochs reach 0.93-0.97 on 2 workers and on 1, as 160 over 5 did
+# (0.93-0.97); the sequence and table layouts score 0.98 from their first epoch (they ran 6).
+IMAGE_RECORDS = 320
+IMAGE_FLAGS = ["--global-batch-size", 8, "--learning-rate", 0.006, "--epochs", 2]
 LAYOUTS = {
     # name: (synth arguments, train flags)
-    "array": (dict(kind="image", records=160, patch_size=16, bands=("B2", "ndvi", "B3"), depths={"ndvi": 4},
-                   label_from="ndvi[2]"), IMAGE_FLAGS),
-    "collapsed": (dict(kind="image", records=160, patch_size=16, bands=("B1", "B2", "B3", "B4"), collapse=True,
-                       label_from="B3"),
+    "array": (dict(kind="image", records=IMAGE_RECORDS, patch_size=16, bands=("B2", "ndvi", "B3"),
+                   depths={"ndvi": 4}, label_from="ndvi[2]"), IMAGE_FLAGS),
+    "collapsed": (dict(kind="image", records=IMAGE_RECORDS, patch_size=16, bands=("B1", "B2", "B3", "B4"),
+                       collapse=True, label_from="B3"),
                   ["--bands", "B1", "B2", "B3", "B4", "--label", "landcover", *IMAGE_FLAGS]),
     "sequence": (dict(kind="image", records=16, patch_size=16, bands=("elev", "ndvi"), depths={"ndvi": 6},
                       sequence=True, label_from="ndvi[4]"),
-                 ["--global-batch-size", 64, "--learning-rate", 0.01, "--epochs", 6]),
+                 ["--global-batch-size", 64, "--learning-rate", 0.01, "--epochs", 2]),
     "table": (dict(kind="table", records=2048, bands=("a", "ts"), depths={"ts": 5}, label_from="ts[3]"),
-              ["--global-batch-size", 64, "--learning-rate", 0.01, "--epochs", 6]),
+              ["--global-batch-size", 64, "--learning-rate", 0.01, "--epochs", 2]),
 }
 
 
@@ -45,53 +53,59 @@ def exports(tmp_path_factory):
     return root
 
 
-_RUNS = {}
+@pytest.fixture(scope="module")
+def runs(exports, tmp_path_factory):
+    """Every layout trained on 2 workers in one launch (`harness launch local`), one layout after the other in
+    each worker's process, each through `harness train`'s CLI (tests/train/scripts/train_runs.py: the launch and
+    the workers' start paid once, ~4 CPU-s less a layout than a launch each): per layout its summary, its lines of
+    the output and its run folder."""
+    root = tmp_path_factory.mktemp("runs")
+    args = []
+    for name in LAYOUTS:
+        folder = exports / name
+        args += [*(["---"] if args else []), "--data", folder / TRAIN, "--validation-data", folder / HELD_OUT,
+                 *LAYOUTS[name][1], "--output", root / name]
+    r = run_cli("launch", "local", "--workers", 2, "--timeout", 540, "--", sys.executable, TRAIN_RUNS, *args,
+                timeout=600)
+    lines, at = {}, {}   # each run's lines (every worker's), and the run each worker is in
+    for line in r.stdout.splitlines():
+        worker, _, text = line.partition("] ")
+        if text.startswith("RUN "):
+            at[worker] = int(text[4:])
+        else:
+            lines.setdefault(at.get(worker), []).append(line)
+    return {name: (json.loads((root / name / "summary.json").read_text()), "\n".join(lines.get(i, [])),
+                   root / name) for i, name in enumerate(LAYOUTS)}
 
 
-def _train(exports, name, output, workers):
-    """One run per layout and worker count in the module, read by every test that needs it."""
-    if (name, workers) in _RUNS:
-        return _RUNS[name, workers]
-    folder = exports / name
-    train = ["train", "--data", folder / TRAIN, "--validation-data", folder / HELD_OUT, *LAYOUTS[name][1],
-             "--output", output]
-    args = train if workers == 1 else ["launch", "local", "--workers", workers, "--timeout", 300, "--",
-                                       *harness_cmd(*train)]
-    r = run_cli(*args)
-    _RUNS[name, workers] = json.loads((output / "summary.json").read_text()), r, output
-    return _RUNS[name, workers]
-
-
-# Every layout on 2 workers (each worker reads its own files of the export through the sharded pipeline), and the
-# array layout on 1 (the run the predict and export test reads). A record is parsed the same on 1 worker as on 2
-# (one worker reads every file): the 1-worker runs of the collapsed, sequence and table layouts, each a process of
-# ~5-8 CPU-s, were dropped; their assertions are the 2-worker runs' (the same accuracy, spec and message), and 1
-# worker reads a table's array property in test_input_nodata_reaches_the_run_and_its_predictions and an image
-# export's array band in test_the_readme_time_series_commands_run_as_printed.
-RUNS = [*((name, 2) for name in LAYOUTS), ("array", 1)]
+# Every layout on 2 workers (each worker reads its own files of the export through the sharded pipeline). A record
+# is parsed the same on 1 worker as on 2 (one worker reads every file): the 1-worker runs of the layouts, each a
+# process of ~5-9 CPU-s, were dropped (the array layout's last, its run now the 2-worker one that the predict and
+# export test reads); their assertions are the 2-worker runs' (the same accuracy, spec and message), and 1 worker
+# reads a table's array property in test_input_nodata_reaches_the_run_and_its_predictions and an image export's
+# array band in test_the_readme_time_series_commands_run_as_printed (its spec and message asserted there).
+RUNS = [(name, 2) for name in LAYOUTS]
 
 
 @pytest.mark.parametrize("name, workers", RUNS)
-def test_each_layout_learns_a_label_only_its_right_plane_predicts(exports, tmp_path, name, workers):
-    summary, r, _ = _train(exports, name, tmp_path / "run", workers)
+def test_each_layout_learns_a_label_only_its_right_plane_predicts(runs, name, workers):
+    summary, out, _ = runs[name]
     last = summary["history"][-1]
     assert summary["plan"]["workers"] == workers
     assert last["val_accuracy"] >= 0.9, (name, last)   # 2 equal classes: a misplaced plane gives ~0.5
     spec = summary["spec"]
     if name == "collapsed":
         assert spec["collapsed"] == {"B1": ["B1", "B2", "B3", "B4", "landcover"]}
-        assert "collapsed feature 'B1' read as B1, B2, B3, B4, landcover" in r.stdout + r.stderr
+        assert "collapsed feature 'B1' read as B1, B2, B3, B4, landcover" in out
     else:
         assert spec["depths"] == LAYOUTS[name][0]["depths"] and spec.get("sequence", False) == (name == "sequence")
-        assert "delivered as one channel per plane" in r.stdout + r.stderr
+        assert "delivered as one channel per plane" in out
 
 
 @pytest.fixture(scope="module")
-def array_run(exports, tmp_path_factory):
+def array_run(runs, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("array_run")
-    _, _, output = _train(exports, "array", tmp / "run", 1)
-    if output != tmp / "run":
-        shutil.copytree(output, tmp / "run")
+    shutil.copytree(runs["array"][2], tmp / "run")
     return tmp
 
 
@@ -113,7 +127,7 @@ def test_predict_and_the_exported_model_agree_on_an_array_band_export_without_a_
     out = _main(capsys, "predict", "--model", array_run / "run", "--data", data, "--output", array_run / "pred")
     assert NO_MIXER in out and "earthengine upload" not in out
     rows = read_outputs(sorted((array_run / "pred").glob("*.tfrecord")))
-    assert len(rows) == 160 and not (array_run / "pred" / "export-mixer.json").exists()
+    assert len(rows) == IMAGE_RECORDS and not (array_run / "pred" / "export-mixer.json").exists()
     exported = _main(capsys, "export", "--format", "savedmodel", "--model", array_run / "run", "--output",
                      array_run / "sm")
     assert 'inputShapes={"ndvi": [4]}' in exported
@@ -154,12 +168,13 @@ def test_a_record_corrupted_after_the_counts_is_named_by_file_and_record(exports
 
 
 def test_the_readme_time_series_commands_run_as_printed(tmp_path):
-    """The fenced block of docs/data.md's "Time series" section, word for word, in an empty folder."""
-    import pathlib
+    """The fenced block of docs/data.md's "Time series" section, word for word, in an empty folder: `harness
+    train` a process of its own, as printed; synth, inspect and predict, which train nothing, in this process
+    (`predict_support.cli_in_process`: each saves a process that imports TensorFlow)."""
+    import contextlib
     import re
     import shlex
     import subprocess
-    import sys
 
     text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
     section = text.partition("\n## Time series and Earth Engine's layout options\n")[2].split("\n## ", 1)[0]
@@ -170,13 +185,18 @@ def test_the_readme_time_series_commands_run_as_printed(tmp_path):
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
     out = []
     for line in lines:
-        r = subprocess.run(shlex.split(line, comments=True), cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300)
+        argv = shlex.split(line, comments=True)
+        if argv[1] == "train":
+            r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        else:
+            with contextlib.chdir(tmp_path):
+                r = cli_in_process(*argv[1:], ok=False)
         assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
         out.append(r.stdout + r.stderr)
     assert "6 x 16x16 (an array band of depth 6" in out[1] and "depths: {ndvi: 6}" in out[1]
     summary = json.loads((tmp_path / "runs" / "series" / "summary.json").read_text())
     assert summary["spec"]["depths"] == {"ndvi": 6} and summary["plan"]["steps_per_epoch"] == 8
+    assert summary["plan"]["workers"] == 1 and "delivered as one channel per plane" in out[2]   # as the layouts' runs
     assert len(read_outputs(sorted((tmp_path / "series-preds").glob("*.tfrecord")))) == 64
 
 

@@ -31,8 +31,42 @@ def table_export(tmp_path_factory):
     return synth.write_table_export(str(folder), prefix="points", shards=4, records=1024, seed=3)
 
 
-def test_two_workers_same_loss_identical_weights_chief_only_writes_every_validation_record_once(
-        table_export, tmp_path_factory, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def two_workers(table_export, tmp_path_factory):
+    """One launch of 2 workers (train_worker.py) carrying three tests, each job in both workers' processes over
+    their one strategy (a launch of its own cost 7-12 CPU-s): a job whose output folder is private to each worker
+    (refused, printed), the run of the first test, then a job in which worker 1 reports other final weights (it
+    ends the launch). Its output, the exception the launch ended with, and the jobs' folders."""
+    import io
+
+    from harness.errors import WorkerFailedError
+
+    tmp = tmp_path_factory.mktemp("two_workers")
+    seen, val = tmp / "seen", tmp / "val"
+    seen.mkdir()
+    groups = {"band_groups": {"before": ["B2", "B3"], "during": ["B4", "B8"]}, "group_delivery": "dict"}
+    files = [synth.write_table_export(str(val / name), prefix=name, shards=1, records=n, seed=s)
+             for name, n, s in (("a", 100, 7), ("b", 50, 8))]
+    paths = [p for f in files for p in f if ".tfrecord" in p]
+    out, failed = io.StringIO(), None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARNESS_TEST_INPUTS_DIR", str(seen))
+        mp.setenv("HARNESS_TEST_SEED_BY_RANK", "1")  # another sample on each worker, as on a busy reader
+        try:
+            # 3 steps per call, which does not divide the 16 steps of an epoch: calls of 3, 3, 3, 3, 3 and 1.
+            run_local([sys.executable, str(SCRIPT), str(tmp / "run"), *table_export, "--", "epochs=2",
+                       "scale_lr=linear", "base_batch_size=32", "schedule=cosine", "warmup_steps=4",
+                       "steps_per_loop=3", f"validation_data={','.join(paths)}",
+                       f"model={SCRIPT.parent / 'recording_model.py'}:build", f"data_config={json.dumps(groups)}",
+                       f"private_first={tmp / 'private'}", f"differ_after={tmp / 'differ'}"],
+                      workers=2, timeout_s=300, out=out)
+        except WorkerFailedError as e:
+            failed = e
+    return dict(out=out.getvalue(), failed=failed, run=tmp / "run", seen=seen, private=tmp / "private",
+                differ=tmp / "differ")
+
+
+def test_two_workers_same_loss_identical_weights_chief_only_writes_every_validation_record_once(two_workers):
     """One run of 2 workers: the same loss and identical weights, only the chief writes, the learning rate of every
     step is the schedule's closed form; with validation data and band groups delivered as a dict.
 
@@ -45,23 +79,9 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes_every_validat
     samples with its own seed, so that their own statistics differ. The model function
     (examples/temporal_pixel.py, one Normalization per group) writes what it was given; the Normalization
     constants are not weights, so the weights digest alone would not see a difference."""
-    import io
-    seen = tmp_path_factory.mktemp("seen")
-    monkeypatch.setenv("HARNESS_TEST_INPUTS_DIR", str(seen))
-    monkeypatch.setenv("HARNESS_TEST_SEED_BY_RANK", "1")  # another sample on each worker, as on a busy reader
-    groups = {"band_groups": {"before": ["B2", "B3"], "during": ["B4", "B8"]}, "group_delivery": "dict"}
-    val = tmp_path_factory.mktemp("val")
-    files = [synth.write_table_export(str(val / name), prefix=name, shards=1, records=n, seed=s)
-             for name, n, s in (("a", 100, 7), ("b", 50, 8))]
-    paths = [p for f in files for p in f if ".tfrecord" in p]
-    out = io.StringIO()
-    # 3 steps per call, which does not divide the 16 steps of an epoch: calls of 3, 3, 3, 3, 3 and 1 per epoch.
-    run_local([sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=2", "scale_lr=linear",
-               "base_batch_size=32", "schedule=cosine", "warmup_steps=4", "steps_per_loop=3",
-               f"validation_data={','.join(paths)}", f"model={SCRIPT.parent / 'recording_model.py'}:build",
-               f"data_config={json.dumps(groups)}"], workers=2, timeout_s=300, out=out)
-    results = _results(out.getvalue())
-    assert sorted(results) == [0, 1], out.getvalue()[-3000:]
+    text, run = two_workers["out"], two_workers["run"]
+    results = _results(text)
+    assert sorted(results) == [0, 1], text[-3000:]
     assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
     assert results[0]["loss"] == results[1]["loss"]
     # 4 files of 256 records, 2 workers -> 512 records each; per-replica 32 -> 16 steps per epoch.
@@ -74,9 +94,9 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes_every_validat
                               "assign_nonempty": 4}, r["calls"]
     # Chief-only writes: the shared output folder holds the chief's files and nothing else (no marker of the
     # shared-folder check, no other worker's backup or model).
-    written = sorted(p.name for p in tmp_path.iterdir())
+    written = sorted(p.name for p in run.iterdir())
     assert written == ["backup", "logs", "model.keras", "summary.json"]
-    events = list((tmp_path / "logs" / "train").glob("events.out.tfevents.*"))
+    events = list((run / "logs" / "train").glob("events.out.tfevents.*"))
     assert events
     # --scale-lr linear on 2 workers: peak = 1e-2 x global 64 / base 32; the rate of every step in TensorBoard is
     # the closed form of the schedule (a function of the global step).
@@ -91,13 +111,13 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes_every_validat
     for step, value in logged.items():
         assert value == np.float32(ScheduleConfig(**cfg).at(step - 1)), step
     # Validation: every record scored once per epoch over both workers.
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["evaluation"]["records_expected"] == 150
     assert [e["records"] for e in summary["evaluation"]["per_epoch"]] == [150, 150]
     assert [e["pixels"] for e in summary["evaluation"]["per_epoch"]] == [150, 150]
-    assert "validation: 150 records, each scored once" in out.getvalue()
+    assert "validation: 150 records, each scored once" in text
     # Band groups as a dict: both workers built the model with the chief's statistics.
-    given = [json.loads(p.read_text()) for p in sorted(seen.glob("*.json"))]
+    given = [json.loads(p.read_text()) for p in sorted(two_workers["seen"].glob("*.json"))]
     assert len(given) == 2 and given[0] == given[1]
     assert sorted(given[0]["mean"]) == ["before", "during"] and len(given[0]["mean"]["before"]) == 2
     assert all(v > 0 for g in given[0]["variance"].values() for v in g)
@@ -115,48 +135,33 @@ def _scalars(events, tag: str) -> dict:
     return found
 
 
-def test_output_folders_private_to_each_worker_are_refused_before_training(table_export, tmp_path, monkeypatch):
+def test_output_folders_private_to_each_worker_are_refused_before_training(two_workers):
     """Each worker given its own output folder (as with a node's own /tmp, or an emptyDir): training would run, and
     the first resume would find the chief at step 16 and worker 1 at step 0. Refused before any data is read, on
-    both workers, naming the folder and the workers that do not see the others' files (issue 20, item 2)."""
-    import io
-
-    from harness.errors import WorkerFailedError
-
-    monkeypatch.setenv("HARNESS_TEST_OUTPUT_PER_WORKER", "1")
-    out = io.StringIO()
-    with pytest.raises(WorkerFailedError):
-        run_local([sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=1"], workers=2,
-                  timeout_s=300, out=out)
-    text = out.getvalue()
+    both workers, naming the folder and the workers that do not see the others' files (issue 20, item 2). The
+    first job of `two_workers`: each worker's lines up to its refusal."""
+    text, private = two_workers["out"], two_workers["private"]
     for w in (0, 1):
-        assert (f"[worker {w}] " in text and f"ClusterConfigError: --output {tmp_path / f'worker{w}'} is not one "
-                "folder for all workers: worker(s) 0, 1 do not see the files the other workers write there") in text, \
-            text[-3000:]
-    assert "epoch 1/1" not in text and "records" not in text   # before the data was counted
-    assert sorted(p.name for p in (tmp_path / "worker0").iterdir()) == []   # no marker left behind
+        lines = [line for line in text.splitlines() if line.startswith(f"[worker {w}] ")]
+        refused = [i for i, line in enumerate(lines) if " REFUSED " in line]
+        assert refused, text[-3000:]
+        assert (f"[worker {w}] REFUSED ClusterConfigError: --output {private / f'worker{w}'} is not one folder for "
+                "all workers: worker(s) 0, 1 do not see the files the other workers write there") in lines[refused[0]]
+        before = "\n".join(lines[:refused[0]])
+        assert "epoch 1/1" not in before and "records" not in before   # before the data was counted
+    assert sorted(p.name for p in (private / "worker0").iterdir()) == []   # no marker left behind
 
 
-def test_ranks_whose_final_weights_differ_fail(table_export, tmp_path):
+def test_ranks_whose_final_weights_differ_fail(two_workers):
     """The weight check at the end only logged an error and ended with exit 0 (issue 11, item 12): here worker
-    1 reports other weights (HARNESS_TEST_OTHER_DIGEST), and the run fails naming it, before the model is saved."""
-    import io
-
+    1 reports other weights (the last job of `two_workers`), and the run fails naming it, before the model is
+    saved."""
     from harness.errors import WorkerFailedError
 
-    out = io.StringIO()
-    cmd = [sys.executable, str(SCRIPT), str(tmp_path), *table_export, "--", "epochs=1"]
-    old = os.environ.get("HARNESS_TEST_OTHER_DIGEST")
-    os.environ["HARNESS_TEST_OTHER_DIGEST"] = "1"
-    try:
-        with pytest.raises(WorkerFailedError):
-            run_local(cmd, workers=2, timeout_s=300, out=out)
-    finally:
-        os.environ.pop("HARNESS_TEST_OTHER_DIGEST") if old is None else os.environ.update(
-            HARNESS_TEST_OTHER_DIGEST=old)
-    text = out.getvalue()
+    text = two_workers["out"]
+    assert isinstance(two_workers["failed"], WorkerFailedError), text[-3000:]
     assert "final weights differ between ranks: rank(s) [1] differ from rank 0" in text, text[-3000:]
-    assert not (tmp_path / "model.keras").exists()
+    assert not (two_workers["differ"] / "model.keras").exists()
 
 
 def _latest_step(folder: pathlib.Path):

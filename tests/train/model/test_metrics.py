@@ -119,6 +119,7 @@ def test_per_class_scalars_named_and_nan_left_out():
 
 # --- the proofs: summary.json and TensorBoard against numpy on the saved model's predictions, 2 real workers ---------
 ROOT = pathlib.Path(__file__).resolve().parents[3]
+TRAIN_RUNS = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "train_runs.py"
 NAMES = ["water", "crop", "forest", "urban"]
 
 
@@ -147,12 +148,53 @@ def _column(examples, name):
     return np.array([ex.features.feature[name].float_list.value for ex in examples], np.float32)
 
 
-def _launch_two(*args, timeout=600):
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout",
-                        str(timeout - 60), "--", sys.executable, "-m", "harness.cli", "train", *map(str, args)],
-                       capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def _segmentation(folder: pathlib.Path) -> tuple[list, list]:
+    """The segmentation test's export in `folder` and its `harness train` flags: (flags, validation Examples)."""
+    synth.write_image_export(str(folder / "export"), shards=4, records=128, patch_size=16, seed=1)
+
+    def nodata(ex, i):
+        mask = np.array(ex.features.feature["landcover"].float_list.value).reshape(16, 16)
+        mask[0] = 255.0                                            # the first row of every patch
+        mask[(np.add.outer(np.arange(16), np.arange(16)) + i) % 7 == 0] = 255.0
+        ex.features.feature["landcover"].float_list.value[:] = mask.ravel()
+    # Unequal shards; worker 0 reads shards 0 and 2, worker 1 shards 1 and 3: the same records each, none dropped.
+    # 64 training records: 2 steps, 1 epoch (the metrics are the validation set's, of whatever model is saved).
+    examples = _split(folder / "export", {"train": [10, 22, 22, 10], "val": [12, 20, 20, 12]}, nodata)["val"]
+    return ["--data", folder / "train", "--validation-data", folder / "val", "--epochs", "1",
+            "--per-replica-batch-size", "16", "--learning-rate", "0.01", "--ignore-label", "255",
+            "--class-names", *NAMES, "--model", "examples/deep_unet.py:build",
+            "--model-args", '{"depth": 2, "base_filters": 8}', "--output", folder / "run"], examples
+
+
+def _regression(folder: pathlib.Path) -> tuple[list, list]:
+    """The regression test's export in `folder` and its `harness train` flags: (flags, validation Examples)."""
+    synth.write_table_export(str(folder / "export"), shards=4, records=512, seed=1, label="target",
+                             regression=True)
+
+    def nodata(ex, i):
+        if i % 9 == 0:
+            ex.features.feature["target"].float_list.value[:] = [-9999.0]
+    # 256 training rows: 4 steps an epoch, 8 in all, enough for the validation RMSE to fall (~0.3 -> ~0.1)
+    examples = _split(folder / "export", {"train": [50, 78, 78, 50], "val": [40, 88, 88, 40]}, nodata)["val"]
+    return ["--data", folder / "train", "--validation-data", folder / "val", "--task", "regression",
+            "--label", "target", "--ignore-label", "-9999", "--epochs", "2", "--per-replica-batch-size", "32",
+            "--learning-rate", "0.01", "--monitor", "val_rmse", "--output", folder / "run"], examples
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """Both tests' runs in one launch of 2 workers (`harness launch local`), one after the other in each worker's
+    process, each through `harness train`'s CLI (tests/train/scripts/train_runs.py: the launch and the workers'
+    start paid once, ~4 CPU-s less than a launch each): per test its run folder and validation Examples, and the
+    launch's stdout."""
+    tmp = tmp_path_factory.mktemp("metrics")
+    runs = {name: make(tmp / name) for name, make in (("segmentation", _segmentation), ("regression", _regression))}
+    flags = [str(a) for a in [*runs["segmentation"][0], "---", *runs["regression"][0]]]
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "launch", "local", "--workers", "2", "--timeout", "540",
+                        "--", sys.executable, str(TRAIN_RUNS), *flags],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    return r
+    return {name: (tmp / name / "run", examples) for name, (_, examples) in runs.items()} | {"stdout": r.stdout}
 
 
 def _scalars(folder: pathlib.Path) -> dict:
@@ -165,28 +207,15 @@ def _scalars(folder: pathlib.Path) -> dict:
     return out
 
 
-def test_segmentation_metrics_equal_numpy_on_the_saved_model_two_workers(tmp_path):
-    """examples/deep_unet.py on 16x16 patches over 2 workers (`launch local`), training and validation shards of
-    unequal sizes, nodata 255 on a share of the pixels and class names: the confusion matrix, per-class IoU and F1
-    in summary.json equal numpy's from the saved model's predictions on the validation set (every valid pixel
-    counted once, no nodata pixel, none dropped), and TensorBoard holds the per-class metrics by name and the
-    learning rate per step. The deep U-Net's BatchNormalization makes this a test of the replicas' statistics too:
-    each replica evaluates with the mean statistics that are saved (`align_model_state`), not its own."""
-    synth.write_image_export(str(tmp_path / "export"), shards=4, records=128, patch_size=16, seed=1)
-
-    def nodata(ex, i):
-        mask = np.array(ex.features.feature["landcover"].float_list.value).reshape(16, 16)
-        mask[0] = 255.0                                            # the first row of every patch
-        mask[(np.add.outer(np.arange(16), np.arange(16)) + i) % 7 == 0] = 255.0
-        ex.features.feature["landcover"].float_list.value[:] = mask.ravel()
-    # Unequal shards; worker 0 reads shards 0 and 2, worker 1 shards 1 and 3: the same records each, none dropped.
-    # 64 training records: 2 steps an epoch (the metrics are the validation set's, of whatever model is saved).
-    examples = _split(tmp_path / "export", {"train": [10, 22, 22, 10], "val": [12, 20, 20, 12]}, nodata)["val"]
-    out = tmp_path / "run"
-    r = _launch_two("--data", tmp_path / "train", "--validation-data", tmp_path / "val", "--epochs", "2",
-                    "--per-replica-batch-size", "16", "--learning-rate", "0.01", "--ignore-label", "255",
-                    "--class-names", *NAMES, "--model", "examples/deep_unet.py:build",
-                    "--model-args", '{"depth": 3, "base_filters": 8}', "--output", out)
+def test_segmentation_metrics_equal_numpy_on_the_saved_model_two_workers(two_workers):
+    """examples/deep_unet.py (2 stages: ~4 CPU-s less than 3) on 16x16 patches over 2 workers (`launch local`),
+    training and validation shards of unequal sizes, nodata 255 on a share of the pixels and class names: the
+    confusion matrix, per-class IoU and F1 in summary.json equal numpy's from the saved model's predictions on the
+    validation set (every valid pixel counted once, no nodata pixel, none dropped), and TensorBoard holds the
+    per-class metrics by name and the learning rate per step. The deep U-Net's BatchNormalization makes this a test
+    of the replicas' statistics too: each replica evaluates with the mean statistics that are saved
+    (`align_model_state`), not its own."""
+    (out, examples), stdout = two_workers["segmentation"], two_workers["stdout"]
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["workers_weights_sha256"]) == 2 and len(set(summary["workers_weights_sha256"])) == 1
     assert summary["spec"]["ignore_label"] == 255 and summary["spec"]["num_classes"] == 4
@@ -209,7 +238,7 @@ def test_segmentation_metrics_equal_numpy_on_the_saved_model_two_workers(tmp_pat
         for key, want in (("iou", iou[c]), ("f1", f1[c])):
             assert summary["per_class"][name][key] == pytest.approx(want, rel=1e-6, nan_ok=True), (name, key)
     assert last["val_accuracy"] == pytest.approx(hits.sum() / matrix.sum(), rel=1e-12)
-    assert f"val_accuracy {last['val_accuracy']:.4f} val_mean_iou {last['val_mean_iou']:.4f}" in r.stdout
+    assert f"val_accuracy {last['val_accuracy']:.4f} val_mean_iou {last['val_mean_iou']:.4f}" in stdout
 
     scalars = _scalars(out / "logs" / "train")
     step = summary["final_step"]
@@ -223,30 +252,19 @@ def test_segmentation_metrics_equal_numpy_on_the_saved_model_two_workers(tmp_pat
     assert all(v == pytest.approx(0.01) for v in scalars["learning_rate"].values())
 
 
-def test_regression_metrics_equal_numpy_on_the_saved_model_two_workers(tmp_path):
+def test_regression_metrics_equal_numpy_on_the_saved_model_two_workers(two_workers):
     """A regression table export (label a linear function of the bands) with nodata -9999 on some rows, trained
     with the default mse over 2 workers: RMSE, MAE and R² of every epoch come from summed sums (the epoch line,
     TensorBoard and summary.json), and the last equal numpy's on the saved model's predictions of the validation
     rows. Tolerance 1e-5 relative: numpy's reference is computed from the model's float32 outputs run in other
     batches (float32 rounding, 6e-8 per operation, through a few layers)."""
-    synth.write_table_export(str(tmp_path / "export"), shards=4, records=512, seed=1, label="target",
-                             regression=True)
-
-    def nodata(ex, i):
-        if i % 9 == 0:
-            ex.features.feature["target"].float_list.value[:] = [-9999.0]
-    # 256 training rows: 4 steps an epoch, 12 in all, enough for the validation RMSE to fall
-    examples = _split(tmp_path / "export", {"train": [50, 78, 78, 50], "val": [40, 88, 88, 40]}, nodata)["val"]
-    out = tmp_path / "run"
-    r = _launch_two("--data", tmp_path / "train", "--validation-data", tmp_path / "val", "--task", "regression",
-                    "--label", "target", "--ignore-label", "-9999", "--epochs", "3", "--per-replica-batch-size", "32",
-                    "--learning-rate", "0.01", "--monitor", "val_rmse", "--output", out)
+    (out, examples), stdout = two_workers["regression"], two_workers["stdout"]
     summary = json.loads((out / "summary.json").read_text())
     history = summary["history"]
     assert summary["spec"]["task"] == "regression" and len(set(summary["workers_weights_sha256"])) == 1
     assert history[-1]["val_rmse"] < history[0]["val_rmse"]
     assert summary["best"]["monitor"] == "val_rmse" and summary["best"]["mode"] == "min"
-    assert f"val_rmse {history[-1]['val_rmse']:.4f} val_mae {history[-1]['val_mae']:.4f}" in r.stdout
+    assert f"val_rmse {history[-1]['val_rmse']:.4f} val_mae {history[-1]['val_mae']:.4f}" in stdout
 
     y = _column(examples, "target")[:, 0].astype(np.float64)
     x = np.stack([_column(examples, b)[:, 0] for b in ("B2", "B3", "B4", "B8")], axis=-1)

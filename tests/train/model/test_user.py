@@ -238,50 +238,54 @@ def test_cli_import_failure_is_one_line(tmp_path, capsys):
             "ModuleNotFoundError: No module named 'not_a_real_package_xyz'") in err  # before the data is read
 
 
-def _aces_flags(points, output, *extra):
+def _aces_flags(points, output, *extra, model=EXAMPLES / "temporal_pixel.py:build", model_args='{"dropout": 0.2}'):
     # 1 epoch: validation accuracy ~0.73 on 1 worker and on 2 (majority 0.36); a 2-process epoch is ~6 CPU-s of steps
     return ["train", "--config", EXAMPLES / "aces_points.yaml", "--data", points / "training.tfrecord.gz",
-            "--validation-data", points / "validation.tfrecord.gz", "--model", EXAMPLES / "temporal_pixel.py:build",
-            "--model-args", '{"dropout": 0.2}', "--loss", EXAMPLES / "losses.py:smoothed_crossentropy",
-            "--per-replica-batch-size", "64", "--epochs", "1", "--seed", "1", "--output", output, *extra]
+            "--validation-data", points / "validation.tfrecord.gz", "--model", model, "--model-args", model_args,
+            "--loss", EXAMPLES / "losses.py:smoothed_crossentropy", "--per-replica-batch-size", "64", "--epochs", "1",
+            "--seed", "1", "--output", output, *extra]
 
 
 @pytest.fixture(scope="module")
-def aces_one(shared_data, tmp_path_factory):
-    """examples/temporal_pixel.py (filters 32, hidden 64) with a custom loss trained on 1 worker: the run folder,
-    read by the 1-and-2-worker proof and fine-tuned by the temporal example's test."""
-    out = tmp_path_factory.mktemp("aces") / "one"
-    one = _cli(*_aces_flags(shared_data / "gee-aces-points", out))
-    assert one.returncode == 0, one.stderr[-3000:]
+def aces_two(shared_data, tmp_path_factory):
+    """examples/temporal_pixel.py (filters 32, hidden 64) with a custom loss trained on 2 workers (`harness launch
+    local`): the run folder, read by the 1-and-2-worker proof and fine-tuned by the temporal example's test."""
+    out = tmp_path_factory.mktemp("aces") / "two"
+    two = _cli("launch", "local", "--workers", "2", "--timeout", "400", "--", sys.executable, "-m", "harness.cli",
+               *map(str, _aces_flags(shared_data / "gee-aces-points", out)), timeout=450)
+    assert two.returncode == 0, (two.stdout[-2000:], two.stderr[-3000:])
     return out
 
 
-def test_temporal_example_trains_on_aces_points_and_fine_tunes(shared_data, aces_one, tmp_path):
-    """The example trained on the points (the 1-worker run of the proof below, `aces_one`) is fine-tuned with a
-    narrower hidden layer, the model given as a path relative to the working folder."""
-    points = shared_data / "gee-aces-points"
-    summary = json.loads((aces_one / "summary.json").read_text())
+@pytest.fixture(scope="module")
+def aces_one(shared_data, aces_two, tmp_path_factory):
+    """The same model file and loss on 1 worker, fine-tuned from `aces_two` with a narrower hidden layer (the model
+    given as a path relative to the working folder): its run folder and stdout. One process carries the temporal
+    example's fine-tuning and the proof's 1-worker run (each was a process of ~5 CPU-s)."""
+    out = tmp_path_factory.mktemp("aces") / "one"
+    one = _cli(*_aces_flags(shared_data / "gee-aces-points", out, "--init-from", aces_two,
+                            model="examples/temporal_pixel.py:build", model_args='{"dropout": 0.2, "hidden": 32}'))
+    assert one.returncode == 0, one.stderr[-3000:]
+    return out, one.stdout
+
+
+def test_temporal_example_trains_on_aces_points_and_fine_tunes(aces_two, aces_one):
+    """The example trained on the points (the 2-worker run of the proof below, `aces_two`) is fine-tuned with a
+    narrower hidden layer on 1 worker (`aces_one`, the proof's 1-worker run), the model given as a path relative to
+    the working folder: the convolution loads, the two layers after it are named."""
+    summary = json.loads((aces_two / "summary.json").read_text())
     assert summary["history"][-1]["val_accuracy"] > 0.6  # the majority class is 36% of the points
-    # Fine-tuning with a narrower hidden layer: the convolution loads, the two layers after it are named.
-    r = _cli("train", "--config", EXAMPLES / "aces_points.yaml", "--data", points / "training.tfrecord.gz",
-             "--validation-data", points / "validation.tfrecord.gz", "--model", "examples/temporal_pixel.py:build",
-             "--global-batch-size", "64", "--model-args", '{"hidden": 32}', "--init-from", aces_one,
-             "--output", tmp_path / "b", "--epochs", "1")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert (f"init-from {aces_one}/model.keras: 1 layers loaded; shapes differ (kept initialized): "
+    _, stdout = aces_one
+    assert (f"init-from {aces_two}/model.keras: 1 layers loaded; shapes differ (kept initialized): "
             "['hidden [(64, 32), (32,)] vs saved [(64, 64), (64,)]', 'logits [(32, 5), (5,)] vs saved [(64, 5), "
-            "(5,)]']") in r.stdout, r.stdout[-3000:]
+            "(5,)]']") in stdout, stdout[-3000:]
 
 
-def test_user_model_and_loss_on_aces_points_one_and_two_workers(shared_data, aces_one, tmp_path):
-    """The proof of issue 14: a user model file with dropout and a custom per-example loss trains on 1 worker and
-    on 2 (`harness launch local`), with identical final weights on both workers and a validation accuracy well
-    above the majority share (0.36)."""
-    points = shared_data / "gee-aces-points"
-    two = _cli("launch", "local", "--workers", "2", "--timeout", "400", "--", sys.executable, "-m", "harness.cli",
-               *map(str, _aces_flags(points, tmp_path / "two")), timeout=450)
-    assert two.returncode == 0, (two.stdout[-2000:], two.stderr[-3000:])
-    for folder, workers in ((aces_one, 1), (tmp_path / "two", 2)):
+def test_user_model_and_loss_on_aces_points_one_and_two_workers(aces_one, aces_two):
+    """The proof of issue 14: a user model file with dropout and a custom per-example loss trains on 1 worker (the
+    fine-tuning of `aces_one`) and on 2 (`harness launch local`, `aces_two`), with identical final weights on both
+    workers and a validation accuracy well above the majority share (0.36)."""
+    for folder, workers in ((aces_one[0], 1), (aces_two, 2)):
         summary = json.loads((folder / "summary.json").read_text())
         digests = summary["workers_weights_sha256"]
         assert len(digests) == workers and len(set(digests)) == 1, digests

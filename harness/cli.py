@@ -5,6 +5,7 @@ Handlers import the library inside the function, so `harness --help` does not im
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import sys
@@ -40,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # A native crash (SIGSEGV, SIGABRT from a heap check, SIGBUS) in TensorFlow or a library prints every Python
+    # thread's stack before the process dies, so the worker's line names the step and the call that was running
+    # (the signal is raised again: the launcher still sees it).
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args, extras = parser.parse_known_args(argv)

@@ -3,7 +3,9 @@ import json
 import os
 import re
 import signal
+import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +15,10 @@ import pytest
 # takes the core its peer needs (a 2-rank `harness launch mpi` train: 25.3 -> 16.1 CPU-s, 7.9 -> 2.2 s of it in the
 # kernel). mpirun and horovodrun pass OMPI_MCA_* on to the ranks.
 SUITE_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+# `horovodrun` less its forked build check (tests/bin/horovodrun; ~4 CPU-s a start), for the launches the project
+# does not print to its users: a printed line runs the venv's own horovodrun, word for word.
+HOROVODRUN = [sys.executable, str(pathlib.Path(__file__).resolve().parent / "bin" / "horovodrun")]
 
 
 def outer_free(prefixes=("HOROVOD_", "OMPI_")) -> dict:

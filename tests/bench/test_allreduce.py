@@ -12,7 +12,6 @@ import procs
 
 BIN = pathlib.Path(sys.executable).parent
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-HOROVODRUN = ROOT / "tests" / "bin" / "horovodrun"
 
 
 def test_fit_recovers_alpha_and_beta_of_an_exact_ring():
@@ -80,7 +79,7 @@ def test_the_readme_line_on_two_workers_under_launch_local(tmp_path):
 def test_two_ranks_under_horovodrun(tmp_path):
     """Horovod's launcher less its build check (tests/bin/horovodrun: the build is tests/distribute's)."""
     sizes = [4096, 262144, 1048576]
-    out = procs.run([sys.executable, HOROVODRUN, "-np", "2", "--gloo", BIN / "harness", "bench", "allreduce",
+    out = procs.run([*procs.HOROVODRUN, "-np", "2", "--gloo", BIN / "harness", "bench", "allreduce",
                      "--backend", "horovod", "--sizes", "4K,256K,1M", "--rounds", "2", "--repeats", "1", "--output",
                      tmp_path], env=_env(), timeout=300)
     assert "all-reduce over 2 worker(s), horovod" in out, out[-3000:]

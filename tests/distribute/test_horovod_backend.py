@@ -33,7 +33,7 @@ MPIRUN = ["mpirun", *ROOT, "-bind-to", "none", "-map-by", "slot", "-x", "TF_USE_
 
 
 def horovodrun(np_: int, *cmd) -> list:
-    return [BIN / "horovodrun", "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *cmd]
+    return [*procs.HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *cmd]
 
 
 def run(cmd: list, timeout: float = 180) -> str:

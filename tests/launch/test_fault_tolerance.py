@@ -372,7 +372,7 @@ def horovod_runs(table_export, tmp_path_factory):
     first.mkdir(), second.mkdir()
 
     def cmd(steps_per_loop) -> list:
-        return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+        return [*procs.HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo",
                 *_train_args(table_export, output, steps_per_loop), "--backend", "horovod"]
 
     def launch(steps_per_loop, **extra) -> subprocess.Popen:

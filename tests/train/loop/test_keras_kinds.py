@@ -78,7 +78,7 @@ def test_overflow_on_one_of_two_horovod_ranks_skips_the_step_on_both():
     # a collective that waits for a rank that skipped it fails in 30 s (Gloo) instead of hanging
     env = dict(procs.outer_free(), HOROVOD_GLOO_TIMEOUT_SECONDS="30",
                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    out = procs.run([BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
+    out = procs.run([*procs.HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT,
                      "horovod"], env=env, timeout=180)
     _check(procs.tagged(out, "OVERFLOW"), workers=2)
 

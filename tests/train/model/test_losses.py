@@ -16,6 +16,7 @@ from harness.data.labels import IGNORED
 from harness.errors import ConfigError, UserCodeError
 from harness.train.model import losses, builtin
 from loop_support import build as build_run
+import procs
 from harness.train.options import TrainOptions
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -210,7 +211,7 @@ def test_regularization_counted_once_on_1_2_3_4_replicas():
 def test_regularization_and_clip_on_two_horovod_ranks():
     """The same step on 2 Horovod ranks (6 rows each), both kinds: the same loss and weights on both, with and
     without --clip-norm (clipped after the tape's average); one horovodrun runs both."""
-    horovodrun = [pathlib.Path(sys.executable).parent / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
+    horovodrun = [*procs.HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo"]
     results = _l2_step(horovodrun, "horovod", "horovod:0.5")
     for clip in (None, 0.5):
         mine = [r for r in results if r["clip"] == clip]

@@ -16,6 +16,7 @@ from harness.errors import ConfigError, ModelError, UserCodeError
 from harness.train.model import builtin, user as user_model
 from harness.train.options import TrainOptions
 from harness.train.model.user import ModelInputs, check_model, init_weights, load_function
+import procs
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
@@ -307,7 +308,7 @@ def test_user_model_and_loss_on_aces_points_two_horovod_ranks(shared_data, tmp_p
     points = shared_data / "gee-aces-points"
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
                PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    horovodrun = [pathlib.Path(sys.executable).parent / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"]
+    horovodrun = [*procs.HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo"]
     r = subprocess.run([*map(str, horovodrun), *CLI, *map(str, _aces_flags(points, tmp_path / "hvd", "--backend",
                                                                            "horovod"))],
                        capture_output=True, text=True, timeout=450, cwd=ROOT, env=env)

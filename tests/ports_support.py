@@ -11,12 +11,13 @@ import time
 import pytest
 
 from harness import ports
+import ports_observer
 
 POLL_S = 0.05         # where strace cannot trace: the poll is all there is
 # Where every listen(2) is traced, the poll is needed only for what the trace cannot decode (the sockets of workers in
 # a network namespace of their own, open as long as they run) and for bound UDP sockets (no row lists one, so the
 # poll only ever finds one to fail on). One poll reads 4 tables of /proc/PID/net per process of the run (~6 ms each on
-# 2 loaded cores, `ports.observe`): at POLL_S the test process spent about a core on it beside a Horovod run.
+# 2 loaded cores, `ports_observer.observe`): at POLL_S the test process spent about a core on it beside a Horovod run.
 TRACED_POLL_S = 1.0
 
 
@@ -62,7 +63,7 @@ def _tracee(p) -> int:
 def watch(runs, tmp_path, *, timeout=240, servers=(), until=None, enter=(), on_poll=None) -> list:
     """Start `runs` (commands, each with its environment: [(cmd, env), ...]) and `servers` (likewise, started
     first and stopped by SIGTERM once the runs end), each in its own session with its output in a file under
-    `tmp_path` (`{i}.log`, servers first), each under strace (`harness.ports.trace_command`) where it can trace,
+    `tmp_path` (`{i}.log`, servers first), each under strace (`ports_observer.trace_command`) where it can trace,
     and that behind `enter` (an argv prefix: a bed host's `enter_argv()` runs them on that host); poll their process
     trees' sockets every `TRACED_POLL_S` seconds (`POLL_S` where nothing is traced), handing the sockets polled so
     far to `on_poll` after each poll, until every run has exited (or `until()` is true: the runs are then stopped
@@ -81,7 +82,7 @@ def watch(runs, tmp_path, *, timeout=240, servers=(), until=None, enter=(), on_p
             traces.append(str(tmp_path / f"trace{i}" / "t") if not NO_TRACE else None)
             if traces[-1]:
                 os.makedirs(os.path.dirname(traces[-1]))
-            started.append(_start([*enter, *(ports.trace_command(traces[-1]) if traces[-1] else []), *cmd], env,
+            started.append(_start([*enter, *(ports_observer.trace_command(traces[-1]) if traces[-1] else []), *cmd], env,
                                   tmp_path / f"{i}.log"))
         runs_ = started[len(servers):]
         seen, deadline = {}, time.monotonic() + timeout
@@ -89,7 +90,7 @@ def watch(runs, tmp_path, *, timeout=240, servers=(), until=None, enter=(), on_p
             for p in started:
                 try:
                     home = os.readlink(f"/proc/{p.pid}/ns/net")   # the run's host's network (`enter`'s, else ours)
-                    for s in ports.observe(p.pid):
+                    for s in ports_observer.observe(p.pid):
                         s = dataclasses.replace(s, private=os.readlink(f"/proc/{s.pid}/ns/net") != home)
                         seen.setdefault((s.pid, s.ip, s.port, s.udp), s)
                 except Exception:   # the process ended between the poll and the read
@@ -108,7 +109,7 @@ def watch(runs, tmp_path, *, timeout=240, servers=(), until=None, enter=(), on_p
         assert not bad, f"exit {[p.returncode for p in bad]}:\n{_tails(tmp_path, len(started))}"
         undecoded = []
         for prefix in filter(None, traces):
-            sockets, missed = ports.traced(prefix)
+            sockets, missed = ports_observer.traced(prefix)
             undecoded += missed
             for s in sockets:
                 seen.setdefault((s.pid, s.ip, s.port, s.udp), s)
@@ -129,7 +130,7 @@ def check(mode, sockets) -> None:
     """The run of `mode` listened as the inventory says: no unlisted socket, no row unseen."""
     if NO_TRACE and mode == ports.HOROVOD_GLOO:
         pytest.skip(f"Gloo's listeners are open for less than a poll and need a trace: {NO_TRACE}")
-    unlisted, unseen = ports.compare(mode, sockets)
+    unlisted, unseen = ports_observer.compare(mode, sockets)
     assert not unlisted, (f"{mode}: listeners the inventory (harness/ports.py) does not list:\n" +
                           "\n".join(f"  {s.process} pid {s.pid}: {'udp' if s.udp else 'tcp'} {s.ip}:{s.port} "
                                     f"(told {sorted(s.told)}) {s.command}" for s in unlisted))

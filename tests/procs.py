@@ -116,9 +116,9 @@ def one_line(log, kind: str) -> str:
 
 def listening(pid: int) -> set[tuple[str, int]]:
     """(address, port) of every TCP socket process `pid` listens on, read in the process's own network namespace
-    (`harness.ports.proc_sockets`; psutil reads the caller's, and misses a process in another namespace).
+    (`ports_observer.proc_sockets`; psutil reads the caller's, and misses a process in another namespace).
     Addresses as the kernel shows them: "0.0.0.0", "127.0.0.1", "::", "::1". Empty when the process is gone."""
-    from harness.ports import proc_sockets
+    from ports_observer import proc_sockets
 
     try:
         return {(ip, port) for ip, port, udp in proc_sockets(pid) if not udp}

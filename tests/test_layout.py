@@ -222,3 +222,56 @@ def test_train_rooms_import_one_way():
                 if target != mine and TRAIN_ROOM.get(target, len(TRAIN_ROOMS)) >= TRAIN_ROOM[mine]:
                     wrong.append(f"harness/train/{rel}:{node.lineno} imports harness.train.{target}")
     assert not wrong, "\n".join(wrong)
+
+
+# --- no import circle, lazy imports included (issue 61) ------------------------------------------------------
+def _module_graph() -> dict:
+    """harness's modules (dotted names) -> the harness modules each imports, at its top or inside a function:
+    `from harness.a import b` is an edge to `harness.a.b` where that is a module, else to `harness.a`."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "harness":
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    edges.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+        graph[name] = edges & set(modules) - {name}
+    return graph
+
+
+def test_no_import_circle():
+    """No two modules import each other, directly or round a longer circle (Tarjan's strongly connected
+    components over `_module_graph`): a circle hidden in a function-level import still makes the two modules one
+    job that no file shows (distribute/backend <-> horovod and lifecycle/peers <-> storage were the last two)."""
+    graph, index, low, stack, on_stack, circles = _module_graph(), {}, {}, [], set(), []
+
+    def visit(v):   # recursive Tarjan: the graph is a few hundred modules deep at most
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, circles

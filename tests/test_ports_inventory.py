@@ -1,8 +1,8 @@
 """The listening sockets of every mode are the inventory's, no more and no fewer (issue 24, item 1).
 
 Each test runs one mode (or one run that two modes share) briefly on a small synthetic table export (one epoch, 2
-workers or ranks at most), polls the sockets of the run's process trees with psutil (`harness.ports.observe`) until
-it ends, traces every listen(2) of those processes with strace (`harness.ports.traced`: Gloo's listeners are open for
+workers or ranks at most), polls the sockets of the run's process trees with psutil (`ports_observer.observe`) until
+it ends, traces every listen(2) of those processes with strace (`ports_observer.traced`: Gloo's listeners are open for
 less than one poll, so a poll alone sees them by chance), and compares all it saw with `harness.ports.INVENTORY`: a
 socket no row describes fails the test with what it found (so a new listener cannot appear unnoticed), and so does
 a row of the mode that no socket matched (a stale row) (`ports_support.watch`, `check`). `harness launch local`'s
@@ -19,6 +19,7 @@ import pytest
 from ports_support import check, watch
 
 from harness import ports
+import ports_observer
 from harness.launch.local import free_ports
 from harness.launch.mpi import beside_python
 from harness.profile.trace import tensorboard_command
@@ -104,13 +105,13 @@ def test_printed_tensorboard_line(tmp_path):
 
 # --- the comparison itself ------------------------------------------------------------------------------------------
 def test_an_unlisted_listener_is_named():
-    extra = ports.Socket(7, ports.WORKER, "0.0.0.0", 40000)
-    assert ports.compare(ports.TRAIN, [extra]) == ([extra], [])
-    tf = ports.Socket(7, ports.WORKER, "::", 40001, frozenset({40001}))
-    assert ports.compare(ports.TF_CONFIG_MODE, [tf]) == ([], [])
-    assert ports.compare(ports.TF_CONFIG_MODE, [tf, ports.Socket(7, ports.WORKER, "::", 40002, tf.told)]) == \
-        ([ports.Socket(7, ports.WORKER, "::", 40002, tf.told)], [])
-    assert ports.compare(ports.TF_CONFIG_MODE, []) == ([], ports.rows(ports.TF_CONFIG_MODE))
+    extra = ports_observer.Socket(7, ports.WORKER, "0.0.0.0", 40000)
+    assert ports_observer.compare(ports.TRAIN, [extra]) == ([extra], [])
+    tf = ports_observer.Socket(7, ports.WORKER, "::", 40001, frozenset({40001}))
+    assert ports_observer.compare(ports.TF_CONFIG_MODE, [tf]) == ([], [])
+    assert ports_observer.compare(ports.TF_CONFIG_MODE, [tf, ports_observer.Socket(7, ports.WORKER, "::", 40002, tf.told)]) == \
+        ([ports_observer.Socket(7, ports.WORKER, "::", 40002, tf.told)], [])
+    assert ports_observer.compare(ports.TF_CONFIG_MODE, []) == ([], ports.rows(ports.TF_CONFIG_MODE))
 
 
 # --- item 4: what the printed lines say, and the pin they give ------------------------------------------------------
@@ -121,12 +122,12 @@ def test_open_mpi_pin_puts_every_listener_on_all_interfaces_in_the_range(tmp_pat
     script = "from mpi4py import MPI; import time; MPI.COMM_WORLD.barrier(); time.sleep(3)"
     cmd = [*CLI, "launch", "mpi", "--np", "2", "--mpirun-args", pin, "--", sys.executable, "-c", script]
     sockets = watch([(cmd, ENV)], tmp_path, timeout=120)
-    wide = sorted({(s.process, s.port) for s in sockets if ports.address_class(s.ip) == ports.ALL})
+    wide = sorted({(s.process, s.port) for s in sockets if ports_observer.address_class(s.ip) == ports.ALL})
     assert {p for p, _ in wide} == {ports.MPIRUN, ports.WORKER}, sockets
     assert all(first <= port < first + count for _, port in wide), (first, wide)
     assert (ports.MPIRUN, first) in wide
-    rest = [s for s in sockets if ports.address_class(s.ip) != ports.ALL]
-    assert all((s.process, ports.address_class(s.ip)) in {(ports.MPIRUN, ports.LOOPBACK),
+    rest = [s for s in sockets if ports_observer.address_class(s.ip) != ports.ALL]
+    assert all((s.process, ports_observer.address_class(s.ip)) in {(ports.MPIRUN, ports.LOOPBACK),
                                                           (ports.WORKER, ports.INTERFACE)} for s in rest), rest
 
 
@@ -148,7 +149,7 @@ def test_printed_line_names_the_ports_between_the_hosts(launcher):
 
 
 def test_traced_names_each_listener_by_its_process(tmp_path):
-    """`ports.traced` on strace -ff files written by hand: a thread's listen is its process's, a forked child
+    """`ports_observer.traced` on strace -ff files written by hand: a thread's listen is its process's, a forked child
     without an execve of its own has its parent's command, TF_CONFIG from the execve's environment gives the told
     port, a failed call is left out and an undecoded one (another namespace) is returned apart."""
     tf_config = '{\\"cluster\\": {\\"worker\\": [\\"localhost:2222\\", \\"localhost:2223\\"]}, ' \
@@ -170,11 +171,11 @@ def test_traced_names_each_listener_by_its_process(tmp_path):
     for tid, lines in files.items():
         (tmp_path / f"t.{tid}").write_text("\n".join(lines) + "\n")
     (tmp_path / "t.log").write_text("not a thread's file\n")
-    sockets, undecoded = ports.traced(str(tmp_path / "t"))
+    sockets, undecoded = ports_observer.traced(str(tmp_path / "t"))
     assert [(s.pid, s.process, s.ip, s.port) for s in sockets] == [
         (100, ports.HOROVODRUN, "0.0.0.0", 29503), (200, ports.WORKER, "::", 2223),
         (300, ports.WORKER, "127.0.0.1", 41000)]
     assert sockets[1].told == {2223} and sockets[2].told == {2223}
     assert sockets[1].command == "python -m harness.cli train --data a\\b"
     assert undecoded == [(200, "9<TCP:[16919]>, 64")]
-    assert ports.compare(ports.HOROVOD_GLOO, sockets[:1] + sockets[2:]) == ([], [])
+    assert ports_observer.compare(ports.HOROVOD_GLOO, sockets[:1] + sockets[2:]) == ([], [])

@@ -201,13 +201,6 @@ class TrainingBackend:
 
 
 
-def tf_variable(v):
-    """The `tf.Variable` of a model's variable: itself (tf-keras), or the one a Keras 3 variable holds (`.value`)."""
-    import tensorflow as tf
-
-    return v if isinstance(v, tf.Variable) else v.value
-
-
 def _per_replica_copies(model) -> list:
     """The `tf.Variable`s of the model's float non-trainable Keras 3 variables with aggregation NONE, which each
     replica updates in its own copy (BatchNormalization's statistics; tf-keras's are on-read variables with MEAN

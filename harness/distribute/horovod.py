@@ -257,10 +257,11 @@ def sum_over_ranks(tensor):
 
 def average_model_state(model) -> None:
     """Replace each non-trainable floating-point variable of `model` by its mean over the ranks (collective)."""
-    from harness.distribute.backend import tf_variable
+    import tensorflow as tf
 
     hvd = _hvd()
-    for i, v in enumerate(map(tf_variable, model.non_trainable_variables)):
+    # the tf.Variable of each: itself (tf-keras), or the one a Keras 3 variable holds (`.value`)
+    for i, v in enumerate(v if isinstance(v, tf.Variable) else v.value for v in model.non_trainable_variables):
         if v.dtype.is_floating:
             v.assign(hvd.allreduce(v, op=hvd.Average, name=f"harness.model_state.{i}"))
 

@@ -49,8 +49,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     import tensorflow as tf
 
     from harness.train import inputs as inputs_lib
-    from harness.train.lifecycle import (backup as backups, early_stopping, interrupt, peers, repeats, resume,
-                                         shared_output, storage)
+    from harness.train.lifecycle import (backup as backups, early_stopping, faults, interrupt, peers, repeats,
+                                         resume, shared_output)
     from harness.train.lifecycle.guard import Guard
     from harness.train.loop import keras_callbacks
     from harness.train.loop.controller import Schedule, StopTraining
@@ -144,15 +144,12 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         history = stop.history
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:   # bad input met mid-run
         raise inputs.named_error(e) from e
-    except Exception as e:   # a peer gone: one named line (harness.train.lifecycle.peers), else as it is
-        stored = storage.storage_fault(e, cluster, controller.step, backup)   # any number of workers
-        if stored is not None:
-            raise stored from None
-        lost = peers.peer_lost(e, cluster, controller.step, backup) if context.num_workers > 1 else None
-        if lost is None:
+    except Exception as e:   # storage, a lost peer, a repeated fault: one named line (lifecycle.faults)
+        fault = faults.translate(e, cluster=cluster, step=controller.step, backup=backup, context=context,
+                                 optimizer=optimizer, last_fault=last_fault, initial_step=initial_step)
+        if fault is None:
             raise
-        raise repeats.judge(lost, e, repeats.completed_step(optimizer, controller.step), last_fault, backup,
-                            context, initial_step=initial_step) from None
+        raise fault from None
     finally:
         guard.close()
         backup.close()   # a non-chief's copy: no backup is written after the last epoch, nor after a fault

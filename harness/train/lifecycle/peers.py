@@ -97,12 +97,10 @@ def resume_from(backup) -> str:
 
 
 def is_peer_lost(error: BaseException) -> bool:
-    """Whether `error` is how TensorFlow or Horovod report a peer that is gone (see the module docstring)."""
+    """Whether `error` is how TensorFlow or Horovod report a peer that is gone (see the module docstring). Cloud
+    Storage giving up after its retries raises the same types: `harness.train.lifecycle.faults` checks for that
+    first."""
     if isinstance(error, HarnessError):   # the harness's own errors say what they are
-        return False
-    from harness.train.lifecycle.storage import is_storage_fault   # storage imports this module
-
-    if is_storage_fault(error):   # Cloud Storage giving up after its retries: not a peer
         return False
     names = {c.__name__ for c in type(error).__mro__}
     if names.intersection(_LOST_TYPES):

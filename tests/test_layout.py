@@ -275,3 +275,34 @@ def test_no_import_circle():
         if v not in index:
             visit(v)
     assert not circles, circles
+
+
+# --- docs/development.md's layout map is the code's (issue 61) -------------------------------------------------
+def _map_rows() -> dict:
+    """docs/development.md's layout table: each `harness/...` row's paths -> the module names its `holds` column
+    lists (backticked), e.g. {("harness/train/loop/",): {"trainer", "evaluator", ...}}."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("`harness/"):
+            rows[tuple(re.findall(r"`([^`]+)`", cells[0]))] = set(re.findall(r"`([^`]+)`", cells[1]))
+    return rows
+
+
+def test_the_layout_map_lists_every_module_where_it_is():
+    """Every folder of harness/ has a row that lists exactly its modules (no module missing, none that is gone);
+    every module at harness/'s top is a row of its own (or shares one: `harness/errors.py`, `harness/exit_codes.py`)."""
+    rows = _map_rows()
+    folders = {f"{p.relative_to(ROOT).as_posix()}/": {m.stem for m in p.glob("*.py") if m.name != "__init__.py"}
+               for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").exists() and p != PACKAGE}
+    mapped = {paths[0]: held for paths, held in rows.items() if paths[0].endswith("/")}
+    assert set(mapped) == set(folders), {"no row": sorted(set(folders) - set(mapped)),
+                                         "no folder": sorted(set(mapped) - set(folders))}
+    wrong = {folder: {"missing": sorted(folders[folder] - held), "gone": sorted(held - folders[folder])}
+             for folder, held in mapped.items() if held != folders[folder]}
+    assert not wrong, wrong
+    top = {f"harness/{p.name}" for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    files = {path for paths in rows for path in paths if path.endswith(".py")}
+    assert files == top, {"no row": sorted(top - files), "gone": sorted(files - top)}

@@ -5,7 +5,7 @@ weights copied, over the same export.
   per-pixel   the run (the built-in pixel classifier, `[batch, bands]`, its normalization inside) as `harness
               predict` maps it: each patch's central P x P pixels as rows, the model, the map reshaped back;
   converted   the hand-converted model, a bare `.keras` over the stored patch (P + k), cropped after.
-Both are `harness.predict.run.predict_shards` over every shard (read, decode, model, argmax, write). After one
+Both are `harness.predict.stream.predict_shards` over every shard (read, decode, model, argmax, write). After one
 untimed warm-up pass of each, the two take turns for --repeats runs; prints examples/s (mean, relative spread),
 the pixels whose class differs between the two (0 expected: the same weights) and the ratio per-pixel /
 converted per run (median and range): the target is >= 1.0.
@@ -25,16 +25,19 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))   # predict_support.read_outputs: the tests' reader of the outputs
 
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 import numpy as np  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from harness.data import synth  # noqa: E402
+from harness.predict.job import prepare  # noqa: E402
 from harness.predict.options import PredictOptions  # noqa: E402
-from harness.predict.run import predict_shards, prepare, read_outputs  # noqa: E402
+from harness.predict.stream import predict_shards  # noqa: E402
 from harness.train.model.builtin import pixel_classifier  # noqa: E402
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
+from predict_support import read_outputs  # noqa: E402  (tests/predict_support.py)
 
 BANDS = ["B2", "B3", "B4", "B8"]
 CLASSES = 4

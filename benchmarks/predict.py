@@ -1,6 +1,6 @@
 """`harness predict` throughput against the compute ceiling, on a synthetic image export with a kernel margin.
 
-  predict     `harness.predict.run.predict_shards` over every shard of the export, as `harness predict` runs it:
+  predict     `harness.predict.stream.predict_shards` over every shard of the export, as `harness predict` runs it:
               read each shard in order, decode, the model, crop, argmax, serialize one Example per patch and
               write the file (under its temporary name, renamed when whole);
   ceiling     the same model's `predict_on_batch` over the same patches already decoded in memory, in batches
@@ -27,9 +27,10 @@ sys.path.insert(0, ROOT)
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 
 from harness.data import synth  # noqa: E402
+from harness.predict.job import prepare  # noqa: E402
 from harness.predict.options import PredictOptions  # noqa: E402
 from harness.predict.reader import ordered_batches  # noqa: E402
-from harness.predict.run import predict_shards, prepare  # noqa: E402
+from harness.predict.stream import predict_shards  # noqa: E402
 from harness.train.model.builtin import unet  # noqa: E402
 
 BANDS = ["B2", "B3", "B4", "B8"]

@@ -44,6 +44,23 @@ def stored_bands(export: pathlib.Path, band: str) -> np.ndarray:
     return np.stack(out)
 
 
+def read_outputs(paths) -> list[dict]:
+    """Every Example of TFRecord outputs in order, as {band: numpy array} (read with plain TensorFlow; the
+    tests' and benchmarks/per_pixel.py's reader of `harness predict`'s outputs)."""
+    import tensorflow as tf
+
+    rows = []
+    for path in paths:
+        for raw in tf.data.TFRecordDataset(path):
+            ex = tf.train.Example.FromString(raw.numpy())
+            row = {}
+            for k, f in ex.features.feature.items():
+                kind = f.WhichOneof("kind")
+                row[k] = np.array(getattr(f, kind).value)
+            rows.append(row)
+    return rows
+
+
 def harness_cmd(*args) -> list:
     return [sys.executable, "-m", "harness.cli", *map(str, args)]
 
@@ -117,8 +134,6 @@ def check_map(folder: pathlib.Path, prefix: str, *, band: str = "class", probabi
     {"profile", "colormap", "overviews"} of the class map."""
     import rasterio
     from rio_cogeo.cogeo import cog_validate
-
-    from harness.predict.run import read_outputs
 
     mixer = json.loads((folder / f"{prefix}-mixer.json").read_text())
     p, per_row, total = mixer["patchDimensions"][0], mixer["patchesPerRow"], mixer["totalPatches"]

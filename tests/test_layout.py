@@ -306,3 +306,55 @@ def test_the_layout_map_lists_every_module_where_it_is():
     top = {f"harness/{p.name}" for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
     files = {path for paths in rows for path in paths if path.endswith(".py")}
     assert files == top, {"no row": sorted(top - files), "gone": sorted(files - top)}
+
+# --- harness/predict/: one module per job, the map formats in one of them (issue 61) -----------------------------
+PREDICT = PACKAGE / "predict"
+MAPS = PREDICT / "maps.py"
+# The libraries that read or write a raster or image file (GDAL through rasterio or osgeo, Pillow, imageio,
+# tifffile, rio-cogeo): imported, even lazily, by harness/predict/maps.py only.
+MAP_LIBRARIES = {"rasterio", "osgeo", "PIL", "imageio", "tifffile", "rio_cogeo"}
+# The calls that write a figure or an image (matplotlib's savefig and imsave, an image library's imwrite, a
+# colour table, TensorFlow's PNG/JPEG encoders): in maps.py, or in the three modules that draw charts (not maps).
+IMAGE_WRITES = {"savefig", "imsave", "imwrite", "write_colormap", "encode_png", "encode_jpeg"}
+CHARTS = {PACKAGE / "profile" / "plot.py", PACKAGE / "train" / "report" / "page.py", PACKAGE / "bench" / "scale.py"}
+
+
+def _map_writes(tree: ast.AST):
+    """(what, line) of each import of a map library and each call that writes a figure or an image in `tree`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names
+                        if alias.name.split(".")[0] in MAP_LIBRARIES)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in MAP_LIBRARIES:
+            yield node.module, node.lineno
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in IMAGE_WRITES:
+                yield f"{name}(...)", node.lineno
+
+
+def test_predict_shows_its_jobs_in_its_modules():
+    """`harness/predict/`: the flow (`job`), what the model is fed (`reader`), the model, the stream, the files and
+    the output folder (`writer`), the maps, the uploads, `inspect`'s view, the options; `harness export`'s
+    serving and vertex. No test reader in production code (tests/predict_support.py holds it)."""
+    found = {p.name for p in PREDICT.glob("*.py")}
+    assert found == {"__init__.py", "job.py", "options.py", "reader.py", "model.py", "stream.py", "writer.py",
+                     "maps.py", "upload.py", "identity.py", "describe.py", "serving.py", "vertex.py"}, found
+    assert not [p for p in PREDICT.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert not [p for p in PREDICT.glob("*.py") if "def read_outputs(" in p.read_text()]
+
+
+def test_map_formats_live_in_one_module():
+    """Every GeoTIFF/COG and PNG written or read by harness/ is in harness/predict/maps.py: a new map format
+    touches that module (and the help and docs that name it), nothing else."""
+    wrong = [f"harness/{path.relative_to(PACKAGE)}:{line}: {what}" for path in sorted(PACKAGE.rglob("*.py"))
+             if path != MAPS for what, line in _map_writes(ast.parse(path.read_text(), str(path)))
+             if not (what.endswith("(...)") and what != "write_colormap(...)" and path in CHARTS)]
+    assert not wrong, "\n".join(wrong)
+    # the rule sees what it guards: the writes where they are, and a writer added elsewhere
+    here = {what for what, _ in _map_writes(ast.parse(MAPS.read_text()))}
+    assert {"rasterio", "rasterio.shutil", "savefig(...)", "write_colormap(...)"} <= here, here
+    added = ("import rasterio\nrasterio.open(p, 'w', driver='GTiff')\nfrom PIL import Image\n"
+             "Image.fromarray(a).save('m.png')\nfig.savefig('m.png')\ntf.io.encode_png(x)\n")
+    assert [w for w, _ in _map_writes(ast.parse(added))] == ["rasterio", "PIL", "savefig(...)", "encode_png(...)"]

@@ -100,7 +100,7 @@ def test_the_quick_start_is_in_the_readmes_first_60_lines():
 
 
 def test_the_quick_start_runs_as_printed_and_ends_on_a_map(quick_start_run):
-    from harness.predict.run import read_outputs
+    from predict_support import read_outputs
 
     root, done = quick_start_run
     summary = json.loads((root / "runs" / "points" / "summary.json").read_text())

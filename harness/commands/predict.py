@@ -9,7 +9,7 @@ from harness.predict.options import PredictOptions
 def predict(args) -> int:
     """`harness predict --model RUN_DIR|MODEL.keras --data EXPORT --output OUT [...]` (see `harness predict -h`)."""
     from harness.predict.options import PredictOptions
-    from harness.predict.run import run
+    from harness.predict.job import run
 
     options = PredictOptions(
         model=args.model, data=tuple(args.data), output=args.output, mixer=args.mixer, batch_size=args.batch_size,

@@ -1,2 +1,5 @@
-"""`harness predict`: options, the model and its checks, the ordered reader, the atomic writer, the run; and
-`harness export --format savedmodel` (serving)."""
+"""`harness predict`: the command's flow (`job`), what the model is fed (`reader`), the model and its checks
+(`model`), the prediction stream (`stream`), the files and the output folder's rules (`writer`), the maps
+(`maps`, the one home of the map formats), the upload commands (`upload`, `identity`), its options (`options`)
+and `harness inspect`'s view of its output folder (`describe`); and `harness export --format savedmodel`
+(`serving`, `vertex`)."""

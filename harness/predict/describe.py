@@ -1,20 +1,16 @@
 """`harness inspect` of a `harness predict` output folder: the predictions read as what they are (the run that
 made them, the export they map, the bands written, and each map's size, CRS and class counts), not as an export
-to train on."""
+to train on. The maps are read by `harness.predict.maps` (the one home of the map formats)."""
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
-from harness.predict import geotiff
-
-MANIFEST = "predict.json"   # written by every predicting worker (`harness.predict.run`)
+from harness.predict import maps as maps_lib
+from harness.predict.writer import MANIFEST
 
 
 def describe(paths: Sequence[str]) -> Optional[dict]:
@@ -34,40 +30,10 @@ def describe(paths: Sequence[str]) -> Optional[dict]:
         return None
     with tf.io.gfile.GFile(manifest_path) as f:
         manifest = json.load(f)
-    names = [n for n in tf.io.gfile.listdir(folder) if n.endswith(geotiff.SUFFIX) and not n.startswith(".")]
-    maps = [describe_map(os.path.join(folder, n)) for n in sorted(names, key=lambda n: (len(n), n))]  # map first
+    maps = maps_lib.describe_maps(folder)   # the map first
     return {"folder": folder, "model_sha256": manifest["model_sha256"], "source": manifest["data"],
             "bands": manifest["bands"], "options": manifest["options"], "outputs": manifest["outputs"],
             "maps": maps}
-
-
-def describe_map(path: str) -> dict:
-    """One GeoTIFF's size, CRS, bands and overviews; a class map's pixels per class, read tile by tile (a gs://
-    file is copied to a local temporary file first: GDAL reads gs:// only with its own credentials)."""
-    import rasterio
-
-    local, folder = path, None
-    if not os.path.exists(path):
-        folder = tempfile.mkdtemp(prefix="harness-inspect-")
-        local = os.path.join(folder, os.path.basename(path))
-        tf.io.gfile.copy(path, local)
-    try:
-        with rasterio.open(local) as src:
-            out = {"file": path, "width": src.width, "height": src.height, "crs": src.crs.to_string() if src.crs
-                   else None, "bands": list(src.descriptions), "dtype": src.dtypes[0],
-                   "overviews": src.overviews(1)}
-            names = src.tags().get("CLASS_NAMES")
-            if names is not None and src.count == 1 and src.dtypes[0].startswith("uint"):
-                names = names.split(",")
-                counts = np.zeros(int(src.nodata) + 1, np.int64)
-                for _, window in src.block_windows(1):
-                    counts += np.bincount(src.read(1, window=window).ravel(), minlength=len(counts))
-                out["class_counts"] = {n: int(c) for n, c in zip(names, counts)}
-                out["nodata_pixels"] = int(counts[int(src.nodata)])
-        return out
-    finally:
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def format_text(pred: dict) -> str:

@@ -1,4 +1,4 @@
-"""`PredictOptions`: what `harness predict` is asked to do, frozen, one object passed to `harness.predict.run`."""
+"""`PredictOptions`: what `harness predict` is asked to do, frozen, one object passed to `harness.predict.job.run`."""
 from __future__ import annotations
 
 import dataclasses

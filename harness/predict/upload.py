@@ -11,7 +11,8 @@ id is read as one of `earthengine-public`, the public catalogue) and `gs://BUCKE
 placeholders the user fills in.
 
 An image's sources are its TFRecord files in patch order, then the mixer (the TFRecord upload of an image:
-developers.google.com/earth-engine/guides/tfrecord#uploading-tfrecords-to-earth-engine).
+developers.google.com/earth-engine/guides/tfrecord#uploading-tfrecords-to-earth-engine). `upload_lines` gives a
+`harness predict` run's commands; an image export without a mixer gets none (`NO_MIXER` is said instead).
 """
 from __future__ import annotations
 
@@ -19,8 +20,22 @@ import posixpath
 import shlex
 from typing import Sequence
 
+from harness.distribute.sharding import files_with_records
+from harness.predict import identity
+from harness.predict.options import CSV
+
 ASSET = "projects/my-project/assets/predictions"
 STAGING = "gs://BUCKET/PATH"
+
+# Earth Engine's TfRecordImageExportOptions: "maxMaskedRatio: Maximum allowed proportion of masked pixels in a
+# patch. Patches which exceed this allowance will be dropped rather than written to files. If this field is set to
+# anything but 1, the JSON sidecar will not be produced." (docs/GEE_FORMAT.md, "Layout options")
+NO_MIXER = ("no upload: the export has no mixer.json, which Earth Engine writes only when no patch was dropped "
+            "(maxMaskedRatio below 1 drops patches with more masked pixels and then writes no sidecar), so neither "
+            "Earth Engine nor a GeoTIFF can place these patches (no map is written); the predictions above are in "
+            "the export's patch order. "
+            "To upload a mosaic, export the image again with maxMaskedRatio 1 (the default; masked pixels are then "
+            "filled with defaultValue) and predict on that export")
 
 
 def is_cloud(path: str) -> bool:
@@ -60,3 +75,19 @@ def commands(files: Sequence[str], *, image: bool, staging: str = STAGING,
 def lines(files: Sequence[str], *, image: bool, staging: str = STAGING, table_flags: Sequence[str] = ()) -> list[str]:
     """`commands` as shell lines (shlex-quoted), in order."""
     return [shlex.join(c) for c in commands(files, image=image, staging=staging, table_flags=table_flags)]
+
+
+def upload_lines(job) -> list[str]:
+    """The commands that upload the outputs of `job` (`harness.predict.job.Job`) to Earth Engine, in order
+    (`lines`): zero-record shards left out; for images the mixer copy last; for tables the whole CSV (or the
+    TFRecord files). Local outputs are copied to a bucket first (the CLI reads only gs://)."""
+    files = files_with_records([(out, n) for out, (_, n) in zip(job.outputs, job.shards.counts)])
+    if job.image and job.shards.mixer is None:
+        return []
+    if job.image:
+        return lines([*files, job.mixer_copy], image=True) if files else []
+    flags = identity.location_flags(job.kept_columns)
+    if flags is None:   # no location in the rows: `identity.NO_LOCATION` is said instead
+        return []
+    files = [job.merged_csv] if job.options.format == CSV else files
+    return lines(files, image=False, table_flags=flags) if files else []

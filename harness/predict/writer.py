@@ -1,4 +1,6 @@
-"""Write predictions as Earth Engine takes them back (docs/GEE_FORMAT.md, "Predictions back").
+"""Write predictions as Earth Engine takes them back (docs/GEE_FORMAT.md, "Predictions back"), and the output
+folder's rules: one output per input shard (`output_indices`), the run's manifest (`MANIFEST`), another run's
+files refused or, with --overwrite, removed (`prepare_output`).
 
 Image: one `tf.train.Example` per input patch, in input order, each band a flat row-major list of exactly P*P
 values: class ids as an int64 list, probabilities and regression values as float lists. Table: one row per input
@@ -13,11 +15,17 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import os
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
+
+from harness.distribute.context import WorkerContext
+from harness.errors import OutputExistsError
+
+MANIFEST = "predict.json"   # written by every predicting worker (`prepare_output`)
 
 
 def temporary_name(path: str) -> str:
@@ -110,3 +118,58 @@ def concatenate_csv(path: str, parts: Sequence[str]) -> int:
         n += len(lines) - 1
     write_text(path, buffer.getvalue())
     return n
+
+
+def output_indices(shards) -> list[int]:
+    """Output index per input shard: the input's own index when every shard has one, else its position."""
+    own = [s.index for s in shards]
+    return own if None not in own and len(set(own)) == len(own) else list(range(len(shards)))
+
+
+def prepare_output(job, mine: range, context: WorkerContext) -> None:
+    """For `job` (`harness.predict.job.Job`): refuse another run's files (unless --overwrite), then write the
+    manifest (every worker, the same bytes) and, on the chief, the mixer copy. With --overwrite, each worker
+    removes its own outputs and the chief the files that are not this run's.
+
+    Raises:
+      OutputExistsError: naming the folder and what differs or which files are foreign.
+    """
+    out, options = job.options.output, job.options
+    tf.io.gfile.makedirs(out)
+    manifest, path = job.manifest(), os.path.join(out, MANIFEST)
+    ours = {MANIFEST, *(os.path.basename(p) for p in (*job.outputs, job.mixer_copy, job.merged_csv,
+                                                      *(job.maps.all() if job.maps else ())))}
+    listed = tf.io.gfile.listdir(out)
+    names = [n for n in listed if not is_temporary(n)]
+    my_outputs = {os.path.basename(job.outputs[i]) for i in mine}
+    for n in listed:  # half files of this worker's shards, left by a killed run: redone below
+        if is_temporary(n) and final_name(n) in my_outputs:
+            tf.io.gfile.remove(os.path.join(out, n))
+    previous = None
+    if MANIFEST in names:
+        with tf.io.gfile.GFile(path) as f:
+            previous = json.load(f)
+    foreign = sorted(n for n in names if n not in ours)
+    if previous is None:
+        foreign = sorted(names)
+    if not options.overwrite:
+        if previous is not None and previous != manifest:
+            differ = sorted(k for k in manifest if manifest[k] != previous.get(k))
+            raise OutputExistsError(f"{out} holds the predictions of another run ({', '.join(differ)} differ, see "
+                                    f"{path}): give a new --output, or --overwrite to replace them")
+        if foreign:
+            raise OutputExistsError(f"{out} is not empty ({', '.join(foreign[:5])}"
+                                    f"{', ...' if len(foreign) > 5 else ''}) and holds no predictions of this run: "
+                                    "give an empty or new --output, or --overwrite")
+    else:
+        for i in mine:
+            if tf.io.gfile.exists(job.outputs[i]):
+                tf.io.gfile.remove(job.outputs[i])
+        if context.is_chief:
+            for n in foreign if previous is not None else [n for n in names if n != MANIFEST]:
+                if not tf.io.gfile.isdir(os.path.join(out, n)) and os.path.join(out, n) not in job.outputs:
+                    tf.io.gfile.remove(os.path.join(out, n))
+    write_text(path, json.dumps(manifest, sort_keys=True))
+    if context.is_chief and job.image and job.shards.mixer is not None:
+        with tf.io.gfile.GFile(job.shards.mixer.path) as f:
+            write_text(job.mixer_copy, f.read())

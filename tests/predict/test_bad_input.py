@@ -15,8 +15,8 @@ from predict_support import BANDS, band_picker, cli_in_process, copy_export, har
 from harness.data import synth
 from harness.distribute.context import WorkerContext
 from harness.errors import MissingFeatureError, MixerError, ModelMismatchError, OutputExistsError, SpecError
+from harness.predict.job import run
 from harness.predict.options import PredictOptions
-from harness.predict.run import run
 
 
 def _run(model, data, out, **kw):
@@ -74,8 +74,7 @@ def test_a_model_of_the_wrong_size(margin_export, tmp_path, crop, side, bands, m
 def test_a_model_of_the_cropped_size_is_fed_the_cropped_patch(margin_export, tmp_path):
     """A model built for P x P patches gets the central crop and its output is not cropped again."""
     import numpy as np
-    from predict_support import K, P, stored_bands
-    from harness.predict.run import read_outputs
+    from predict_support import K, P, read_outputs, stored_bands
 
     model = band_picker(tmp_path / "m.keras", [[0, 0, 1, 0]], side=P)
     rows = read_outputs(_run(model, margin_export, tmp_path / "out")["outputs"])

@@ -10,14 +10,14 @@ import pathlib
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import K, P, cli_in_process, grouped_image_run, run_cli
+from predict_support import K, P, cli_in_process, grouped_image_run, read_outputs, run_cli
 
 from harness.data import pipeline
 from harness.data.spec import DataSpec
 from harness.distribute.context import WorkerContext
 from harness.errors import ModelMismatchError
+from harness.predict.job import run
 from harness.predict.options import PredictOptions
-from harness.predict.run import read_outputs, run
 
 GROUPS = {"before": ["blue_before", "green_before", "nir_before", "red_before"],
           "during": ["blue_during", "green_during", "nir_during", "red_during"]}

@@ -8,11 +8,10 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import check_map, cli_in_process, run_cli
+from predict_support import check_map, cli_in_process, read_outputs, run_cli
 
 from harness.data import synth
 from harness.predict import describe, model as model_lib
-from harness.predict.run import read_outputs
 
 BANDS, P, K = ("B2", "B3", "B8"), 96, 4    # 5 patches, 3 per row: a 288 x 192 map, overviews
 

@@ -12,9 +12,8 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import cli_in_process, run_cli
+from predict_support import cli_in_process, read_outputs, run_cli
 
-from harness.predict.run import read_outputs
 
 BANDS = ["B2", "B3", "B4"]
 P, K, R = 16, 4, 8

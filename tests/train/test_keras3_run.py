@@ -8,10 +8,9 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import run_cli
+from predict_support import read_outputs, run_cli
 
 from harness import cli, keras_kinds
-from harness.predict.run import read_outputs
 
 BANDS = ["B2", "B3", "B4"]
 EXAMPLE = "examples/keras3_unet.py:build"

@@ -14,12 +14,12 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from predict_support import cli_in_process, run_cli
+from predict_support import cli_in_process, read_outputs, run_cli
 
 from harness import cli
 from harness.data import records, synth
 from harness.data import shards as S
-from harness.predict.run import NO_MIXER, read_outputs
+from harness.predict.upload import NO_MIXER
 
 TRAIN, HELD_OUT = "export-0000[0-3].tfrecord.gz", "export-00004.tfrecord.gz"
 TRAIN_RUNS = pathlib.Path(__file__).resolve().parent / "scripts" / "train_runs.py"

@@ -1,5 +1,6 @@
-"""Predictions of an image export as a map a GIS opens: Cloud-Optimized GeoTIFFs placed by the export's mixer,
-and a PNG quick-look beside them.
+"""The one home of the map formats: predictions of an image export as a map a GIS opens (Cloud-Optimized
+GeoTIFFs placed by the export's mixer, and a PNG quick-look beside them), written (`write`, `write_maps`) and read
+back for `harness inspect` (`describe_maps`).
 
 Placement (docs/GEE_FORMAT.md, "mixer.json" and "Predictions back"): the mixer's `projection` holds the export's
 CRS and its affine transform `doubleMatrix` [a, b, c, d, e, f] (x = a*col + b*row + c, y = d*col + e*row + f:
@@ -32,6 +33,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from harness.predict import writer
+from harness.predict.options import CLASSIFICATION
 
 BLOCK = 256              # COG tile side, pixels (GDAL's COG driver default is 512; 256 is what web maps tile by)
 QUICKLOOK_PIXELS = 1024  # the PNG's long side at most, pixels
@@ -253,3 +255,66 @@ def quicklook(tiff: str, png: str, *, classes: Sequence[str] = (), title: str = 
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return True
+
+
+def class_names(job) -> tuple[str, ...]:
+    """One name per class: the run's `class_names` when it has one per model output, else `class <i>`."""
+    names = tuple(job.loaded.spec.class_names) if job.loaded.spec else ()
+    return names if len(names) == job.geometry.channels else tuple(f"class {i}" for i in range(job.geometry.channels))
+
+
+def write_maps(job) -> list[str]:
+    """Write the map of the whole export of `job` (`harness.predict.job.Job`; `write`: every output shard must be
+    complete) and return the lines to say: each file, and how to open it."""
+    grid = Grid.from_mixer(job.shards.mixer, job.geometry.patch)
+    classification = job.task == CLASSIFICATION
+    written = write(job.outputs, grid, job.maps, classification=classification, bands=job.band_names,
+                    classes=class_names(job) if classification else ())
+    lines = []
+    for path in written:
+        what = ("PNG quick-look" if path == job.maps.quicklook else
+                f"Cloud-Optimized GeoTIFF, {grid.width} x {grid.height} pixels, {grid.crs}, " +
+                ("class ids with a colour table" if classification and path == job.maps.map else
+                 "one float32 band per " + ("class" if classification else "output")))
+        lines.append(f"  {os.path.basename(path)}: {what}")
+    if job.maps.quicklook not in written:
+        lines.append("  (no PNG quick-look: matplotlib is not installed; it comes with the `profile` extra)")
+    return lines
+
+
+def describe_maps(folder: str) -> list[dict]:
+    """`describe_map` of each map of a predict output folder (its GeoTIFFs), the map first."""
+    import tensorflow as tf
+
+    names = [n for n in tf.io.gfile.listdir(folder) if n.endswith(SUFFIX) and not n.startswith(".")]
+    return [describe_map(os.path.join(folder, n)) for n in sorted(names, key=lambda n: (len(n), n))]  # map first
+
+
+def describe_map(path: str) -> dict:
+    """One GeoTIFF's size, CRS, bands and overviews; a class map's pixels per class, read tile by tile (a gs://
+    file is copied to a local temporary file first: GDAL reads gs:// only with its own credentials)."""
+    import rasterio
+    import tensorflow as tf
+
+    local, folder = path, None
+    if not os.path.exists(path):
+        folder = tempfile.mkdtemp(prefix="harness-inspect-")
+        local = os.path.join(folder, os.path.basename(path))
+        tf.io.gfile.copy(path, local)
+    try:
+        with rasterio.open(local) as src:
+            out = {"file": path, "width": src.width, "height": src.height, "crs": src.crs.to_string() if src.crs
+                   else None, "bands": list(src.descriptions), "dtype": src.dtypes[0],
+                   "overviews": src.overviews(1)}
+            names = src.tags().get("CLASS_NAMES")
+            if names is not None and src.count == 1 and src.dtypes[0].startswith("uint"):
+                names = names.split(",")
+                counts = np.zeros(int(src.nodata) + 1, np.int64)
+                for _, window in src.block_windows(1):
+                    counts += np.bincount(src.read(1, window=window).ravel(), minlength=len(counts))
+                out["class_counts"] = {n: int(c) for n, c in zip(names, counts)}
+                out["nodata_pixels"] = int(counts[int(src.nodata)])
+        return out
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 No shuffle, no interleave across files, no drop_remainder: a shard is one `TFRecordDataset` read from its first
 record to its last, so the i-th prediction of a shard is the i-th record of it, whatever the batch size. Bands are
-decoded by the training pipeline's own `decode` (`harness.data.pipeline`), so the model sees what it was trained on.
+decoded by the training pipeline's own `decode` (`harness.data.input.decode`), so the model sees what it was trained on.
 """
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from harness.data import pipeline
-from harness.data.records import BYTES, INT64
-from harness.data.shards import Shard, read_buffer_bytes
-from harness.data.spec import DataSpec
+from harness.data.input import decode
+from harness.data.export.records import BYTES, INT64
+from harness.data.export.shards import Shard, read_buffer_bytes
+from harness.data.spec.dataspec import DataSpec
 from harness.tracing import graph_fn
 
 
@@ -39,7 +39,7 @@ def ordered_batches(shards: Sequence[Shard], spec: DataSpec, batch_size: int,
       deterministic map and a prefetch).
     Raises (when iterated):
       tf.errors.InvalidArgumentError: for a record that lacks a band or holds another number of values
-        (`harness.data.scan.named_error` names it).
+        (`harness.data.export.scan.named_error` names it).
     """
     keep = keep_description(kept)
     files = tf.data.Dataset.from_tensor_slices((tf.range(len(shards), dtype=tf.int32), [s.path for s in shards],
@@ -52,7 +52,7 @@ def ordered_batches(shards: Sequence[Shard], spec: DataSpec, batch_size: int,
         return ds.batch(batch_size, drop_remainder=False).map(graph_fn(lambda records: (position, records)))
 
     def parse(position, serialized):
-        inputs = pipeline.decode(spec, serialized)
+        inputs = decode.decode(spec, serialized)
         return position, inputs, tf.io.parse_example(serialized, keep) if keep else {}
 
     ds = files.flat_map(graph_fn(read))

@@ -22,10 +22,10 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import tensorflow as tf
 
-from harness.data import scan
-from harness.data import spec as spec_lib
-from harness.data.shards import check_mixer
-from harness.data.source import ShardSet, open_shards
+from harness.data.export import scan
+from harness.data.spec import dataspec as spec_lib, infer, validate
+from harness.data.export.shards import check_mixer
+from harness.data.export.source import ShardSet, open_shards
 from harness.distribute.context import WorkerContext
 from harness.distribute.sharding import contiguous_runs, files_with_records
 from harness.errors import ConfigError, MissingFeatureError, MixerError, OutputExistsError
@@ -139,7 +139,7 @@ def prepare(options: PredictOptions) -> Job:
     spec = _read_spec(options, loaded, shards)
     where = shards.shards[0].path
     # every band in every shard's first record, S*S values (the first records read once: ShardSet.first_examples)
-    spec_lib.validate_spec(spec, list(shards.shards), read=shards.first_examples)
+    validate.validate_spec(spec, list(shards.shards), read=shards.first_examples)
     geometry = model_lib.check(loaded, spec, where)
     if spec.kind == spec_lib.IMAGE and shards.mixer is not None:
         try:
@@ -166,7 +166,7 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
     `--bands`, else the run's, else every band inferred, and the run's band groups and their delivery. No label:
     predict reads none."""
     run = loaded.spec
-    exported = spec_lib.infer_spec(list(shards.shards), mixer=shards.mixer, read=shards.first_examples)
+    exported = infer.infer_spec(list(shards.shards), mixer=shards.mixer, read=shards.first_examples)
     if run is not None and run.kind != exported.kind and not (run.kind == spec_lib.TABLE and
                                                               exported.kind == spec_lib.IMAGE):
         raise model_lib.ModelMismatchError(
@@ -174,7 +174,7 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
             f"{exported.kind} export: a patch model maps patches, not table rows (a model trained on a table "
             "export maps an image export pixel by pixel)")
     bands = options.bands or (run.bands if run else exported.bands)
-    schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
+    schema = infer.read_schema(list(shards.shards), read=shards.first_examples)
     # The run's layout (array depths, collapsed features, sequences) is how its bands are stored: read the same.
     layout = run if run is not None and set(bands) == set(run.bands) else exported
     stored = exported.replace(bands=tuple(bands), label=None, band_groups={}, group_delivery=spec_lib.DICT,
@@ -188,7 +188,7 @@ def _read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: S
                                   f" (missing: {absent}; the records hold {sorted(schema)})")
     dtypes = {b: schema[b].dtype for b in stored}
     # The run's band groups shape the model's inputs (one tensor per group, or groups on a time axis): delivered
-    # by the same `pipeline.decode` as in training. `--bands` other than the run's means a model without them.
+    # by the same `decode.decode` as in training. `--bands` other than the run's means a model without them.
     grouped = run is not None and run.band_groups and set(bands) == set(run.bands)
     # A run that resized its patches ran its model at R x R: predict reads and crops as it did, resizes to R, and
     # resizes the output back (model.Geometry.restore). Else the side is found from the model (`prepare`).
@@ -233,7 +233,7 @@ def _kept(options: PredictOptions, loaded: model_lib.LoadedModel, shards: ShardS
         if options.keep:
             raise ConfigError("--keep copies properties of table exports; an image export's predictions are bands")
         return {}, None
-    schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
+    schema = infer.read_schema(list(shards.shards), read=shards.first_examples)
     label = loaded.spec.label if loaded.spec is not None else None
     truth = label if label in schema and schema[label].length == 1 and label not in options.keep else None
     if not options.keep:

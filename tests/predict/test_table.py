@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.distribute.context import Backend, WorkerContext
 from harness.errors import ConfigError, MissingFeatureError
-from harness.data.spec import DataSpec
+from harness.data.spec.dataspec import DataSpec
 from harness.predict import identity
 from harness.predict.options import PredictOptions
 from harness.predict.run import read_outputs, run

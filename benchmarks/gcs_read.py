@@ -6,7 +6,7 @@ per fill of the reader's buffer, `shards.read_buffer_bytes`) but no network: wha
 pipeline hides the wait for each block, not a bucket's bandwidth. As a real bucket is served by other machines, the
 bed (one Python process) runs on a core of its own and the client on the others (`os.sched_setaffinity`, both
 places alike; on a 1-core machine they share it, and the line says so). The export is written once (synthetic
-256x256x8 float GZIP patches, `harness.data.synth`, as Earth Engine lays them out), uploaded, and read by two
+256x256x8 float GZIP patches, `harness.data.export.synth`, as Earth Engine lays them out), uploaded, and read by two
 pipelines from both places, taking turns in each run (`time_round_robin`), both places with the files read at once
 that the harness picks for gs:// (`stages.READERS_PER_CORE_REMOTE` per core; local reads are no slower for it):
   reader   the harness's reader alone (`pipeline.read_files`, records counted, not parsed): the read limit;
@@ -68,7 +68,9 @@ def main(argv=None) -> int:
         import tensorflow as tf
 
         from harness.bench.input import harness_dataset, reader_limit, time_round_robin
-        from harness.data import index, shards as shards_lib, spec as spec_lib, stages, synth
+        from harness.data.export import index, shards as shards_lib, synth
+        from harness.data.spec import infer as spec_lib
+        from harness.data.input import stages
 
         local = os.path.join(tmp, "export")
         t = time.perf_counter()

@@ -1,10 +1,10 @@
 """Input pipeline throughput: the read limit, the harness pipeline and a per-record parse map, on the same files.
 
 For each dataset (small records: the real Earth Engine point export; large records: 256x256x8 float GZIP
-patches written by `harness.data.synth` exactly as Earth Engine lays them out) it times, in one run:
+patches written by `harness.data.export.synth` exactly as Earth Engine lays them out) it times, in one run:
   raw-seq/par  TFRecordDataset with the right compression, sequential or with parallel reads (one per core),
                records batched and counted inside TensorFlow, no parsing; the faster one is the read limit;
-  harness      harness.data.pipeline.build_dataset (evaluation mode: no shuffle, no cache), in the parse order it
+  harness      harness.data.input.pipeline.build_dataset (evaluation mode: no shuffle, no cache), in the parse order it
                chooses for the record size (small: parse read batches of ~256 kB, then regroup; large: parse per
                record in parallel, then batch);
   harness-alt  the same with the other order (small: parse per record; large: batch, then one parse per batch),
@@ -39,7 +39,9 @@ import tensorflow as tf  # noqa: E402
 
 from harness.bench.input import (harness_dataset, per_record, read_limit, reader_limit,  # noqa: E402
                                  time_round_robin)
-from harness.data import index, pipeline, shards as shards_lib, spec as spec_lib, synth  # noqa: E402
+from harness.data.export import index, shards as shards_lib, synth  # noqa: E402
+from harness.data.input import stages  # noqa: E402
+from harness.data.spec import infer as spec_lib  # noqa: E402
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
 from _shared import ACES_POINTS as POINTS  # noqa: E402  (benchmarks/_shared.py, beside this script)
@@ -74,8 +76,8 @@ def bench(name, shards, spec, batch, passes, repeats):
     # The harness pipelines run in evaluation mode, which keeps every record (its last batch partial); the
     # hand-written per-record pipeline drops the remainder, as Google's demo does.
     whole = (records * passes // batch) * batch
-    record_first = pipeline.parse_per_record(mean_bytes)
-    read_batch = 1 if record_first else pipeline.read_batch_size(mean_bytes)
+    record_first = stages.parse_per_record(mean_bytes)
+    read_batch = 1 if record_first else stages.read_batch_size(mean_bytes)
     order = {True: "parse per record, then batch",
              False: f"parse read batches of {read_batch}, then regroup"}
     alt = {True: "parse per record, then batch", False: f"batch {batch}, then parse"}

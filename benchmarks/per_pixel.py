@@ -31,7 +31,7 @@ import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 import numpy as np  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
-from harness.data import synth  # noqa: E402
+from harness.data.export import synth  # noqa: E402
 from harness.predict.job import prepare  # noqa: E402
 from harness.predict.options import PredictOptions  # noqa: E402
 from harness.predict.stream import predict_shards  # noqa: E402

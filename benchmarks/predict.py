@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 
-from harness.data import synth  # noqa: E402
+from harness.data.export import synth  # noqa: E402
 from harness.predict.job import prepare  # noqa: E402
 from harness.predict.options import PredictOptions  # noqa: E402
 from harness.predict.reader import ordered_batches  # noqa: E402

@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 
 from harness.bench.input import measure  # noqa: E402
-from harness.data import reshard, synth  # noqa: E402
+from harness.data.export import reshard, synth  # noqa: E402
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
 # --smoke: 8 patches of 16x16x2, one pass; `make test` runs it (tests/bench/test_benchmarks_start.py)

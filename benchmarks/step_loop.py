@@ -9,7 +9,7 @@ Cases (`--cases`, comma-separated; default all):
             tell the loop from the input: the harness loop on the hand-written pipeline, and each pipeline drawn
             alone (a plain Python `next()` per batch, no training); and the harness under `OneDeviceStrategy`,
             what one device ran under before.
-  unet      64x64x8 float GZIP patches written by `harness.data.synth` (`--unet-records`, `--unet-size`, 4
+  unet      64x64x8 float GZIP patches written by `harness.data.export.synth` (`--unet-records`, `--unet-size`, 4
             classes), the built-in U-Net, global batch 16, one device: harness against fit at spe=1 (target >=
             1.0); the same U-Net built in Keras 3: the harness against Keras 3's fit at spe=1 (target >= 1.0), and
             against the tf-keras one, without BatchNormalization (the step: target >= 0.95) and with it (target >= 0.95:
@@ -423,7 +423,7 @@ def strategy_name(strategy) -> str:
 def write_patches(folder: str, records: int, size: int = 64) -> str:
     """`size`x`size`x8 (64x64x8) float GZIP patches, 4 classes, label `landcover`, 4 shards (`harness synth`'s
     writer)."""
-    from harness.data import synth
+    from harness.data.export import synth
 
     synth.write_image_export(folder, prefix="patches", shards=4, records=records,
                              bands=[f"B{i}" for i in range(8)], classes=4, patch_size=size, compressed=True, seed=0)

@@ -2,14 +2,14 @@
 
 For each case, in one run:
   points   the real Earth Engine point export (ACES, 8,316 records of 9 floats, GZIP, one file);
-  patches  ACES-shaped image patches: 256x256x8 float bands, GZIP, 4 shards (`harness.data.synth`; the real ACES
+  patches  ACES-shaped image patches: 256x256x8 float bands, GZIP, 4 shards (`harness.data.export.synth`; the real ACES
            image export holds one unlabelled patch, too few to time), no augmentation: a costly parse and decode;
   unet     a U-Net export: 128x128 patches with a 32-pixel kernel margin, 6 bands, GZIP, 4 shards, trained with
            flips, rotations and color jitter (`--augment --brightness 0.2 --contrast 0.2`): a costly augmentation;
   table    issue 49's input-bound table export: 30 float bands, 3 GZIP shards, 30,000 rows, batch 256;
   tiles    issue 49's compute-bound patch export: 64 GZIP shards of 40 patches of 32x32x12, batch 16, the U-Net.
 it runs `harness tune`'s probes and decision (`harness.bench.tune.run`, the run's epochs, batch and options), then
-times the training input pipeline (`harness.data.pipeline.build_dataset`, training mode: shuffle, cache,
+times the training input pipeline (`harness.data.input.pipeline.build_dataset`, training mode: shuffle, cache,
 augment, batch, prefetch; one worker) over `--epochs` epochs for each of:
   naive     one file read at a time, parse per record, one call in flight per map, prefetch 1, no cache;
   autotune  tf.data's AUTOTUNE alone: map parallelism and prefetch AUTOTUNE, files read at once one per CPU, parse
@@ -65,8 +65,10 @@ import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 from harness.bench import tune as bench_tune  # noqa: E402
-from harness.data import pipeline, probe, synth  # noqa: E402
-from harness.data.source import open_shards  # noqa: E402
+from harness.data.input import pipeline, stages  # noqa: E402
+from harness.data.tune import stage_rates as probe  # noqa: E402
+from harness.data.export import synth  # noqa: E402
+from harness.data.export.source import open_shards  # noqa: E402
 from harness.train.inputs import resolve_spec  # noqa: E402
 from harness.train.options import TrainOptions  # noqa: E402
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
@@ -128,7 +130,7 @@ def _time_pipeline(train, spec, levers: dict, extra: dict, *, steps_per_epoch: i
     epochs of the same iterator as fill it: 4 later epochs of the ACES points last ~30 ms, where this machine's
     jitter is a tenth of that (the later rate of one pipeline read 0.99-1.26M examples/s across three runs)."""
     records = steps_per_epoch * batch
-    options = pipeline.PipelineOptions(per_replica_batch_size=batch, training=True, records_per_epoch=records,
+    options = stages.PipelineOptions(per_replica_batch_size=batch, training=True, records_per_epoch=records,
                                        seed=0, validate=False, cache_dir=cache_dir, **extra, **levers)
     ds = pipeline.build_dataset(train, spec, options)
     it = iter(ds)

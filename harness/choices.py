@@ -1,8 +1,8 @@
 """Every fixed list of names a flag, a YAML key or a library function accepts: each written here once.
 
 `harness.cli` builds its `choices=` and help texts from these tuples, and the library modules that implement them
-(`harness.train.model.losses`, `optim`, `precision`, `metrics`, `control`, `harness.data.pipeline`, ...) import the same
-tuples to check a value and to name the valid ones in their errors. A module that maps a name to its
+(`harness.train.model.losses`, `optim`, `precision`, `metrics`, `control`, `harness.data.input.pipeline`, ...) import
+the same tuples to check a value and to name the valid ones in their errors. A module that maps a name to its
 implementation keeps its table, keyed by these names; `tests/test_choices.py` checks that every table covers
 exactly its list and that every flag offers exactly it. Adding a loss, optimizer or metric therefore means adding
 its name here and its implementation where the table is.
@@ -23,14 +23,15 @@ TASKS = ("classification", "regression")
   regression: a number per pixel or row; the model's raw outputs."""
 
 DTYPES = ("float", "int64", "bytes")
-"""How a band is stored in a record (`harness.data.records`; `data.dtype` / `data.dtypes`, `harness synth --dtype`).
+"""How a band is stored in a record (`harness.data.export.records`; `data.dtype` / `data.dtypes`,
+`harness synth --dtype`).
   float: a float_list, as Earth Engine writes every number.
   int64: an int64_list.
   bytes: one bytes_list of raw values (uint8 bands; `harness synth` writes them for image exports only)."""
 
 CACHE_MODES = ("auto", "memory", "file", "none")
 """Where the parsed records are kept after the first epoch (`--cache`, `train.cache`;
-`harness.data.pipeline.choose_cache`).
+`harness.data.input.stages.choose_cache`).
   auto: in memory when they take at most half the available memory, else in files under `--cache-dir` when it
     is given, else not cached.
   memory: `tf.data.Dataset.cache()` in memory.
@@ -38,7 +39,7 @@ CACHE_MODES = ("auto", "memory", "file", "none")
   none: read and parsed again every epoch."""
 
 PARSE_PLACEMENTS = ("auto", "records", "batches")
-"""Where records are parsed (`--parse`, `train.parse`; `harness.data.stages.decide`, `harness tune`).
+"""Where records are parsed (`--parse`, `train.parse`; `harness.data.input.stages.decide`, `harness tune`).
   auto: by the mean record size: records above 64 kB one by one, smaller ones in read batches.
   records: one `parse_example` per record, in parallel, then batched.
   batches: read batches of ~256 kB of records, one vectorized `parse_example` each."""

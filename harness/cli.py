@@ -85,7 +85,7 @@ def main(argv=None) -> int:
 
 
 class _Short(logging.Formatter):
-    """`warning: message` (what a person reads), not `WARNING harness.data.pipeline: message`."""
+    """`warning: message` (what a person reads), not `WARNING harness.data.input.pipeline: message`."""
 
     def format(self, record: logging.LogRecord) -> str:
         return f"{record.levelname.lower()}: {record.getMessage()}"
@@ -111,8 +111,9 @@ def quiet(verbose: bool) -> None:
 
 
 def _check_cloud_storage(args: argparse.Namespace) -> None:
-    """Credentials and buckets for every gs:// path among the flags, checked before any work (`harness.data.gcs`)."""
-    from harness.data import gcs
+    """Credentials and buckets for every gs:// path among the flags, checked before any work
+    (`harness.data.export.gcs`)."""
+    from harness.data.export import gcs
 
     values = []
     for value in vars(args).values():

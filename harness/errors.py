@@ -183,5 +183,5 @@ class ModelError(HarnessError):
 
 class ModelFileError(ModelError, PredictError):
     """`--init-from` or `predict --model` names neither a `.keras` file nor a run folder holding `model.keras`
-    (`harness.data.run_folder.find_model`); the message names the flag and the path looked for. One type for
+    (`harness.run_folder.find_model`); the message names the flag and the path looked for. One type for
     both commands, caught as either's error (ModelError, PredictError)."""

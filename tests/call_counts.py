@@ -7,11 +7,11 @@ import importlib
 
 # function -> modules that hold it as an attribute (defining module first)
 TARGETS = {
-    "discover_shards": ["harness.data.shards", "harness.data.source"],
-    "find_mixer": ["harness.data.shards", "harness.data.source"],
-    "record_stats": ["harness.data.index"],
-    "validate_spec": ["harness.data.spec", "harness.data.pipeline"],
-    "assign_nonempty": ["harness.distribute.sharding", "harness.distribute.plan", "harness.data.pipeline"],
+    "discover_shards": ["harness.data.export.shards", "harness.data.export.source"],
+    "find_mixer": ["harness.data.export.shards", "harness.data.export.source"],
+    "record_stats": ["harness.data.export.index"],
+    "validate_spec": ["harness.data.spec.validate", "harness.data.input.pipeline"],
+    "assign_nonempty": ["harness.distribute.sharding", "harness.distribute.plan", "harness.data.input.pipeline"],
 }
 
 

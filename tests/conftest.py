@@ -205,7 +205,7 @@ RUN_FIRST = (
     "distribute/test_horovod_backend.py",    # 180 s (265)
     "train/measure/test_tune.py",            # 198 s (179)
     "test_ports_inventory.py",               # 150 s (190)
-    "data/test_gcs_bucket.py",               # 167 s (80, and its bucket's process)
+    "data/export/test_gcs_bucket.py",        # 167 s (80, and its bucket's process)
     "cluster/test_horovod_hosts.py",         # 113 s (70)
     "train/test_layouts_run.py",             # ~100 s (80): each layout on 1 and 2 workers
     "train/test_job.py",                     # 77 s (57)
@@ -315,7 +315,7 @@ def gcs(gcs_bed, monkeypatch):
     """`gcs_bed`, with this process's environment routed to it (`GcsBed.env()`; subprocesses inherit it) and the
     credentials probe reset; fails the test when the proxy refused a request during it (a host other than Google
     Cloud Storage's, or plain HTTP: something tried to leave loopback)."""
-    from harness.data import gcs as gcs_lib
+    from harness.data.export import gcs as gcs_lib
 
     before = len(gcs_bed.refused())
     for k in [k for k in os.environ if "proxy" in k.lower() or k in ("GOOGLE_APPLICATION_CREDENTIALS",

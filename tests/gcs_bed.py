@@ -15,7 +15,7 @@ bed, one child process started by `GcsBed`, serves on 127.0.0.1 only, each on a 
             rewrite), in memory, one bucket. Its resumable-upload `Location` answers name `http://HOST/...`; the
             proxy turns them into `https://` so the upload goes back through the tunnel.
   metadata  a Compute Engine metadata server stand-in (`Metadata-Flavor: Google`, a fixed access token), which
-            both `harness.data.gcs.check_access` and TensorFlow's token fetch accept.
+            both `harness.data.export.gcs.check_access` and TensorFlow's token fetch accept.
   earthengine  the proxy also accepts `earthengine.googleapis.com:443` and `oauth2.googleapis.com:443`, whose
             tunnels (and one public object of storage.googleapis.com) get stand-ins of the few Earth Engine API
             and OAuth calls that `earthengine upload image` makes (tests/earthengine_bed.py), so the real Earth

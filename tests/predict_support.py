@@ -108,7 +108,7 @@ def grouped_image_run(folder, delivery, *, model_delivery=None):
     the spec."""
     import tf_keras as keras
 
-    from harness.data.spec import DataSpec
+    from harness.data.spec.dataspec import DataSpec
 
     s = P + K
     if (model_delivery or delivery) == "time":

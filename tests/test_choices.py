@@ -102,12 +102,14 @@ def test_help_texts_name_every_loss_and_monitor():
 
 # --- the implementations cover exactly the lists --------------------------------------------------------------
 def test_tasks_and_kinds_are_the_specs():
-    from harness.data import records, spec
+    from harness.data.export import records
+    from harness.data.spec import dataspec, config as spec_config
     from harness.predict import options
 
-    assert (spec.CLASSIFICATION, spec.REGRESSION) == choices.TASKS == (options.CLASSIFICATION, options.REGRESSION)
-    assert (spec.IMAGE, spec.TABLE) == choices.DATA_KINDS
-    assert (records.FLOAT, records.INT64, records.BYTES) == choices.DTYPES == spec.DTYPES
+    assert (dataspec.CLASSIFICATION, dataspec.REGRESSION) == choices.TASKS == (options.CLASSIFICATION,
+                                                                                options.REGRESSION)
+    assert (dataspec.IMAGE, dataspec.TABLE) == choices.DATA_KINDS
+    assert (records.FLOAT, records.INT64, records.BYTES) == choices.DTYPES == spec_config.DTYPES
     assert (options.CSV, options.TFRECORD) == choices.PREDICTION_FORMATS
     assert set(choices.TASK_LOSSES) == set(choices.TASK_METRICS) == set(choices.MONITORS) == set(choices.TASKS)
 
@@ -191,13 +193,13 @@ def test_train_options_refuse_a_name_not_in_the_list(field, value):
 
 
 def test_every_cache_mode_is_decided(tmp_path):
-    from harness.data import pipeline
+    from harness.data.input import stages
 
-    kinds = {mode: pipeline.choose_cache(mode, 1000, cache_dir=str(tmp_path), name="c", available=10**9).kind
+    kinds = {mode: stages.choose_cache(mode, 1000, cache_dir=str(tmp_path), name="c", available=10**9).kind
              for mode in choices.CACHE_MODES}
     assert kinds == {"auto": "memory", "memory": "memory", "file": "file", "none": "none"}
     with pytest.raises(ConfigError, match="cache must be one of auto, memory, file, none, got 'disk'"):
-        pipeline.choose_cache("disk", 1000, cache_dir=None, name="c")
+        stages.choose_cache("disk", 1000, cache_dir=None, name="c")
 
 
 def test_the_metrics_computed_are_the_metrics_listed():

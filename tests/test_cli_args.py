@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from harness import cli
-from harness.data import synth
+from harness.data.export import synth
 from harness.errors import ConfigError
 
 
@@ -83,7 +83,7 @@ def test_synth_table_refuses_broken_exports(tmp_path, kwargs, match):
 
 def test_synth_kernel_size_one_is_no_margin(tmp_path):
     """Earth Engine's default kernelSize [1, 1] stores exactly P x P."""
-    from harness.data import records, shards as S
+    from harness.data.export import records, shards as S
 
     paths = synth.write_image_export(str(tmp_path), records=2, shards=1, bands=["a"], patch_size=4, kernel_size=1)
     schema = records.schema_of(records.first_examples(S.discover_shards(paths[:1])[0], 1)[0])

@@ -8,8 +8,8 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "harness"
 # A package may import itself and any package of a lower layer, never one of its own layer or above.
 LAYERS = [{"errors", "choices", "exit_codes", "redact", "ports", "tracing", "heavy_imports"},
-          {"distribute", "keras_kinds"}, {"data", "profile"}, {"train", "launch", "predict"}, {"bench", "evaluate"},
-          {"commands"}, {"cli"}]
+          {"distribute", "keras_kinds", "run_folder"}, {"data", "profile"}, {"train", "launch", "predict"},
+          {"bench", "evaluate"}, {"commands"}, {"cli"}]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
@@ -81,6 +81,22 @@ def test_train_shows_its_jobs_in_its_rooms():
     assert {"backup.py", "resume.py", "preemption.py", "watchdog.py", "peers.py", "guard.py"} <= rooms["lifecycle"]
     top = {p.name for p in (PACKAGE / "train").glob("*.py")}
     assert top == {"__init__.py", "job.py", "options.py", "inputs.py", "demo.py"}, top
+
+
+def test_data_shows_its_jobs_in_its_rooms():
+    """`harness/data/` is four rooms, one per job, and nothing flat beside them (issue 61): an export on disk, the
+    feature spec, the input pipeline and its tuning."""
+    data = PACKAGE / "data"
+    rooms = {p.name: {f.name for f in p.glob("*.py")} for p in data.iterdir() if p.is_dir()
+             and not p.name.startswith("_")}
+    assert set(rooms) == {"export", "spec", "input", "tune"}, set(rooms)
+    assert {"shards.py", "records.py", "index.py", "gcs.py", "source.py", "scan.py", "reshard.py", "synth.py",
+            "inspect.py"} <= rooms["export"]
+    assert {"dataspec.py", "config.py", "infer.py", "validate.py", "labels.py"} <= rooms["spec"]
+    assert {"decode.py", "augment.py", "pipeline.py", "stages.py", "filecache.py", "service.py"} <= rooms["input"]
+    assert {"stage_rates.py", "model.py", "levers.py"} <= rooms["tune"]
+    top = {p.name for p in data.glob("*.py")}
+    assert top == {"__init__.py"}, top
 
 
 def test_only_build_run_constructs_a_controller_trainer_or_evaluator():

@@ -19,7 +19,7 @@ import sys
 import pytest
 import yaml
 
-from harness.data import synth
+from harness.data.export import synth
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "harness.cli"]

@@ -33,7 +33,7 @@ ENV = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHON
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
-    from harness.data import synth
+    from harness.data.export import synth
     folder = tmp_path_factory.mktemp("table")
     synth.write_table_export(str(folder), prefix="points", shards=2, records=64, seed=3)
     return folder

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import browser
-from harness.data import synth
+from harness.data.export import synth
 from predict_support import cli_in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ import pytest
 import shared_data as sd
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-REAL = ["tests/data/test_index.py::test_real_point_counts",
-        "tests/data/test_spec.py::test_infer_real_image_with_renamed_mixer"]
+REAL = ["tests/data/export/test_index.py::test_real_point_counts",
+        "tests/data/spec/test_spec.py::test_infer_real_image_with_renamed_mixer"]
 
 
 def test_without_shared_data_and_fetch_the_real_data_tests_are_skipped_with_the_reason(tmp_path):

@@ -2,7 +2,7 @@
 
   read limit  the harness's own reader (`pipeline.read_files`), records counted, not parsed: harness / read limit
               is what parsing costs on this machine;
-  harness     `harness.data.pipeline.build_dataset` in evaluation mode (no shuffle, no cache);
+  harness     `harness.data.input.pipeline.build_dataset` in evaluation mode (no shuffle, no cache);
   per-record  `map(parse_single_example, AUTOTUNE).batch(B)`, as users commonly write it (parallel reads here).
 Each pipeline is consumed inside TensorFlow (`Dataset.reduce`), one untimed warm-up pass, then `--repeats` timed
 passes over the files read `--passes` times. Rates are examples/s; MB/s counts uncompressed serialized records
@@ -18,7 +18,8 @@ import statistics
 import time
 from typing import Sequence
 
-from harness.data.probe import count_examples, time_passes  # noqa: F401 (moved down a layer; used here and by benchmarks/)
+# moved down a layer; used here and by benchmarks/
+from harness.data.tune.stage_rates import count_examples, time_passes  # noqa: F401
 from harness.distribute import resources
 
 
@@ -57,7 +58,7 @@ def read_limit(paths: Sequence[str], compression: str, batch: int, *, parallel: 
     the files (`num_parallel_reads`: one per file, up to the cores)."""
     import tensorflow as tf
 
-    from harness.data.shards import read_buffer_bytes
+    from harness.data.export.shards import read_buffer_bytes
 
     return tf.data.TFRecordDataset(list(paths), compression_type=compression,
                                    num_parallel_reads=_reads(paths, parallel),
@@ -68,12 +69,12 @@ def reader_limit(paths: Sequence[str], compression: str, batch: int, mean_record
                  parallel_reads: int | None = None):
     """Raw records read exactly as the harness reads them, not parsed: `pipeline.read_files` (one TFRecordDataset
     per file, interleaved in parallel, deterministic; small records in read batches of
-    `pipeline.read_batch_size`), regrouped into batches of `batch`. harness / this = the cost of parsing alone.
+    `stages.read_batch_size`), regrouped into batches of `batch`. harness / this = the cost of parsing alone.
     `parallel_reads`: the interleave cycle (default: the pipeline's, `stages.decide_parallel_reads`)."""
-    from harness.data import pipeline
+    from harness.data.input import pipeline, stages as stages_lib
 
-    read_batch = None if pipeline.parse_per_record(mean_record_bytes) else \
-        pipeline.read_batch_size(mean_record_bytes)
+    read_batch = None if stages_lib.parse_per_record(mean_record_bytes) else \
+        stages_lib.read_batch_size(mean_record_bytes)
     ds = pipeline.read_files(list(paths), [compression] * len(paths), deterministic=True, shuffle_files=False,
                               seed=0, read_batch=read_batch, parallel_reads=parallel_reads)
     return ds.rebatch(batch) if read_batch else ds.batch(batch)
@@ -88,9 +89,9 @@ def per_record(paths: Sequence[str], compression: str, spec, batch: int, *, para
     `parallel=True` reads one file per core, as `harness bench input` compares it."""
     import tensorflow as tf
 
-    from harness.data import pipeline
+    from harness.data.input import decode
 
-    desc = pipeline.feature_description(spec)
+    desc = decode.feature_description(spec)
 
     def parse(record):
         f = tf.io.parse_single_example(record, desc)
@@ -112,16 +113,16 @@ def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = Non
     `record_first=None` keeps the parse order the pipeline chooses for the record size; True forces a parse per
     record, then batch; False forces batch-then-parse: read batches of `batch` records, one vectorized parse each.
     """
-    from harness.data import pipeline
+    from harness.data.input import pipeline
 
     def build():
-        options = pipeline.PipelineOptions(per_replica_batch_size=batch, training=False, cache="none",
+        options = stages.PipelineOptions(per_replica_batch_size=batch, training=False, cache="none",
                                            parallel_reads=parallel_reads)
         return pipeline.build_dataset(list(shards), spec, options)
 
     if record_first is None:
         return build()
-    from harness.data import stages
+    from harness.data.input import stages
 
     saved = stages.VECTORIZE_MAX_RECORD_BYTES, stages.READ_BATCH_BYTES, stages.READ_BATCH_MAX
     if record_first:
@@ -142,15 +143,16 @@ def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int =
     `"mean_record_bytes"` and `"compression"`.
 
     Raises:
-      the named error of harness.data.scan.first_bad_record (file, record, feature) when a record fails to parse,
+      the named error of harness.data.export.scan.first_bad_record (file, record, feature) when a record fails to parse,
       and the errors of discover_shards / infer_spec / build_dataset."""
     import tensorflow as tf
 
-    from harness.data import index, spec as spec_lib
-    from harness.data.shards import discover_shards, find_mixer
+    from harness.data.export import index
+    from harness.data.spec import dataspec as spec_lib, infer
+    from harness.data.export.shards import discover_shards, find_mixer
 
     shards = discover_shards(list(paths))
-    spec = spec_lib.infer_spec(shards, mixer=find_mixer(shards), label=label)
+    spec = infer.infer_spec(shards, mixer=find_mixer(shards), label=label)
     stats = index.record_stats(shards)
     records = sum(s.records for s in stats)
     mean_bytes = sum(s.bytes for s in stats) / max(records, 1)
@@ -166,7 +168,7 @@ def measure(paths: Sequence[str], *, batch: int, passes: int = 1, repeats: int =
         try:
             n, secs, cpu = time_passes(builders[name](), repeats)
         except tf.errors.InvalidArgumentError:
-            from harness.data import scan
+            from harness.data.export import scan
             bad = scan.first_bad_record(spec, shards)  # name the file, record and feature the parse failed on
             if bad is None and spec.task == spec_lib.CLASSIFICATION:
                 bad = scan.bad_label_error(spec, shards, spec.num_classes)

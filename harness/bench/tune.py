@@ -1,8 +1,8 @@
 """`harness tune`: short probes of each input stage on your shards and options, the step's rate on synthetic
-batches, then the levers decided (`harness.data.tune`) and written as a run config for `harness train --config`.
+batches, then the levers decided (`harness.data.tune.levers`) and written as a run config for `harness train --config`.
 
 The stage probes (read, inflate, parse, decode, augment, batch, each per core; the pipeline's start) are
-`harness.data.probe`'s (a layer down, shared with `harness train --tune`); here, besides them:
+`harness.data.tune.stage_rates`'s (a layer down, shared with `harness train --tune`); here, besides them:
 
   compute  `harness bench train --data synthetic --like DATA` with the run's batch, precision and strategy
 """
@@ -12,8 +12,8 @@ import math
 import tempfile
 from typing import Optional
 
-from harness.data import tune as tune_lib
-from harness.data.probe import (COUNT_BATCH, NEGLIGIBLE, PROBE_RECORDS, REPEATS, difference,  # noqa: F401
+from harness.data.tune import model as tune_model, levers as tune_lib
+from harness.data.tune.stage_rates import (COUNT_BATCH, NEGLIGIBLE, PROBE_RECORDS, REPEATS, difference,  # noqa: F401
                                 free_disk, one_core, probe, rate_per_core)
 
 
@@ -66,8 +66,8 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
 
     from harness.distribute import resources
     from harness.errors import ConfigError
-    from harness.data.source import open_shards
-    from harness.data.stages import default_shuffle_buffer
+    from harness.data.export.source import open_shards
+    from harness.data.input.stages import default_shuffle_buffer
     from harness.train.inputs import resolve_spec
 
     train = open_shards(options.data, mixer=options.mixer)
@@ -82,15 +82,15 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
     if compute is None:
         compute = compute_rate(options, (data_config or {}).get("label") or spec.label, steps=compute_steps,
                                warmup=3, data_config=data_config or None)
-    measured = tune_lib.Measured.from_probe(stages, compute=compute,
+    measured = tune_model.Measured.from_probe(stages, compute=compute,
                                             compute_on_cpu=not tf.config.list_physical_devices("GPU"))
     say(f"measured on {stages['probed_records']} records of {stages['probed_files']} file(s), examples/s per core:")
     for label, s in measured.rows():
         if s is not None:
             cap = ""
-            if s.name == tune_lib.BATCH and s.max_cores != 1:
+            if s.name == tune_model.BATCH and s.max_cores != 1:
                 cap = f", copied on {mine.cpus} threads (batches >= 1 MiB): {s.max_cores:.2f}x one core"
-            elif s.name == tune_lib.AUGMENT and s.max_cores is not None:
+            elif s.name == tune_model.AUGMENT and s.max_cores is not None:
                 cap = f", {mine.cpus} calls in flight on {mine.cpus} threads: {s.max_cores:.2f}x one core"
             if not tune_lib.plausible(s):
                 cap += (f", {s.per_core * s.out_bytes / 1e9:,.0f} GB/s per core, above what a core's memory moves "
@@ -100,7 +100,7 @@ def run(options, data_config: dict, *, workers: int = 1, records: int = PROBE_RE
         "(once, in the first epoch)")
     say(f"  {'compute':<17} {compute:>12,.0f}  examples/s on synthetic batches "
         f"({'CPU' if measured.compute_on_cpu else 'accelerator'})")
-    workload = tune_lib.Workload(
+    workload = tune_model.Workload(
         records=max(1, train.records // workers), files=max(1, math.ceil(len(train.files_with_records) / workers)),
         batch_size=batch, epochs=options.epochs, cpus=mine.cpus, memory_bytes=mine.memory_bytes,
         disk_bytes=free_disk(options.cache_dir), workers=workers,

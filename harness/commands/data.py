@@ -13,7 +13,7 @@ from harness.errors import ConfigError
 
 def inspect(args) -> int:
     """`harness inspect PATH... [--mixer M] [--kernel-margin K] [--records N] [--json]`."""
-    from harness.data import inspect as inspect_lib
+    from harness.data.export import inspect as inspect_lib
     from harness.predict import describe
 
     predictions = describe.describe(args.paths)   # a predict output folder: read as predictions
@@ -28,7 +28,7 @@ def inspect(args) -> int:
 
 def synth(args) -> int:
     """`harness synth OUTPUT ...`: write the export and print its files."""
-    from harness.data import synth as synth_lib
+    from harness.data.export import synth as synth_lib
 
     common = dict(prefix=args.prefix, shards=args.shards, records=args.records, bands=args.bands,
                   label=args.label or None, classes=args.classes, dtype=args.dtype,
@@ -59,7 +59,7 @@ def _depth(text: str) -> tuple[str, int]:
 
 def reshard(args) -> int:
     """`harness reshard SRC... --output DIR --workers N [--shards-per-worker K]`."""
-    from harness.data import reshard as reshard_lib
+    from harness.data.export import reshard as reshard_lib
 
     result = reshard_lib.reshard(args.sources, args.output, workers=args.workers,
                                  shards_per_worker=args.shards_per_worker, prefix=args.prefix, mixer=args.mixer)
@@ -75,7 +75,7 @@ def reshard(args) -> int:
 def data_service(args) -> int:
     """`harness data-service dispatcher|worker ...`; serves until SIGINT/SIGTERM. `server` stays referenced until
     the process exits: a collected server stops serving, and its destructor waits for the job's tasks."""
-    from harness.data import service
+    from harness.data.input import service
 
     if args.role == "dispatcher":
         server = service.start_dispatcher(args.port, work_dir=args.work_dir)

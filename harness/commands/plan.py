@@ -10,9 +10,9 @@ from harness.commands.args import POSITIVE, command
 def plan(args) -> int:
     """`harness plan DATA --workers N --replicas-per-worker M (--global-batch-size B | --per-replica-batch-size b)`.
 
-    Discovers the shards and counts their records (`harness.data.source`), then prints the plan (`--json`: as
+    Discovers the shards and counts their records (`harness.data.export.source`), then prints the plan (`--json`: as
     JSON)."""
-    from harness.data.source import open_shards
+    from harness.data.export.source import open_shards
     from harness.distribute.plan import make_plan
     from harness.train.model import optim
 

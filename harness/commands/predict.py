@@ -23,7 +23,7 @@ def predict(args) -> int:
 def export(args) -> int:
     """`harness export --format savedmodel --model RUN_DIR|MODEL.keras --output DIR [--probabilities]`: the
     SavedModel and the `ee.Model.fromVertexAi` arguments that match it."""
-    from harness.data.spec import DataSpec
+    from harness.data.spec.dataspec import DataSpec
     from harness.errors import ConfigError
     from harness.predict import model as model_lib
     from harness.predict.serving import export_savedmodel, format_arguments, size_lines

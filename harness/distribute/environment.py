@@ -178,8 +178,8 @@ def indexed_job_tf_config(environ: Optional[Mapping[str, str]] = None) -> Option
     return TFConfig(cluster={WORKER: addresses}, task_type=WORKER, task_index=index)
 
 
-# Where fetched and converted data is kept (`harness.data.index.cache_dir`), and the seconds a gs:// read may take
-# before it is named stuck (`harness.data.gcs`).
+# Where fetched and converted data is kept (`harness.data.export.index.cache_dir`), and the seconds a gs:// read may
+# take before it is named stuck (`harness.data.export.gcs`).
 CACHE_DIR = "HARNESS_CACHE_DIR"
 GCS_PROBE = "HARNESS_GCS_PROBE_S"
 

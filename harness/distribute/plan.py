@@ -25,7 +25,7 @@ class Plan:
 
     Attributes:
       assignments: each worker's `ShardAssignment` (files in shard order, zero-record files skipped, and the
-        policy): what its input pipeline reads (`harness.data.pipeline.build_dataset(assignment=...)`).
+        policy): what its input pipeline reads (`harness.data.input.pipeline.build_dataset(assignment=...)`).
       records: records each worker's input pipeline reads per epoch.
       policy: sharding policy, `"file"` or `"record"` (see `harness.distribute.sharding`).
       batch: per-replica batch, workers and replicas per worker (global and per-worker batch derive from it).

@@ -52,8 +52,8 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
     """
     from harness.distribute.backend import make_backend
     from harness.distribute import plan as plan_lib
-    from harness.data import spec as spec_lib
-    from harness.data.source import open_shards
+    from harness.data.spec import validate as spec_lib
+    from harness.data.export.source import open_shards
     from harness.predict import model as model_lib
     from harness.train.inputs import Inputs
     from harness.train.loop.factory import build_evaluator

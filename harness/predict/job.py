@@ -23,9 +23,9 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from harness.data import spec as spec_lib
-from harness.data.shards import check_mixer
-from harness.data.source import ShardSet, open_shards
+from harness.data.spec import dataspec as spec_lib, validate
+from harness.data.export.shards import check_mixer
+from harness.data.export.source import ShardSet, open_shards
 from harness.distribute.context import WorkerContext
 from harness.distribute.sharding import contiguous_runs
 from harness.errors import MixerError
@@ -136,7 +136,7 @@ def prepare(options: PredictOptions) -> Job:
     spec = reader.read_spec(options, loaded, shards)
     where = shards.shards[0].path
     # every band in every shard's first record, S*S values (the first records read once: ShardSet.first_examples)
-    spec_lib.validate_spec(spec, list(shards.shards), read=shards.first_examples)
+    validate.validate_spec(spec, list(shards.shards), read=shards.first_examples)
     geometry = model_lib.check(loaded, spec, where)
     if spec.kind == spec_lib.IMAGE and shards.mixer is not None:
         try:

@@ -59,7 +59,7 @@ class Grid:
 
     @classmethod
     def from_mixer(cls, mixer, patch: int) -> "Grid":
-        """The grid of `mixer` (`harness.data.shards.Mixer`) for predictions of side `patch`.
+        """The grid of `mixer` (`harness.data.export.shards.Mixer`) for predictions of side `patch`.
 
         Raises:
           ValueError: naming the mixer file, if its projection has no crs or no 6-value affine transform.

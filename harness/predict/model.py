@@ -15,8 +15,8 @@ from typing import Mapping, Optional
 
 import tensorflow as tf
 
-from harness.data.run_folder import find_model
-from harness.data.spec import IMAGE, TABLE, TIME, DataSpec
+from harness.run_folder import find_model
+from harness.data.spec.dataspec import IMAGE, TABLE, TIME, DataSpec
 from harness.errors import ModelMismatchError, PredictError
 
 
@@ -238,7 +238,7 @@ def _resized(loaded: LoadedModel, spec: DataSpec, where: str, side: Optional[int
 
 
 def _input_side(loaded: LoadedModel, spec: DataSpec, where: str) -> Optional[int]:
-    """Check the model's inputs against what `pipeline.decode` delivers for `spec` (the stored side S standing
+    """Check the model's inputs against what `decode.decode` delivers for `spec` (the stored side S standing
     for any side: `check` checks the side) and return the side of its image inputs (None: any side, or a table).
     """
     model, name = loaded.model, loaded.path
@@ -292,7 +292,7 @@ def _delivery(spec: DataSpec) -> str:
 
 
 def _zeros(spec: DataSpec, side: Optional[int]):
-    """One record of zeros as `pipeline.decode` delivers it for `spec`, image sides `side`."""
+    """One record of zeros as `decode.decode` delivers it for `spec`, image sides `side`."""
     def one(shape):
         shape = list(shape)
         if spec.kind == IMAGE:

@@ -4,7 +4,7 @@ shards once, in order, in batches (`ordered_batches`; the last batch of a shard 
 
 No shuffle, no interleave across files, no drop_remainder: a shard is one `TFRecordDataset` read from its first
 record to its last, so the i-th prediction of a shard is the i-th record of it, whatever the batch size. Bands are
-decoded by the training pipeline's own `decode` (`harness.data.pipeline`), so the model sees what it was trained on.
+decoded by the training pipeline's own `decode` (`harness.data.input.decode`), so the model sees what it was trained on.
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from harness.data import pipeline
-from harness.data import spec as spec_lib
-from harness.data.records import BYTES, INT64
-from harness.data.shards import Shard, read_buffer_bytes
-from harness.data.source import ShardSet
-from harness.data.spec import DataSpec
+from harness.data.input import decode
+from harness.data.spec import dataspec as spec_lib, infer
+from harness.data.export.records import BYTES, INT64
+from harness.data.export.shards import Shard, read_buffer_bytes
+from harness.data.export.source import ShardSet
+from harness.data.spec.dataspec import DataSpec
 from harness.errors import ConfigError, MissingFeatureError
 from harness.predict import identity, model as model_lib
 from harness.predict.options import CLASSIFICATION, PredictOptions
@@ -46,7 +46,7 @@ def ordered_batches(shards: Sequence[Shard], spec: DataSpec, batch_size: int,
       deterministic map and a prefetch).
     Raises (when iterated):
       tf.errors.InvalidArgumentError: for a record that lacks a band or holds another number of values
-        (`harness.data.scan.named_error` names it).
+        (`harness.data.export.scan.named_error` names it).
     """
     keep = keep_description(kept)
     files = tf.data.Dataset.from_tensor_slices((tf.range(len(shards), dtype=tf.int32), [s.path for s in shards],
@@ -59,7 +59,7 @@ def ordered_batches(shards: Sequence[Shard], spec: DataSpec, batch_size: int,
         return ds.batch(batch_size, drop_remainder=False).map(graph_fn(lambda records: (position, records)))
 
     def parse(position, serialized):
-        inputs = pipeline.decode(spec, serialized)
+        inputs = decode.decode(spec, serialized)
         return position, inputs, tf.io.parse_example(serialized, keep) if keep else {}
 
     ds = files.flat_map(graph_fn(read))
@@ -77,7 +77,7 @@ def read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: Sh
     `--bands`, else the run's, else every band inferred, and the run's band groups and their delivery. No label:
     predict reads none."""
     run = loaded.spec
-    exported = spec_lib.infer_spec(list(shards.shards), mixer=shards.mixer, read=shards.first_examples)
+    exported = infer.infer_spec(list(shards.shards), mixer=shards.mixer, read=shards.first_examples)
     if run is not None and run.kind != exported.kind and not (run.kind == spec_lib.TABLE and
                                                               exported.kind == spec_lib.IMAGE):
         raise model_lib.ModelMismatchError(
@@ -85,7 +85,7 @@ def read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: Sh
             f"{exported.kind} export: a patch model maps patches, not table rows (a model trained on a table "
             "export maps an image export pixel by pixel)")
     bands = options.bands or (run.bands if run else exported.bands)
-    schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
+    schema = infer.read_schema(list(shards.shards), read=shards.first_examples)
     # The run's layout (array depths, collapsed features, sequences) is how its bands are stored: read the same.
     layout = run if run is not None and set(bands) == set(run.bands) else exported
     stored = exported.replace(bands=tuple(bands), label=None, band_groups={}, group_delivery=spec_lib.DICT,
@@ -99,7 +99,7 @@ def read_spec(options: PredictOptions, loaded: model_lib.LoadedModel, shards: Sh
                                   f" (missing: {absent}; the records hold {sorted(schema)})")
     dtypes = {b: schema[b].dtype for b in stored}
     # The run's band groups shape the model's inputs (one tensor per group, or groups on a time axis): delivered
-    # by the same `pipeline.decode` as in training. `--bands` other than the run's means a model without them.
+    # by the same `decode.decode` as in training. `--bands` other than the run's means a model without them.
     grouped = run is not None and run.band_groups and set(bands) == set(run.bands)
     # A run that resized its patches ran its model at R x R: predict reads and crops as it did, resizes to R, and
     # resizes the output back (model.Geometry.restore). Else the side is found from the model
@@ -145,7 +145,7 @@ def kept_properties(options: PredictOptions, loaded: model_lib.LoadedModel, shar
         if options.keep:
             raise ConfigError("--keep copies properties of table exports; an image export's predictions are bands")
         return {}, None
-    schema = spec_lib.read_schema(list(shards.shards), read=shards.first_examples)
+    schema = infer.read_schema(list(shards.shards), read=shards.first_examples)
     label = loaded.spec.label if loaded.spec is not None else None
     truth = label if label in schema and schema[label].length == 1 and label not in options.keep else None
     if not options.keep:

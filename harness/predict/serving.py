@@ -10,7 +10,7 @@ Normalization layer) included:
   grpc             GRPC_TF_TENSORS: per band float32 [batch, H, W] (image) or [batch] (table); returns class
                    int64 [batch, P, P] / [batch] and probabilities float32 [batch, P, P, classes] / [batch,
                    classes].
-The per-band tensors are grouped as the run's pipeline delivers them (`harness.data.pipeline.stack_bands`): one
+The per-band tensors are grouped as the run's pipeline delivers them (`harness.data.input.decode.stack_bands`): one
 tensor of every band, or with band groups one tensor per group (group_delivery "dict") or the groups on a time axis
 ("time"). Image tiles are H = W = the model's input side (the stored patch P + k, or P); an output of the stored size is
 cropped by k/2 per side as `harness predict` crops it, so the returned tile is P x P; a run that resized its patches
@@ -24,8 +24,8 @@ import re
 
 import tensorflow as tf
 
-from harness.data import pipeline
-from harness.data.spec import IMAGE, DataSpec
+from harness.data.input import decode
+from harness.data.spec.dataspec import IMAGE, DataSpec
 from harness.predict import model as model_lib
 from harness.tracing import graph_function, user_code
 
@@ -76,7 +76,7 @@ class ServingModule(tf.Module):
 
     def _dense(self, inputs):
         flat = {b: self._flat(b, inputs[b]) for b in self._bands}
-        x = pipeline.stack_bands(self._spec, flat)
+        x = decode.stack_bands(self._spec, flat)
         y = tf.cast(self._forward(x), tf.float32)
         g = self._geometry
         if self._image:

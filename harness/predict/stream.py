@@ -9,7 +9,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
-from harness.data import scan
+from harness.data.export import scan
 from harness.predict import model as model_lib, reader, writer
 from harness.predict.options import CLASSIFICATION, CSV
 from harness.tracing import graph_function, user_code

@@ -11,7 +11,7 @@ import glob
 import os
 import shutil
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.train import job
 from harness.train.options import TrainOptions
 

@@ -15,11 +15,11 @@ import os
 import uuid
 from typing import Callable, Optional
 
-from harness.data import pipeline as pipeline_lib
-from harness.data import scan
-from harness.data import spec as spec_lib
-from harness.data.labels import check_first_labels
-from harness.data.source import ShardSet, open_shards
+from harness.data.input import pipeline as pipeline_lib, stages as stages_lib
+from harness.data.export import scan
+from harness.data.spec import dataspec as spec_lib, infer, validate
+from harness.data.spec.labels import check_first_labels
+from harness.data.export.source import ShardSet, open_shards
 from harness.distribute import plan as plan_lib
 from harness.distribute import resources as resources_lib
 from harness.distribute.sharding import FILE, ShardAssignment
@@ -73,10 +73,10 @@ class Inputs:
         """Training then validation shards: where a failure found during training is searched for."""
         return [*self.train.shards, *(self.validation.shards if self.validation else ())]
 
-    def pipeline_options(self, training: bool) -> pipeline_lib.PipelineOptions:
+    def pipeline_options(self, training: bool) -> stages_lib.PipelineOptions:
         """The input pipeline's options for training (records kept per epoch, shuffle, augment) or evaluation."""
         o, plan, start = self.options, self.plan, self.start if training else {}
-        return pipeline_lib.PipelineOptions(
+        return stages_lib.PipelineOptions(
             per_replica_batch_size=plan.per_replica_batch_size, training=training,
             records_per_epoch=plan.records_kept_per_worker if training else None,
             shuffle_buffer=o.shuffle_buffer, cache=o.cache, cache_dir=o.cache_dir, augment=o.augment and training,
@@ -95,13 +95,13 @@ class Inputs:
                                   f"{plan.batch.workers} workers")
             ds = pipeline_lib.apply_plan(self.pipeline_plan(training, input_context.input_pipeline_id), self.spec)
             if self.options.data_service:
-                from harness.data import service
+                from harness.data.input import service
                 job = service.job_name(self.run_id, training, input_context.input_pipeline_id)
                 ds = service.distribute(ds, self.options.data_service, job_name=job)
             return ds
         return fn
 
-    def pipeline_plan(self, training: bool, input_pipeline_id: int) -> pipeline_lib.PipelinePlan:
+    def pipeline_plan(self, training: bool, input_pipeline_id: int) -> stages_lib.PipelinePlan:
         """The stages of one worker's input pipeline (`pipeline.plan_pipeline`), decided once per process: the
         plan `dataset_fn` applies and `worker_facts` reports."""
         key = (training, input_pipeline_id)
@@ -130,7 +130,7 @@ class Inputs:
 
     def named_error(self, error: Exception) -> Exception:
         """A TensorFlow error raised by the input during training, traced to its file, record and feature
-        (`harness.data.scan.named_error`)."""
+        (`harness.data.export.scan.named_error`)."""
         return scan.named_error(error, self.spec, self.num_classes, self.all_shards)
 
     def worker_facts(self, rank: int) -> dict:
@@ -146,10 +146,10 @@ class Inputs:
 
 def resolve_spec(data: dict, train: ShardSet) -> spec_lib.DataSpec:
     """The spec inferred from the training shards, refined by whatever the config or flags declare
-    (`spec.refine`: declared keys win, the rest stays as inferred)."""
-    inferred = spec_lib.infer_spec(list(train.shards), mixer=train.mixer, label=data.get("label"),
+    (`infer.refine`: declared keys win, the rest stays as inferred)."""
+    inferred = infer.infer_spec(list(train.shards), mixer=train.mixer, label=data.get("label"),
                                   read=train.first_examples, declared=data)
-    return spec_lib.refine(inferred, data) if data else inferred
+    return infer.refine(inferred, data) if data else inferred
 
 
 def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = None,
@@ -179,9 +179,9 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
     if spec.label is None:
         raise ConfigError(f"no label feature found in {train.shards[0].path}: give --label")
     say(f"spec: {json.dumps(spec.to_config())}")
-    for line in spec_lib.layout_notes(spec, spec_lib.read_schema(list(train.shards), read=train.first_examples)):
+    for line in spec_lib.layout_notes(spec, infer.read_schema(list(train.shards), read=train.first_examples)):
         say(line)
-    spec_lib.validate_spec(spec, list(train.shards), read=train.first_examples)  # the first records, read once
+    validate.validate_spec(spec, list(train.shards), read=train.first_examples)  # the first records, read once
     check_first_labels(spec, train.shards, read=train.first_examples)
     _check_mixer(train, options, per_pixel=spec.sequence)
     context = backend.context
@@ -213,7 +213,7 @@ def _validation(options, train: ShardSet, spec, plan, say):
     if shared:
         raise ConfigError(f"{len(shared)} file(s) are both training and validation data (e.g. {shared[0]}): "
                           "validation would score records the model trained on")
-    spec_lib.validate_spec(spec, list(validation.shards), read=validation.first_examples)
+    validate.validate_spec(spec, list(validation.shards), read=validation.first_examples)
     try:
         val_plan = plan_lib.make_plan(validation.counts, workers=plan.batch.workers,
                                       replicas_per_worker=plan.batch.replicas_per_worker,
@@ -239,7 +239,7 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
     every_file = ShardAssignment(files=tuple(train.files_with_records), policy=FILE, input_pipeline_id=0,
                                  num_input_pipelines=1)
     sample = pipeline_lib.build_dataset(
-        train, spec, pipeline_lib.PipelineOptions(per_replica_batch_size=plan.per_replica_batch_size, training=True,
+        train, spec, stages_lib.PipelineOptions(per_replica_batch_size=plan.per_replica_batch_size, training=True,
                                                   cache="none", seed=options.seed, validate=False),
         assignment=every_file).take(SAMPLE_BATCHES)
     declared = options.num_classes or spec.num_classes or len(spec.class_names) or None
@@ -304,7 +304,7 @@ def _check_mixer(train: ShardSet, options: TrainOptions, *, per_pixel: bool = Fa
     """
     import tensorflow as tf
 
-    from harness.data.shards import check_mixer
+    from harness.data.export.shards import check_mixer
 
     if train.mixer is None or not all(tf.io.gfile.isdir(d) for d in options.data):
         return

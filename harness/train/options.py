@@ -96,9 +96,9 @@ class TrainOptions:
     monitor: str | None = None          # a key of the epoch logs: keeps the best epoch's model (best/model.keras)
     early_stopping: int | None = None   # patience in epochs (harness.train.lifecycle.early_stopping)
     min_delta: float = 0.0
-    brightness: float = 0.0             # training inputs x U(1 - b, 1 + b) per example (harness.data.pipeline)
+    brightness: float = 0.0             # training inputs x U(1 - b, 1 + b) per example (harness.data.input.augment)
     contrast: float = 0.0               # image bands around their mean x U(1 - c, 1 + c)
-    # the input pipeline's levers (`harness tune` writes them; `harness.data.stages.PipelineOptions`)
+    # the input pipeline's levers (`harness tune` writes them; `harness.data.input.stages.PipelineOptions`)
     parse: str = "auto"                 # auto | records | batches
     parallel_reads: int | None = None   # files read at once; None: one per CPU
     map_parallelism: int | None = None  # calls in flight of each parallel map; None: AUTOTUNE

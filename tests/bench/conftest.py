@@ -1,7 +1,7 @@
 """Fixtures for the benchmark commands: a tiny image export."""
 import pytest
 
-from harness.data import synth
+from harness.data.export import synth
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from harness.data import synth
+from harness.data.export import synth
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"

@@ -58,13 +58,13 @@ def test_tune_writes_a_config_that_train_takes(small_images, tmp_path):
 
 def test_the_config_holds_the_options_given_and_the_levers_and_train_reads_it(tmp_path):
     from harness.bench.tune import config_text
-    from harness.data import tune
+    from harness.data.tune import levers as levers_lib
     from harness.train.options import load_config, merge_options
 
-    levers = (tune.Choice("parse", "records", "r"), tune.Choice("parallel_reads", 3, "r"),
-               tune.Choice("map_parallelism", 2, "r"), tune.Choice("prefetch", 4, "r"),
-               tune.Choice("cache", "file", "r"), tune.Choice("reshard", None, "bound by cores"))
-    decision = tune.Decision(levers=levers, first_epoch=100.0, steady=400.0, end_to_end=300.0, compute=600.0)
+    levers = (levers_lib.Choice("parse", "records", "r"), levers_lib.Choice("parallel_reads", 3, "r"),
+               levers_lib.Choice("map_parallelism", 2, "r"), levers_lib.Choice("prefetch", 4, "r"),
+               levers_lib.Choice("cache", "file", "r"), levers_lib.Choice("reshard", None, "bound by cores"))
+    decision = levers_lib.Decision(levers=levers, first_epoch=100.0, steady=400.0, end_to_end=300.0, compute=600.0)
     path = tmp_path / "tuned.yaml"
     path.write_text(config_text(decision, {"data": ("a", "b"), "epochs": 3, "cache_dir": "/c"}, {"label": "lc"}))
     text = path.read_text()
@@ -79,8 +79,8 @@ def test_probes_of_an_uncompressed_table_export(tmp_path):
     """No inflate stage for uncompressed files, no augment stage without augmentation; the read's bytes per example
     are the files' bytes over their records, the decode's the delivered float32 bands and label."""
     from harness.bench.tune import probe
-    from harness.data import synth
-    from harness.data.source import open_shards
+    from harness.data.export import synth
+    from harness.data.export.source import open_shards
     from harness.train.inputs import resolve_spec
 
     synth.write_table_export(str(tmp_path), prefix="pts", shards=2, records=200, seed=1, compressed=False)
@@ -105,8 +105,8 @@ def test_a_batch_of_at_least_1_mib_may_be_copied_on_every_thread(tmp_path):
     """tf.data copies a batch of >= 1 MiB on every thread of its pool (parallel_batch): the batch stage's cap is
     what those threads give (measured, within 1 and the worker's CPUs); below 1 MiB one thread."""
     from harness.bench.tune import probe
-    from harness.data import synth
-    from harness.data.source import open_shards
+    from harness.data.export import synth
+    from harness.data.export.source import open_shards
     from harness.train.inputs import resolve_spec
 
     synth.write_image_export(str(tmp_path), prefix="img", shards=1, records=8, bands=("a", "b", "c", "d"),
@@ -130,7 +130,7 @@ def test_wall_rate_runs_on_the_threads_given_and_parallel_cores_is_their_gain():
 
     import tensorflow as tf
 
-    from harness.data.probe import parallel_cores, wall_rate
+    from harness.data.tune.stage_rates import parallel_cores, wall_rate
 
     def waits(calls):
         return tf.data.Dataset.range(10).repeat().map(
@@ -154,9 +154,11 @@ def test_the_reader_is_timed_as_an_epoch_reads_a_file_not_reopened_every_probed_
     import tensorflow as tf
 
     from harness.bench.tune import probe
-    from harness.data import probe as probe_lib, stages, synth
-    from harness.data.shards import read_buffer_bytes
-    from harness.data.source import open_shards
+    from harness.data.tune import stage_rates as probe_lib
+    from harness.data.input import stages
+    from harness.data.export import synth
+    from harness.data.export.shards import read_buffer_bytes
+    from harness.data.export.source import open_shards
     from harness.train.inputs import resolve_spec
 
     synth.write_table_export(str(tmp_path), prefix="pts", shards=1, records=8192, seed=1, compressed=True)

@@ -20,7 +20,7 @@ import pytest
 import procs
 from procs import ended_within, kill_groups, one_line, wait_for_backup, wait_for_line
 
-from harness.data import synth
+from harness.data.export import synth
 
 pytestmark = pytest.mark.waits("peer timeouts of 15 s and a worker 15 s late: wall about twice its CPU")
 

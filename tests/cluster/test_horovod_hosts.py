@@ -16,7 +16,7 @@ import sys
 import procs
 import pytest
 
-from harness.data import synth
+from harness.data.export import synth
 
 BIN = pathlib.Path(sys.executable).parent
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -26,7 +26,7 @@ import procs
 from ports_support import check, watch
 
 from harness import ports
-from harness.data import synth
+from harness.data.export import synth
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GATED_TRAIN = pathlib.Path(__file__).resolve().parent / "scripts" / "gated_train.py"

@@ -13,7 +13,7 @@ import time
 
 import procs
 from cluster import bed as bedmod
-from harness.data import synth
+from harness.data.export import synth
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "host_worker.py"
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from example_records import example as _example, write as _write
-from harness.data import index, records, shards as S, spec as SP
+from harness.data.export import index, records, shards as S
+from harness.data.spec import dataspec as SP, infer, validate
 from harness.errors import (CompressionMismatchError, EmptyFeatureError, FeatureDtypeError, FeatureLengthError,
                             MissingFeatureError, MissingShardError, NotExampleError, NotTFRecordError,
                             SchemaDriftError, TruncatedShardError)
@@ -54,13 +55,13 @@ def test_missing_feature_names_closest_key(tmp_path):
     path = _write(tmp_path / "m.tfrecord", [_example(B1=[0.0] * 16, landcover=[1.0] * 16)])
     spec = SP.DataSpec(kind="image", bands=("B1",), label="Landcover", patch_size=4)
     with pytest.raises(MissingFeatureError, match=r"m\.tfrecord: record 0: label 'Landcover'.*'landcover'"):
-        SP.validate_spec(spec, S.discover_shards(path))
+        validate.validate_spec(spec, S.discover_shards(path))
 
 
 def test_band_with_wrong_number_of_values(tmp_path):
     path = _write(tmp_path / "l.tfrecord", [_example(B1=[0.0] * 256, landcover=[1.0] * 16)])
     with pytest.raises(FeatureLengthError, match=r"record 0: band 'B1': expected 16 values \(4x4.*256 = 16x16"):
-        SP.validate_spec(_patch_spec(), S.discover_shards(path))
+        validate.validate_spec(_patch_spec(), S.discover_shards(path))
 
 
 def test_label_declared_int64_stored_float(shared_data):
@@ -68,7 +69,7 @@ def test_label_declared_int64_stored_float(shared_data):
     spec = SP.DataSpec(kind="table", bands=("red_before",), label="class", dtypes={"class": "int64"})
     with pytest.raises(FeatureDtypeError, match=r"testing\.tfrecord\.gz: record 0: label 'class': expected dtype "
                                                 r"int64, found float"):
-        SP.validate_spec(spec, found)
+        validate.validate_spec(spec, found)
 
 
 def test_feature_present_but_empty(shared_data, tmp_path):
@@ -76,10 +77,10 @@ def test_feature_present_but_empty(shared_data, tmp_path):
     found = S.discover_shards(str(shared_data / "tfx/tfx/components/testdata/csv_example_gen/Split-eval"))
     spec = SP.DataSpec(kind="table", bands=("fare", "pickup_census_tract"), label="tips")
     with pytest.raises(EmptyFeatureError, match="'pickup_census_tract' is present but holds no values"):
-        SP.validate_spec(spec, found)
+        validate.validate_spec(spec, found)
     path = _write(tmp_path / "e.tfrecord", [_example(B1=[], landcover=[1.0] * 16)])
     with pytest.raises(EmptyFeatureError, match=r"e\.tfrecord: record 0: band 'B1'"):
-        SP.validate_spec(_patch_spec(), S.discover_shards(path))
+        validate.validate_spec(_patch_spec(), S.discover_shards(path))
 
 
 def test_zero_record_shards_counted_not_fatal(shared_data, caplog):
@@ -87,7 +88,7 @@ def test_zero_record_shards_counted_not_fatal(shared_data, caplog):
     found = S.discover_shards(str(folder / "*/*.gz"))
     assert index.record_counts(found) == [0, 0, 253]
     spec = SP.DataSpec(kind="table", bands=("subreads/num_passes",), dtypes={"subreads/num_passes": "int64"})
-    report = SP.validate_spec(spec, found)
+    report = validate.validate_spec(spec, found)
     assert len(report.empty) == 2 and len(report.checked) == 1
     assert "zero-record" in caplog.text
 
@@ -114,9 +115,9 @@ def test_a_real_sequence_example_is_read_as_one(shared_data):
     """TFX's SequenceExamples (context f, i; a bytes feature list s) are read as such, never as empty Examples:
     the context's numbers are the bands of a sequence spec, the bytes list is no band."""
     found = S.discover_shards(str(shared_data / "tfx/tfx/components/testdata/tfrecord_sequence/Split-train"))
-    schema = SP.read_schema(found)
+    schema = infer.read_schema(found)
     assert schema["s"].sequence and schema["s"].dtype == "bytes" and not schema["f"].sequence
-    assert SP.infer_spec(found).to_config() == {"kind": "table", "bands": ["f", "i"],
+    assert infer.infer_spec(found).to_config() == {"kind": "table", "bands": ["f", "i"],
                                                 "dtypes": {"f": "float", "i": "int64"}, "sequence": True}
 
 
@@ -124,7 +125,7 @@ def test_other_protobuf_is_not_an_example(shared_data):
     folder = shared_data / "deepconsensus/at_6c6d9eb8/deepconsensus/testdata/ecoli/output"
     for pattern in ("predictions/*.gz", "labels/*.gz"):
         with pytest.raises(NotExampleError, match="record 0"):
-            SP.validate_spec(SP.DataSpec(kind="table", bands=("x",)), S.discover_shards(str(folder / pattern)))
+            validate.validate_spec(SP.DataSpec(kind="table", bands=("x",)), S.discover_shards(str(folder / pattern)))
 
 
 def test_missing_shard_index(tmp_path):
@@ -142,7 +143,7 @@ def test_shards_whose_schemas_differ(shared_data, tmp_path):
     shutil.copy(base / "csv_example_gen/Split-eval/data_tfrecord-00000-of-00012.gz", a)
     shutil.copy(base / "external/tfrecord/data_tfrecord-00000-of-00002.gz", b)
     found = S.discover_shards(str(tmp_path))
-    spec = SP.infer_spec(found, label="tips")
+    spec = infer.infer_spec(found, label="tips")
     with pytest.raises(SchemaDriftError, match=r"mix-00001-of-00002\.gz: record 0: band '\w+': expected dtype "
                                                r"int64, found float"):
-        SP.validate_spec(spec, found)
+        validate.validate_spec(spec, found)

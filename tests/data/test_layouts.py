@@ -1,15 +1,16 @@
 """Earth Engine's layout options read as Earth Engine writes them (docs/GEE_FORMAT.md): array bands (tensorDepths)
 stored CHW, collapsed bands (collapseBands) with the label inside or beside, per-pixel SequenceExamples
-(sequenceData), table array properties; in-process, on exports `harness.data.synth` writes and on records built
+(sequenceData), table array properties; in-process, on exports `harness.data.export.synth` writes and on records built
 here value by value."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from harness.data import inspect as inspect_lib
-from harness.data import pipeline, records, synth
-from harness.data import shards as S
-from harness.data import spec as SP
+from harness.data.export import inspect as inspect_lib
+from harness.data.input import decode
+from harness.data.export import records, synth
+from harness.data.export import shards as S
+from harness.data.spec import dataspec as SP, infer, validate
 from harness.errors import FeatureLengthError, SpecError
 
 
@@ -25,7 +26,7 @@ def _write(path, protos):
 
 
 def _decode(spec, shard, n):
-    return pipeline.decode(spec, tf.constant(records.read_records(shard, n)))
+    return decode.decode(spec, tf.constant(records.read_records(shard, n)))
 
 
 def _orders(values, labels) -> bool:
@@ -41,7 +42,7 @@ def test_an_array_band_is_read_depth_outermost_as_earth_engine_writes_it(tmp_pat
     ex = tf.train.Example(features=tf.train.Features(feature={
         "ts": _float(np.arange(8)), "b": _float([10, 11, 12, 13]), "label": _float([0, 1, 1, 0])}))
     (shard,) = _write(tmp_path / "x-00000.tfrecord", [ex])
-    spec = SP.infer_spec([shard])
+    spec = infer.infer_spec([shard])
     assert spec.to_config() == {"kind": "image", "bands": ["b", "ts"], "label": "label", "dtype": "float",
                                 "patch_size": 2, "kernel_margin": 0, "depths": {"ts": 2}}
     assert spec.channels == ("b", "ts[0]", "ts[1]") and spec.input_shape == (2, 2, 3)
@@ -56,9 +57,9 @@ def test_an_array_band_export_delivers_the_plane_the_label_was_cut_from(tmp_path
     files = synth.write_image_export(str(tmp_path), shards=2, records=4, bands=("B2", "ndvi", "B3"),
                                      depths={"ndvi": 3}, patch_size=8, kernel_size=2, label_from="ndvi[1]")
     shards = S.discover_shards(str(tmp_path))
-    spec = SP.infer_spec(shards, mixer=S.find_mixer(shards))
+    spec = infer.infer_spec(shards, mixer=S.find_mixer(shards))
     assert (spec.depths, spec.patch_size, spec.kernel_margin) == ({"ndvi": 3}, 8, 2)
-    SP.validate_spec(spec, shards)
+    validate.validate_spec(spec, shards)
     x, y = _decode(spec, shards[0], 2)
     assert x.shape == (2, 10, 10, 5) and len(files) == 3
     assert [c for c in spec.channels if _orders(x[..., spec.channels.index(c)], y)] == ["ndvi[1]"]
@@ -80,20 +81,20 @@ def test_collapsed_bands_named_by_the_bands_flag_with_the_label_inside(tmp_path,
                              patch_size=8, label_from="B3", dtype=dtype)
     shards = S.discover_shards(str(tmp_path))
     declared = {"bands": ["B1", "B2", "B3", "B4"], "label": "landcover"}
-    schema = SP.read_schema(shards)
+    schema = infer.read_schema(shards)
     assert list(schema) == ["B1"] and schema["B1"].dtype == "float" and schema["B1"].length == 5 * 64
-    inferred = SP.infer_spec(shards, mixer=S.find_mixer(shards), label="landcover", declared=declared)
-    spec = SP.refine(inferred, declared)
+    inferred = infer.infer_spec(shards, mixer=S.find_mixer(shards), label="landcover", declared=declared)
+    spec = infer.refine(inferred, declared)
     assert spec.collapsed == {"B1": ("B1", "B2", "B3", "B4", "landcover")} and spec.features == ("B1",)
     assert SP.DataSpec.from_config(spec.to_config()) == spec
-    SP.validate_spec(spec, shards)
+    validate.validate_spec(spec, shards)
     x, y = _decode(spec, shards[0], 2)
     assert x.shape == (2, 8, 8, 4) and y.dtype == tf.int32
     assert [c for c in spec.channels if _orders(x[..., spec.channels.index(c)], y)] == ["B3"]
     if dtype == "int64":
         assert np.all(x.numpy() == np.round(x.numpy())) and x.numpy().max() > 255  # DN values, kept whole
     with pytest.raises(SpecError, match=r"feature 'B1' holds 5 planes .* name 3"):
-        SP.refine(inferred, {"bands": ["B1", "B2", "B3"], "label": "landcover"})
+        infer.refine(inferred, {"bands": ["B1", "B2", "B3"], "label": "landcover"})
 
 
 def test_collapsed_bands_declared_in_the_config_with_the_label_beside(tmp_path):
@@ -105,9 +106,9 @@ def test_collapsed_bands_declared_in_the_config_with_the_label_beside(tmp_path):
     ex = tf.train.Example(features=tf.train.Features(feature={"red": _float(planes), "lc": _float(label)}))
     shards = _write(tmp_path / "c-00000.tfrecord", [ex])
     declared = {"collapsed": {"red": ["red", "ts", "nir"]}, "depths": {"ts": 2}, "label": "lc"}
-    spec = SP.refine(SP.infer_spec(shards, label="lc", declared=declared), declared)
+    spec = infer.refine(infer.infer_spec(shards, label="lc", declared=declared), declared)
     assert spec.bands == ("red", "ts", "nir") and spec.channels == ("red", "ts[0]", "ts[1]", "nir")
-    SP.validate_spec(spec, shards)
+    validate.validate_spec(spec, shards)
     x, y = _decode(spec, shards[0], 1)
     for i in range(4):
         np.testing.assert_array_equal(x[0, ..., i], planes[i])
@@ -115,17 +116,17 @@ def test_collapsed_bands_declared_in_the_config_with_the_label_beside(tmp_path):
     wrong = SP.DataSpec.from_config({**spec.to_config(), "depths": {"ts": 3}})
     with pytest.raises(FeatureLengthError, match=r"band 'red': expected 80 values .*5 planes \(collapsed red, ts, "
                                                  r"nir\)\), found 64"):
-        SP.validate_spec(wrong, shards)
+        validate.validate_spec(wrong, shards)
 
 
 def test_per_pixel_sequences_are_a_table_with_the_steps_as_channels(tmp_path):
     synth.write_image_export(str(tmp_path), shards=2, records=2, bands=("elev", "ndvi"), depths={"ndvi": 5},
                              sequence=True, patch_size=4, label_from="ndvi[3]")
     shards = S.discover_shards(str(tmp_path))
-    spec = SP.infer_spec(shards, mixer=S.find_mixer(shards))
+    spec = infer.infer_spec(shards, mixer=S.find_mixer(shards))
     assert spec.to_config() == {"kind": "table", "bands": ["elev", "ndvi"], "label": "landcover", "dtype": "float",
                                 "depths": {"ndvi": 5}, "sequence": True}
-    SP.validate_spec(spec, shards)
+    validate.validate_spec(spec, shards)
     x, y = _decode(spec, shards[0], 16)   # one patch: 16 pixels, row-major
     assert x.shape == (16, 6)
     assert [c for c in spec.channels if _orders(x[:, spec.channels.index(c)], y)] == ["ndvi[3]"]
@@ -140,20 +141,20 @@ def test_a_short_feature_list_is_padded_and_a_long_one_named(tmp_path):
             feature_lists=tf.train.FeatureLists(feature_list={"v": tf.train.FeatureList(
                 feature=[_float([s + 1]) for s in range(steps)])}))
     shards = _write(tmp_path / "p-00000.tfrecord", [pixel(4), pixel(2)])
-    spec = SP.infer_spec(shards, label="y")
+    spec = infer.infer_spec(shards, label="y")
     assert spec.depths == {"v": 4} and spec.sequence
     x, _ = _decode(spec, shards[0], 2)
     np.testing.assert_array_equal(x, [[1, 2, 3, 4], [1, 2, 0, 0]])   # padded with 0, as tensorDepths pads
     long = _write(tmp_path / "q-00000.tfrecord", [pixel(6)])
     with pytest.raises(FeatureLengthError, match=r"q-00000.tfrecord: record 0: band 'v': expected up to 4 steps "
                                                  r"\(depth 4\), found 6"):
-        SP.validate_spec(spec, long)
+        validate.validate_spec(spec, long)
 
 
 def test_a_table_array_property_is_an_array_band(tmp_path):
     synth.write_table_export(str(tmp_path), records=64, bands=("a", "ts"), depths={"ts": 4}, label_from="ts[2]")
     shards = S.discover_shards(str(tmp_path))
-    spec = SP.infer_spec(shards)
+    spec = infer.infer_spec(shards)
     assert spec.depths == {"ts": 4} and spec.input_shape == (5,)
     x, y = _decode(spec, shards[0], 64)
     assert [c for c in spec.channels if _orders(x[:, spec.channels.index(c)], y)] == ["ts[2]"]
@@ -183,7 +184,7 @@ def test_input_nodata_is_left_out_of_the_statistics_and_delivered_as_the_mean(tm
     protos = [tf.train.Example(features=tf.train.Features(feature={"ts": _float(r), "y": _float([i % 2])}))
               for i, r in enumerate(rows)]
     (shard,) = _write(tmp_path / "t.tfrecord", protos)
-    spec = SP.infer_spec([shard], label="y").replace(input_nodata=0)
+    spec = infer.infer_spec([shard], label="y").replace(input_nodata=0)
     raw = tf.data.Dataset.from_tensors(_decode(spec, shard, 3))
     mean, variance = band_moments(raw, nodata=spec.input_nodata)
     np.testing.assert_allclose(mean, [2.0, 4.0, 0.0])

@@ -129,7 +129,7 @@ def test_mpirun_with_the_tf_backend_is_refused_on_every_rank(tmp_path):
     import subprocess
     import sys
 
-    from harness.data import synth
+    from harness.data.export import synth
 
     synth.write_table_export(str(tmp_path / "d"), prefix="t", shards=2, records=64, seed=0)
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []

@@ -88,7 +88,7 @@ def check_ranks(by_rank: dict, files: list[str], models=(1,)) -> None:
 # --- real processes --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def image_export(tmp_path_factory):
-    from harness.data import synth
+    from harness.data.export import synth
     folder = tmp_path_factory.mktemp("image")
     paths = synth.write_image_export(str(folder / "train"), shards=4, records=32, patch_size=16, seed=1)
     synth.write_image_export(str(folder / "val"), prefix="val", shards=2, records=16, patch_size=16, seed=2)
@@ -300,7 +300,7 @@ def test_backend_option_and_flags():
 def uneven_images(tmp_path_factory):
     """4 GZIP files of 20/20/20/16 patches of 16x16 (the last cut after its 16th record, the mixer's total
     with it); returns the folder and the files."""
-    from harness.data import synth
+    from harness.data.export import synth
     folder = tmp_path_factory.mktemp("uneven")
     paths = synth.write_image_export(str(folder), shards=4, records=80, patch_size=16, seed=3)
     files = [p for p in paths if p.endswith(".tfrecord.gz")]
@@ -336,7 +336,7 @@ def test_mpirun_mixed_float16_ranks_take_equal_steps_score_each_validation_recor
     best model at the first epoch's end: rank 1 waited 4 s in the metrics' sum, then up to 5 s in the next epoch's
     first all-reduce, and the job was killed as a lost peer. The ranks now agree at every validation step whether
     any has data, and meet on the control plane after the chief's writes."""
-    from harness.data import synth
+    from harness.data.export import synth
     folder, files = uneven_images
     val = tmp_path_factory.mktemp("val13")
     synth.write_image_export(str(val), prefix="val", shards=3, records=39, patch_size=16, seed=5)

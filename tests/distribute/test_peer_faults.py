@@ -18,7 +18,7 @@ import pytest
 import procs
 from procs import ended_within, kill_groups, one_line, wait_for_backup
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.launch.local import free_ports
 
 pytestmark = pytest.mark.waits("peer timeouts of 15 s and a rank 38 s late: wall about twice its CPU")

@@ -50,7 +50,7 @@ def test_uneven_files_warning_prints_a_reshard_line_that_fixes_it(tmp_path):
     that line, run exactly as printed in the installed environment, gives a plan without the warning."""
     import shlex
 
-    from harness.data import synth
+    from harness.data.export import synth
 
     data = tmp_path / "uneven"
     synth.write_table_export(str(data), prefix="t", shards=3, records=120, seed=0)

@@ -145,7 +145,7 @@ def test_the_pipeline_default_follows_the_affinity_mask_of_a_real_process():
     """A real process under `taskset -c 0` (one CPU allowed) reads one file at once, not one per host core."""
     if len(os.sched_getaffinity(0)) < 2 or not _has_taskset():
         pytest.skip("needs 2 allowed CPUs and taskset")
-    code = ("from harness.data import stages; from harness.distribute import resources; "
+    code = ("from harness.data.input import stages; from harness.distribute import resources; "
             "print(stages.decide_parallel_reads(['f'] * 8), resources.for_this_process().cpus, "
             "resources.for_this_process().affinity_cpus)")
     out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,

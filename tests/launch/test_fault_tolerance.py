@@ -22,7 +22,7 @@ import psutil
 import procs
 import pytest
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.launch.local import free_ports
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "fault_worker.py"

@@ -5,7 +5,7 @@ import pathlib
 import pytest
 from predict_support import BANDS, K, P, RECORDS, band_picker
 
-from harness.data import synth
+from harness.data.export import synth
 
 
 @pytest.fixture(scope="session")

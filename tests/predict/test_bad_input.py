@@ -12,7 +12,7 @@ import time
 
 import pytest
 from predict_support import BANDS, band_picker, cli_in_process, copy_export, harness_cmd
-from harness.data import synth
+from harness.data.export import synth
 from harness.distribute.context import WorkerContext
 from harness.errors import MissingFeatureError, MixerError, ModelMismatchError, OutputExistsError, SpecError
 from harness.predict.job import run

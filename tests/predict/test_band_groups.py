@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 from predict_support import K, P, cli_in_process, grouped_image_run, read_outputs, run_cli
 
-from harness.data import pipeline
-from harness.data.spec import DataSpec
+from harness.data.input import decode
+from harness.data.spec.dataspec import DataSpec
 from harness.distribute.context import WorkerContext
 from harness.errors import ModelMismatchError
 from harness.predict.job import run
@@ -32,7 +32,7 @@ def _run(model, data, out, **kw):
 def _delivered(spec: DataSpec, paths):
     """Every record of `paths` in order, decoded by the training pipeline's `decode` (inputs only)."""
     ds = tf.data.TFRecordDataset([str(p) for p in paths], compression_type="GZIP").batch(10_000)
-    parts = [pipeline.decode(spec.replace(label=None), batch) for batch in ds]
+    parts = [decode.decode(spec.replace(label=None), batch) for batch in ds]
     return tf.nest.map_structure(lambda *t: np.concatenate(t), *parts)
 
 

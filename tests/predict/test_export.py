@@ -136,7 +136,7 @@ def test_a_run_on_band_groups_serves_the_keras_models_outputs(margin_export, tmp
     import tf_keras as keras
     from predict_support import BANDS, K, P, grouped_image_run
 
-    from harness.data import pipeline
+    from harness.data.input import decode
 
     run_dir, spec = grouped_image_run(tmp_path / "run", delivery)
     cli_in_process("export", "--format", "savedmodel", "--model", run_dir, "--output", tmp_path / "sm",
@@ -145,9 +145,9 @@ def test_a_run_on_band_groups_serves_the_keras_models_outputs(margin_export, tmp
     serialized = next(iter(tf.data.TFRecordDataset(paths, compression_type="GZIP").batch(1000)))
     model = keras.models.load_model(str(run_dir / "model.keras"), compile=False)
     a = K // 2
-    logits = model(pipeline.decode(spec.replace(label=None), serialized), training=False)
+    logits = model(decode.decode(spec.replace(label=None), serialized), training=False)
     want = tf.nn.softmax(logits, -1).numpy()[:, a:a + P, a:a + P]
-    parsed = tf.io.parse_example(serialized, pipeline.feature_description(spec.replace(label=None)))
+    parsed = tf.io.parse_example(serialized, decode.feature_description(spec.replace(label=None)))
     tiles = {b: tf.reshape(parsed[b], [-1, P + K, P + K]) for b in BANDS}
     signatures = tf.saved_model.load(str(tmp_path / "sm")).signatures
     dense = signatures["grpc"](**tiles)

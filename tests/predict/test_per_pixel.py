@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from predict_support import check_map, cli_in_process, read_outputs, run_cli
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.predict import describe, model as model_lib
 
 BANDS, P, K = ("B2", "B3", "B8"), 96, 4    # 5 patches, 3 per row: a 288 x 192 map, overviews
@@ -78,7 +78,7 @@ def test_every_pixel_is_the_table_model_applied_to_its_bands(points_and_scene, t
 def test_the_geometry_of_a_row_model_and_the_runs_it_refuses():
     import tf_keras as keras
 
-    from harness.data.spec import DataSpec
+    from harness.data.spec.dataspec import DataSpec
     from harness.errors import ModelMismatchError
 
     x = keras.Input((3,))

@@ -9,7 +9,7 @@ CLI, both from this virtual environment's bin; TensorFlow's `gs://` file system 
 Earth Engine client's credentials, discovery, token refresh and import request. Stand-ins: the bucket
 (gcp-storage-emulator behind the bed's proxy), the Compute Engine metadata server, and Earth Engine's API and
 OAuth endpoints (tests/earthengine_bed.py: it records the import request and answers a pending Operation; nothing
-is ingested). The export is synthetic (harness.data.synth): 4 patches of 16 x 16 in 2 shards, with its mixer. The
+is ingested). The export is synthetic (harness.data.export.synth): 4 patches of 16 x 16 in 2 shards, with its mixer. The
 `gcs` fixture fails the test if the proxy refused anything (something tried to leave loopback)."""
 import contextlib
 import importlib.util
@@ -23,7 +23,7 @@ import sys
 import pytest
 from predict_support import cli_in_process
 
-from harness.data import synth
+from harness.data.export import synth
 
 if importlib.util.find_spec("ee") is None:
     pytest.skip("earthengine-api (setup.cfg's test extra) not installed", allow_module_level=True)

@@ -3,7 +3,7 @@ or the stored S) resized to R x R, the model's R x R logits resized back (biline
 predict read the stored size: a fixed-size model was refused and a fully convolutional one ran at another scale.
 One run is trained (crop_margin true, resize R: the crop and the resize in training's pipeline); the uncropped
 case is that run with `crop_margin` taken out of its spec (the only field the two runs' specs differ in; a model
-of R x R input either way; the training pipeline's resize without a crop: tests/data/test_pipeline.py). Only the
+of R x R input either way; the training pipeline's resize without a crop: tests/data/input/test_pipeline.py). Only the
 training runs in a child process: `harness synth`, `predict` and `export` run in this one
 (`predict_support.cli_in_process`)."""
 import json

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from predict_support import K, P, RECORDS, band_picker, harness_cmd, read_outputs, run_cli, stored_bands
 
-from harness.data import inspect as inspect_lib
+from harness.data.export import inspect as inspect_lib
 from harness.distribute.context import WorkerContext
 from harness.predict.job import run
 from harness.predict.options import PredictOptions

@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 from predict_support import read_outputs
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.distribute.context import Backend, WorkerContext
 from harness.errors import ConfigError, MissingFeatureError
-from harness.data.spec import DataSpec
+from harness.data.spec.dataspec import DataSpec
 from harness.predict import identity
 from harness.predict.job import run
 from harness.predict.options import PredictOptions

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 from predict_support import check_map, cli_in_process, read_outputs, run_cli
 
-from harness.data import inspect as inspect_lib
+from harness.data.export import inspect as inspect_lib
 
 ACES_BANDS = ["blue_before", "blue_during", "green_before", "green_during", "nir_before", "nir_during",
               "red_before", "red_during"]

@@ -1,7 +1,7 @@
 """A run's inputs (harness/train/inputs.py): prepared once, the same on every worker."""
 import numpy as np
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.distribute.backend import TrainingBackend
 from harness.distribute.context import Backend, WorkerContext
 from harness.train import inputs
@@ -79,7 +79,7 @@ def test_the_first_records_of_every_shard_are_read_once(tmp_path, monkeypatch):
     """The spec inference, validate_spec and check_first_labels each read the first records of every shard (two
     round trips each on gs://: the compression sniff and the read): 3 reads of the first shard, 2 of the others.
     Now `ShardSet.first_examples` reads each shard once and they share it."""
-    from harness.data import records
+    from harness.data.export import records
 
     synth.write_table_export(str(tmp_path / "t"), prefix="t", shards=3, records=60, classes=3, seed=1)
     synth.write_table_export(str(tmp_path / "v"), prefix="v", shards=2, records=40, classes=3, seed=2)
@@ -102,7 +102,7 @@ def test_the_profile_names_the_cache_the_pipeline_applied(tmp_path, caplog):
 
     import tensorflow as tf
 
-    from harness.data import pipeline
+    from harness.data.input import pipeline
     from harness.distribute import resources as resources_lib
     from harness.profile import report as report_lib
 
@@ -115,7 +115,7 @@ def test_the_profile_names_the_cache_the_pipeline_applied(tmp_path, caplog):
     # this worker's memory (harness.distribute.resources, measured by prepare): room for the decoded records only
     prepared = dataclasses.replace(prepared, resources=resources_lib.combine(
         local_size=1, host_cpus=2, affinity_cpus=2, cgroup_cpus=None, host_available_bytes=decoded + serialized))
-    with caplog.at_level(logging.INFO, logger="harness.data.pipeline"):
+    with caplog.at_level(logging.INFO, logger="harness.data.input.pipeline"):
         ds = prepared.dataset_fn(True)(tf.distribute.InputContext())
     applied = [r.getMessage() for r in caplog.records if "cache: " in r.getMessage()]
     assert len(applied) == 1 and "cache: memory (" in applied[0], applied

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from harness import cli
-from harness.data import synth
+from harness.data.export import synth
 
 CLI = [sys.executable, "-m", "harness.cli"]
 

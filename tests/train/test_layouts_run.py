@@ -17,8 +17,8 @@ import tensorflow as tf
 from predict_support import cli_in_process, read_outputs, run_cli
 
 from harness import cli
-from harness.data import records, synth
-from harness.data import shards as S
+from harness.data.export import records, synth
+from harness.data.export import shards as S
 from harness.predict.upload import NO_MIXER
 
 TRAIN, HELD_OUT = "export-0000[0-3].tfrecord.gz", "export-00004.tfrecord.gz"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.launch.local import run_local
 
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "train_worker.py"

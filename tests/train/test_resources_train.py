@@ -11,7 +11,8 @@ import uuid
 
 import pytest
 
-from harness.data import stages, synth
+from harness.data.input import stages
+from harness.data.export import synth
 from harness.distribute import resources
 
 CLI = [sys.executable, "-m", "harness.cli"]

@@ -10,7 +10,7 @@ worker w's entry is 1 + the step SIGTERM reached it at, 0 if none did. Any entry
 backup at the step the call ended at (the same on all: calls are the same on every worker), waits for the others
 (a second sum, so that no worker exits, and no launcher kills the chief, before the chief's backup is whole), and
 raises `PreemptedError` (exit 138, retried by the operators). No step is lost: the backup holds the call's steps,
-and the resumed run continues the epoch at the next batch (`harness.data.pipeline._epochs`).
+and the resumed run continues the epoch at the next batch (`harness.data.input.pipeline._epochs`).
 
 The check costs one small all-reduce (~2.5-3 ms on 2 busy CPU cores, localhost: gRPC under MWMS, Gloo under
 Horovod), negligible against a call of auto K (~0.25 s) but not against calls of a few fast steps. So the first

@@ -48,7 +48,7 @@ def restore(backend, backup, model, optimizer, plan, say) -> int:
 
 
 def data_seed(backend, restored: int, option_seed) -> int:
-    """The seed of the epochs' order (`harness.data.pipeline._epochs`), the same on every worker: the one the
+    """The seed of the epochs' order (`harness.data.input.pipeline._epochs`), the same on every worker: the one the
     backup holds (`restored` >= 0), else `--seed` (`option_seed`), else rank 0's random draw (an all-gather)."""
     if restored >= 0:
         return restored

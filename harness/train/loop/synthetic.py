@@ -22,7 +22,7 @@ class Shapes:
     """What one example looks like.
 
     Attributes:
-      kind: "image" or "table" (`harness.data.spec`).
+      kind: "image" or "table" (`harness.data.spec.dataspec`).
       input_shape: the model's input without the batch axis, or a dict of them (band groups).
       num_classes: label values are drawn from [0, num_classes).
       label_shape: the label without the batch axis: `[height, width]` for an image mask (default for "image":

@@ -1,10 +1,10 @@
 """`harness train --tune`: the input pipeline's levers decided before the first epoch, the same on every worker.
 
-Before the datasets are built, every worker probes its own share of the training files (`harness.data.probe`: each
-stage's examples/s per core on the first `PROBE_RECORDS` records of the files the epoch plan assigned it) and the
+Before the datasets are built, every worker probes its own share of the training files (`harness.data.tune.stage_rates`:
+each stage's examples/s per core on the first `PROBE_RECORDS` records of the files the epoch plan assigned it) and the
 step on synthetic batches (`harness.train.measure.probe.synthetic_probe`: a fresh copy of the run's model and optimizer,
 the run's step, over the backend already built: no second strategy; every worker runs it, its steps are
-collectives). `harness.data.tune.decide` then decides each worker's levers from its figures (Plumber's model,
+collectives). `harness.data.tune.levers.decide` then decides each worker's levers from its figures (Plumber's model,
 Kuchnik et al., MLSys 2022), as `harness tune` does.
 
 Workers measure on their own cores and files, so their decisions may differ; a worker that read its files with
@@ -29,14 +29,14 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
-from harness.data import tune as tune_lib
-from harness.data.probe import PROBE_RECORDS, free_disk, probe
-from harness.data.source import ShardSet
-from harness.data.stages import default_shuffle_buffer
+from harness.data.tune import model as tune_model, levers as tune_lib
+from harness.data.tune.stage_rates import PROBE_RECORDS, free_disk, probe
+from harness.data.export.source import ShardSet
+from harness.data.input.stages import default_shuffle_buffer
 from harness.errors import ConfigError
 
 LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
-PLACEMENTS = (tune_lib.RECORDS, tune_lib.BATCHES)    # the two the probes time
+PLACEMENTS = (tune_model.RECORDS, tune_model.BATCHES)    # the two the probes time
 PARSES = (*PLACEMENTS, tune_lib.AUTO)                # the parse lever's values (auto: harness train's default)
 CACHES = (tune_lib.MEMORY, tune_lib.FILE, tune_lib.NONE, tune_lib.AUTO)
 PREDICTED = ("first_epoch", "steady", "end_to_end", "compute")  # examples/s, `Decision`'s
@@ -174,9 +174,9 @@ def tune(inputs, backend, probe_run: Callable, say: Callable[..., None], *, reco
                                  steps_per_loop=options.loop_steps, seed=options.seed,
                                  agree=lambda call_s: float(backend.allgather([call_s])[0][0]))   # the chief's
     compute = step["examples_per_s"] / context.num_workers   # the job's rate: this worker's share of it
-    measured = tune_lib.Measured.from_probe(stages, compute=compute, compute_on_cpu=compute_on_cpu)
+    measured = tune_model.Measured.from_probe(stages, compute=compute, compute_on_cpu=compute_on_cpu)
     resources = inputs.resources
-    workload = tune_lib.Workload(records=plan.records[context.rank], files=len(files), batch_size=batch,
+    workload = tune_model.Workload(records=plan.records[context.rank], files=len(files), batch_size=batch,
                                  epochs=options.epochs, cpus=resources.cpus, memory_bytes=resources.memory_bytes,
                                  disk_bytes=free_disk(options.cache_dir), workers=context.num_workers,
                                  shuffle_buffer=default_shuffle_buffer(plan.records[context.rank],

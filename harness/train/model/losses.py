@@ -8,7 +8,7 @@ on how the batch is split over replicas and ranks
 (tensorflow.org/tutorials/distribute/custom_training#define_the_loss_function). A per-pixel loss `[batch, H, W]` is
 averaged over each patch's pixels first. Logits reach every loss as float32, also under a mixed policy.
 
-Nodata (`ignore_label`, delivered as `harness.data.labels.IGNORED` or NaN): an ignored pixel weighs 0 and the
+Nodata (`ignore_label`, delivered as `harness.data.spec.labels.IGNORED` or NaN): an ignored pixel weighs 0 and the
 divisor stays the number of pixels in the global batch, as a Keras `sample_weight` of 0 does (tf_keras
 `losses_utils.compute_weighted_loss` with `SUM_OVER_BATCH_SIZE`: "sum divided by the number of elements", weights
 not counted). The loss is then the sum over valid pixels / (global batch × pixels per example): no count travels
@@ -32,7 +32,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from harness.choices import CLASSIFICATION_LOSSES, LOSSES as BUILTIN, REGRESSION_LOSSES, TASK_LOSSES
-from harness.data.labels import valid
+from harness.data.spec.labels import valid
 from harness.errors import ConfigError, UserCodeError
 from harness.tracing import converted
 from harness import keras_kinds as kinds

@@ -1,7 +1,7 @@
 """Validation metrics as distributed sums: each replica counts, the counts are summed over replicas, workers, ranks
 and steps, and only then turned into ratios. Averaging each replica's IoU, F1 or RMSE would weigh a replica's few
 pixels as much as another's many ("averaged averages"); ratios of summed counts are the metrics of the whole
-validation set. Pixels whose label is nodata (`ignore_label`, `harness.data.labels.valid`) are not counted.
+validation set. Pixels whose label is nodata (`ignore_label`, `harness.data.spec.labels.valid`) are not counted.
 
 Classification, from one confusion matrix M[true, predicted] counted as int64 (exact below 2**63 pixels), per class
 c: precision = M[c,c] / Σ_t M[t,c], recall = M[c,c] / Σ_p M[c,p], F1 = 2·M[c,c] / (Σ_t M[t,c] + Σ_p M[c,p]),
@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.choices import PER_CLASS_METRICS
-from harness.data.labels import valid
+from harness.data.spec.labels import valid
 
 
 def confusion_counts(labels, logits, num_classes: int):

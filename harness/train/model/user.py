@@ -213,7 +213,7 @@ def _check_init_from(source: str) -> None:
     Raises:
       ModelFileError (a ModelError): naming the path looked for.
     """
-    from harness.data.run_folder import find_model
+    from harness.run_folder import find_model
 
     find_model(source, flag="--init-from")
 
@@ -330,7 +330,7 @@ def init_weights(model, source: str) -> str:
       UserCodeError: a Keras 3 file for a tf-keras model (`harness.keras_kinds.load_model`).
       ModelError: the file cannot be loaded (with the error), or no layer matched.
     """
-    from harness.data.run_folder import model_path
+    from harness.run_folder import model_path
     from harness import keras_kinds as kinds
 
     path = model_path(source)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.errors import ConfigError
 from harness.train.lifecycle.early_stopping import EarlyStopping
 from harness.train.loop.controller import StopTraining

@@ -1,6 +1,6 @@
 """harness.train.lifecycle.faults: the order in which an error out of the loop is named (storage, a lost peer, a
 repeated fault, else raised as it is), on TensorFlow's own error types; the real faults are
-tests/data/test_gcs_bucket.py (storage), tests/distribute/test_peer_faults.py and tests/launch/test_fault_tolerance.py
+tests/data/export/test_gcs_bucket.py (storage), tests/distribute/test_peer_faults.py and tests/launch/test_fault_tolerance.py
 (peers, repeats)."""
 import json
 

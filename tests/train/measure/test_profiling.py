@@ -2,7 +2,7 @@
 the table."""
 import json
 
-from harness.data import synth
+from harness.data.export import synth
 from harness.train import job
 
 

@@ -14,8 +14,8 @@ import types
 
 import pytest
 
-from harness.data import synth
-from harness.data import tune as tune_lib
+from harness.data.export import synth
+from harness.data.tune import levers as tune_lib
 from harness.errors import ConfigError
 from harness.train.measure import tune
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from harness import keras_kinds
-from harness.data.labels import IGNORED
+from harness.data.spec.labels import IGNORED
 from harness.errors import ConfigError, UserCodeError
 from harness.train.model import losses, builtin
 from loop_support import build as build_run

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from harness.data import synth
-from harness.data.labels import IGNORED
+from harness.data.export import synth
+from harness.data.spec.labels import IGNORED
 from harness.distribute.context import WorkerContext
 from harness.train.model.losses import make_loss
 from loop_support import build

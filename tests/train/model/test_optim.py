@@ -158,7 +158,7 @@ def test_resume_continues_the_schedule(tmp_path):
 
 
 def test_plan_prints_the_peak_learning_rate(tmp_path):
-    from harness.data import synth
+    from harness.data.export import synth
     synth.write_table_export(str(tmp_path), shards=2, records=256, seed=1)
     r = subprocess.run([sys.executable, "-m", "harness.cli", "plan", str(tmp_path), "--workers", "2",
                         "--global-batch-size", "64", "--learning-rate", "0.01", "--scale-lr", "sqrt",

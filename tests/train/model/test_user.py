@@ -11,7 +11,7 @@ import pytest
 import tf_keras as keras
 
 from harness import keras_kinds
-from harness.data.spec import DataSpec
+from harness.data.spec.dataspec import DataSpec
 from harness.errors import ConfigError, ModelError, UserCodeError
 from harness.train.model import builtin, user as user_model
 from harness.train.options import TrainOptions

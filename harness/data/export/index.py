@@ -1,0 +1,195 @@
+"""Record counts (and uncompressed record bytes) per shard, counted once and cached in a small JSON index.
+
+Earth Engine and the tools around it do not record how many Examples a shard holds, and declared sizes are wrong
+(the ACES points export of the test data, tests/shared_data.py: 8531 declared, 8316 present; docs/GEE_FORMAT.md),
+so the harness counts. Counting reads the whole shard once inside TensorFlow (batched, no per-record Python); the
+result is cached under `$HARNESS_CACHE_DIR` (default `~/.cache/harness/`) in `record_index.json`, keyed by path,
+size in bytes and modification time (`file_identity`), so a later run, or another worker sharing the home folder,
+does not read the data again. A rewritten shard changes size or mtime and is counted again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from harness.data.export import records
+from harness.distribute import environment
+from harness.data.export.shards import GZIP, Shard, read_buffer_bytes
+from harness.tracing import graph_fn
+from harness.errors import NotTFRecordError, TruncatedShardError
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "record_index.json"
+_COUNT_BATCH = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStats:
+    """Size of one shard: `records` (count) and `bytes` (sum of serialized record lengths, uncompressed, without
+    TFRecord framing; about the decoded size for float and int64 features: 4 and up to 10 bytes per value)."""
+
+    records: int
+    bytes: int
+
+
+def cache_dir() -> str:
+    """`$HARNESS_CACHE_DIR`, else `~/.cache/harness`."""
+    return os.environ.get(environment.CACHE_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "harness")
+
+
+def file_identity(path: str) -> str:
+    """`path|size in bytes|modification time in nanoseconds`: what tells a file from a rewritten one here (the
+    record index, the pipeline's file cache). Local files are stat'ed by the OS (`os.stat`: nanoseconds);
+    `tf.io.gfile.stat` rounds local mtimes to whole seconds, so it is used only for other file systems (`gs://`)."""
+    if "://" not in path:
+        st = os.stat(path)
+        return f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    st = tf.io.gfile.stat(path)
+    return f"{path}|{st.length}|{st.mtime_nsec}"
+
+
+def _key(shard: Shard) -> str:
+    return file_identity(shard.path)
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(path: str, new: dict) -> None:
+    """Merge `new` into the index file atomically (write a temporary file, then rename); failures only log."""
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        merged = {**_load(path), **new}
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".record_index.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(merged, f, indent=0, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not write the record index %s: %s (counts will be recomputed next run)", path, e)
+        if tmp is not None and os.path.exists(tmp):   # a write cut short (a full disk): no half file left beside
+            os.remove(tmp)
+
+
+def _read_sizes(shards: Sequence[Shard]) -> np.ndarray:
+    """`[len(shards), 2]` int64: records and uncompressed record bytes of each shard, read in one tf.data pipeline
+    (shards interleaved on TensorFlow's own threads, 4096 records per element; no per-record Python).
+
+    One pipeline, called from this thread alone: TensorFlow's Python API dispatcher keeps the arguments of the call
+    it is checking in storage shared by every thread (`PythonAPIDispatcher::Dispatch`,
+    tensorflow/python/framework/python_api_dispatcher.cc, TF 2.18), so ops built from several Python threads at
+    once can read another thread's freed argument (the signal 11 in `PyObject_GetAttr` under
+    `PyInstanceChecker::Check` that counting in a thread pool caused; tests/data/export/test_index.py).
+
+    Raises:
+      tf.errors.DataLossError: from whichever shard failed first (the caller names it).
+    """
+    sizes = np.zeros((len(shards), 2), np.int64)
+    if not shards:
+        return sizes
+    parallel = min(8, len(shards))
+    buffer = read_buffer_bytes([s.path for s in shards])
+
+    def read(i, path, compression):
+        def size(batch):
+            return i, tf.size(batch, out_type=tf.int64), tf.reduce_sum(tf.cast(tf.strings.length(batch), tf.int64))
+        return (tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
+                .batch(_COUNT_BATCH).map(graph_fn(size)))
+
+    ds = (tf.data.Dataset.from_tensor_slices((np.arange(len(shards), dtype=np.int64), [s.path for s in shards],
+                                              [s.compression for s in shards]))
+          .interleave(graph_fn(read), cycle_length=parallel, num_parallel_calls=parallel, deterministic=False))
+    for i, n, nbytes in ds.as_numpy_iterator():
+        sizes[i] += (n, nbytes)
+    return sizes
+
+
+def _checked(shard: Shard, n: int, nbytes: int) -> ShardStats:
+    """ShardStats of `shard` from its counted `n` records of `nbytes`, after the checks TF's read does not make."""
+    if n == 0 and records.has_payload(shard):
+        raise NotTFRecordError(f"{shard.path}: not a TFRecord file (it has bytes but no complete record)")
+    if shard.compression != GZIP:
+        size = tf.io.gfile.stat(shard.path).length
+        if size != nbytes + records.FRAMING_BYTES * n:
+            raise TruncatedShardError(f"{shard.path}: shard truncated after {n} records (last good record index "
+                                      f"{n - 1}): {size - nbytes - records.FRAMING_BYTES * n} trailing bytes "
+                                      "are a partial record header")
+    return ShardStats(int(n), int(nbytes))
+
+
+def count_shard(shard: Shard) -> ShardStats:
+    """Read one shard to the end and return its ShardStats (no cache).
+
+    Raises:
+      CompressionMismatchError: if the shard's compression disagrees with its bytes.
+      NotTFRecordError: if record 0 is not TFRecord framing, or the file has bytes but no record.
+      TruncatedShardError: if the shard ends inside a record (the message gives the last good record index).
+      CorruptShardError: if a record's CRC fails or the GZIP stream is corrupt (the message gives the last good
+        record index).
+    """
+    return count_shards([shard])[0]
+
+
+def count_shards(shards: Sequence[Shard]) -> list[ShardStats]:
+    """ShardStats of each shard, in order, read in one pipeline (no cache). When a read fails, the shards are
+    read again one by one, so that the error names the first bad shard in order and its last good record.
+
+    Raises:
+      the errors of count_shard, for the first bad shard.
+    """
+    try:
+        sizes = _read_sizes(shards)
+    except tf.errors.DataLossError as e:
+        if len(shards) == 1:
+            good = records.count_until_error(shards[0].path, shards[0].compression)
+            raise records.data_loss_error(shards[0], good, e) from None
+        for shard in shards:
+            count_shard(shard)
+        raise  # no shard failed alone: not expected; TensorFlow's own error, unnamed
+    return [_checked(s, n, nbytes) for s, (n, nbytes) in zip(shards, sizes)]
+
+
+def record_stats(shards: Sequence[Shard], *, use_cache: bool = True,
+                 index_path: Optional[str] = None) -> list[ShardStats]:
+    """ShardStats for each shard, in order, from the cached index or by counting (count_shards: one pipeline).
+
+    Zero-record shards are valid: they are counted and logged, not an error.
+
+    Raises:
+      the errors of count_shard, for the first bad shard.
+    """
+    index_path = index_path or os.path.join(cache_dir(), INDEX_NAME)
+    cached = _load(index_path) if use_cache else {}
+    keys = [_key(s) for s in shards]
+    todo = [i for i, k in enumerate(keys) if k not in cached]
+    new = {}
+    if todo:
+        log.info("counting records of %d shard(s) (cached in %s)", len(todo), index_path)
+        for i, stats in zip(todo, count_shards([shards[i] for i in todo])):
+            new[keys[i]] = {"records": stats.records, "bytes": stats.bytes}
+        if use_cache:
+            _save(index_path, new)
+    out = [ShardStats(**(new.get(k) or cached[k])) for k in keys]
+    empty = [s.path for s, st in zip(shards, out) if st.records == 0]
+    if empty:
+        log.warning("%d shard(s) hold zero records (counted, not an error): %s", len(empty), ", ".join(empty))
+    return out
+
+
+def record_counts(shards: Sequence[Shard], **kwargs) -> list[int]:
+    """Number of records of each shard, in order (see record_stats; cached by path, size and mtime)."""
+    return [s.records for s in record_stats(shards, **kwargs)]

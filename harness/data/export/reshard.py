@@ -1,0 +1,105 @@
+"""`harness reshard`: rewrite an export's shards (GZIP as Earth Engine writes them) into uncompressed shards, as many
+as a multiple of the workers, balanced, in the original record order, with their record index.
+
+Why: a GZIP stream is inflated by one thread per file, and Earth Engine exports often have fewer files than a
+worker has cores, or record counts that split unevenly among workers (`harness plan` shows the records each
+worker drops). Uncompressed shards are read at disk speed, a parallel interleave reads all of a worker's files at
+once, and equal shards give every worker the same records.
+
+Output (`OUT/<prefix>-00000.tfrecord` ...): record r of the concatenated source shards (in shard order) is record
+r of the concatenated outputs; output shard i holds `records // n` records, plus one for the first `records % n`.
+Beside them: `<prefix>-index.json` (source files, per output shard its path, first record and count) and, for an
+image export, the source's mixer copied as `<prefix>-mixer.json` (same patch grid and order). The harness record
+index (`harness.data.export.index`) is filled for the new shards, so the first run does not count them again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from harness.data.export import index
+from harness.data.export.shards import discover_shards, find_mixer, read_buffer_bytes
+from harness.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+READ_BATCH = 1024
+
+
+def balanced_sizes(records: int, shards: int) -> list[int]:
+    """`shards` counts summing to `records`, differing by at most one, larger first."""
+    if shards < 1:
+        raise ConfigError(f"need at least one output shard, got {shards}")
+    return [records // shards + (1 if i < records % shards else 0) for i in range(shards)]
+
+
+def reshard(sources: Sequence[str], output: str, *, workers: int, shards_per_worker: int = 1,
+            prefix: Optional[str] = None, mixer: Optional[str] = None) -> dict:
+    """Rewrite the shards found in `sources` into `workers x shards_per_worker` uncompressed shards under `output`.
+
+    Returns:
+      the index written to `<prefix>-index.json`: `{"sources", "records", "workers", "shards": [{"path",
+      "first_record", "records"}], "mixer"}`.
+    Raises:
+      ConfigError: if workers or shards_per_worker < 1, or there are fewer records than output shards.
+      and the errors of shard discovery and counting (bad, truncated or mismatched shards).
+    """
+    if workers < 1 or shards_per_worker < 1:
+        raise ConfigError(f"--workers and --shards-per-worker must be >= 1, got {workers} and {shards_per_worker}")
+    shards = discover_shards(list(sources))
+    counts = index.record_counts(shards)
+    total, n_out = sum(counts), workers * shards_per_worker
+    if total < n_out:
+        raise ConfigError(f"{total} records cannot fill {n_out} shards ({workers} workers x {shards_per_worker})")
+    prefix = prefix or posixpath.basename(shards[0].prefix)
+    tf.io.gfile.makedirs(output)
+    sizes = balanced_sizes(total, n_out)
+    paths = [posixpath.join(output, f"{prefix}-{i:05d}.tfrecord") for i in range(n_out)]
+    _copy_in_order(shards, paths, sizes)
+    entries, first = [], 0
+    for path, n in zip(paths, sizes):
+        entries.append({"path": path, "first_record": first, "records": n})
+        first += n
+    found = find_mixer(shards, mixer)
+    mixer_out = None
+    if found is not None:
+        mixer_out = posixpath.join(output, f"{prefix}-mixer.json")
+        tf.io.gfile.copy(found.path, mixer_out, overwrite=True)
+    result = {"sources": [s.path for s in shards], "records": total, "workers": workers,
+              "shards_per_worker": shards_per_worker, "shards": entries, "mixer": mixer_out}
+    with tf.io.gfile.GFile(posixpath.join(output, f"{prefix}-index.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    index.record_counts(discover_shards(paths))  # fill the harness record index for the new shards
+    return result
+
+
+def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int]) -> None:
+    """Stream the records of `shards` in order into `paths`, `sizes[i]` records into `paths[i]`."""
+    if len({s.compression for s in shards}) == 1:
+        comp = shards[0].compression
+        records = tf.data.TFRecordDataset([s.path for s in shards], compression_type=comp,
+                                          buffer_size=read_buffer_bytes([s.path for s in shards]))
+    else:  # mixed compression: one dataset per file, concatenated in order
+        records = None
+        for s in shards:
+            one = tf.data.TFRecordDataset(s.path, compression_type=s.compression,
+                                          buffer_size=read_buffer_bytes(s.path))
+            records = one if records is None else records.concatenate(one)
+    batches = records.batch(READ_BATCH).prefetch(2).as_numpy_iterator()
+    pending: list[bytes] = []
+    for path, size in zip(paths, sizes):
+        with tf.io.TFRecordWriter(path) as writer:
+            written = 0
+            while written < size:
+                if not pending:
+                    pending = list(next(batches))
+                take = min(size - written, len(pending))
+                for record in pending[:take]:
+                    writer.write(record)
+                pending = pending[take:]
+                written += take
+        log.info("wrote %s: %d records", path, size)

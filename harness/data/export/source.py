@@ -1,0 +1,88 @@
+"""One dataset's shards, discovered, counted and checked once per run: `ShardSet`.
+
+Everything downstream (the feature spec, the epoch plan, every input pipeline, the profile's facts) takes the
+`ShardSet` instead of the paths, so discovery (`shards.discover_shards`), the record index (`index.record_stats`:
+one stat per file, a network round trip on `gs://`) and the mixer lookup run once, however many pipelines are
+built from it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Optional, Sequence
+
+from harness.data.export import index
+from harness.data.export.shards import Mixer, Shard, discover_shards, find_mixer
+
+# Records of the first shard holding any read at its first look: what the spec inference (8) and the label check
+# (`labels.check_first_labels`: 16) read of it, so it is read once.
+FIRST_SHARD_RECORDS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSet:
+    """The shards of one dataset in shard order, with their record counts and the export's mixer.
+
+    Attributes:
+      shards: every file, in order (zero-record shards included).
+      stats: `index.ShardStats` per shard (records; serialized bytes, uncompressed).
+      mixer: the export's mixer.json, or None (tables, mixer-less exports).
+      sources: the folders, globs or paths as given.
+    """
+
+    shards: tuple[Shard, ...]
+    stats: tuple[index.ShardStats, ...]
+    mixer: Optional[Mixer]
+    sources: tuple[str, ...]
+    _heads: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def counts(self) -> list[tuple[str, int]]:
+        """`(path, records)` per shard, in order: what `harness.distribute.plan.make_plan` takes."""
+        return [(s.path, st.records) for s, st in zip(self.shards, self.stats)]
+
+    @property
+    def files_with_records(self) -> list[str]:
+        """The paths of the shards holding at least one record, in shard order (`sharding.files_with_records`)."""
+        from harness.distribute.sharding import files_with_records
+        return files_with_records(self.counts)
+
+    def first_examples(self, shard: Shard, n: int) -> list:
+        """The first `n` records of `shard` as `tf.train.Example`s (fewer if it holds fewer), read once per run
+        (`records.first_examples`: two round trips on gs://, the compression sniff and the read) and shared by
+        the spec inference, `validate_spec` and `check_first_labels`. The first shard holding records is read
+        FIRST_SHARD_RECORDS deep at once; a later ask for more records than were read reads again.
+
+        Raises:
+          the errors of `records.first_examples` (bad framing, compression, not an Example), at every ask.
+        """
+        from harness.data.export import records
+
+        have = self._heads.get(shard.path)
+        if have is not None and (len(have[0]) >= n or len(have[0]) < have[1]):  # enough, or the whole shard
+            return have[0][:n]
+        first = next((s for s, st in zip(self.shards, self.stats) if st.records > 0), None)
+        asked = max(n, FIRST_SHARD_RECORDS) if first is not None and shard.path == first.path else n
+        examples = records.first_examples(shard, asked)
+        self._heads[shard.path] = (examples, asked)
+        return examples[:n]
+
+    @property
+    def records(self) -> int:
+        return sum(st.records for st in self.stats)
+
+    def nbytes(self, paths: Optional[Iterable[str]] = None) -> int:
+        """Serialized bytes of the records in `paths` (default: every shard)."""
+        keep = None if paths is None else set(paths)
+        return sum(st.bytes for s, st in zip(self.shards, self.stats) if keep is None or s.path in keep)
+
+
+def open_shards(sources: Sequence[str], *, mixer: Optional[str] = None) -> ShardSet:
+    """Discover, order and count the shards of `sources` and find their mixer: once per dataset and run.
+
+    Raises:
+      the errors of `shards.discover_shards` (nothing found, a missing index, several exports in one folder),
+      `index.record_stats` (truncated or corrupt shard) and `shards.find_mixer` (a malformed mixer).
+    """
+    shards = discover_shards(list(sources))
+    return ShardSet(shards=tuple(shards), stats=tuple(index.record_stats(shards)),
+                    mixer=find_mixer(shards, mixer), sources=tuple(sources))

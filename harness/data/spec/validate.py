@@ -1,0 +1,146 @@
+"""A spec checked against the shards before any training: `validate_spec` (the first record of every shard) and
+`check_feature` (one feature against one record's schema)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Mapping, Optional, Sequence
+
+from harness.data.export import records
+from harness.data.export.records import BYTES, EMPTY, FLOAT, INT64, FeatureInfo
+from harness.data.export.shards import Shard
+from harness.data.spec.dataspec import IMAGE, DataSpec, _closest
+from harness.data.spec.infer import _square, _values
+from harness.errors import (EmptyFeatureError, FeatureDtypeError, FeatureLengthError, MissingFeatureError,
+                            SchemaDriftError, SpecError, SpecMismatchError)
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationReport:
+    """Result of validate_spec: shards checked (first record) and zero-record shards skipped (not an error)."""
+
+    checked: tuple[str, ...]
+    empty: tuple[str, ...]
+
+
+def _side_text(n: int) -> str:
+    side = _square(n)
+    return f" ({n} = {side}x{side})" if side and n > 1 else ""
+
+
+def check_feature(spec: DataSpec, name: str, schema: Mapping[str, FeatureInfo],
+                  where: str) -> Optional[SpecMismatchError]:
+    """The mismatch between the declared feature `name` and one record's schema, or None if it matches.
+
+    `where` names the file and record ("path: record 0").
+    """
+    expected_dtype, n = spec.dtype_of(name), spec.values_of(name)
+    role = "label" if name == spec.label else "band"
+    if spec.sequence and name in schema and spec.is_array(name):
+        return _check_steps(spec, name, schema[name], where)
+    if name not in schema:
+        hint = _closest(name, list(schema))
+        return MissingFeatureError(f"{where}: {role} {name!r} declared but absent; " +
+                                   (f"closest available key: {hint!r}" if hint else f"available: {list(schema)}"))
+    info = schema[name]
+    if info.dtype == EMPTY or info.length == 0 or (info.dtype == BYTES and info.nbytes == 0):
+        return EmptyFeatureError(f"{where}: {role} {name!r} is present but holds no values "
+                                 f"(expected {expected_dtype}, {n} values)")
+    if spec.sequence and info.sequence:
+        return FeatureLengthError(f"{where}: {role} {name!r}: expected one value in the SequenceExample's context, "
+                                  f"found a feature list of {info.length} steps (declare its depth: "
+                                  f"depths: {{{name}: {info.length}}})")
+    if info.dtype != expected_dtype:
+        note = ""
+        if role == "label" and expected_dtype == INT64 and info.dtype == FLOAT:
+            note = ("; Earth Engine stores every number as float (class 3 as 3.0): declare the label 'float', "
+                    "the harness casts it to int32")
+        return FeatureDtypeError(f"{where}: {role} {name!r}: expected dtype {expected_dtype}, found "
+                                 f"{info.dtype}{note}")
+    found = _values(info)
+    if info.dtype == BYTES and info.length != 1:
+        return FeatureLengthError(f"{where}: {role} {name!r}: expected one bytes string of {n} bytes, found "
+                                  f"{info.length} strings")
+    if found != n:
+        unit = "bytes" if info.dtype == BYTES else "values"
+        planes = spec.feature_depth(name)
+        depth = (f" x {planes} planes ({'collapsed ' + ', '.join(spec.collapsed[name]) if name in spec.collapsed else 'depth ' + str(planes)})"
+                 if spec.is_array(name) else "")
+        if spec.kind == IMAGE:
+            declared = f"{n} {unit} ({spec.stored_size}x{spec.stored_size} patch: P={spec.patch_size} + " \
+                       f"margin {spec.kernel_margin}{depth})"
+        else:
+            declared = f"{n} value{'s' if n != 1 else ''} (table{depth})"
+        return FeatureLengthError(f"{where}: {role} {name!r}: expected {declared}, found {found} "
+                                  f"{unit}{_side_text(found)}")
+    return None
+
+
+def _check_steps(spec: DataSpec, name: str, info: FeatureInfo, where: str) -> Optional[SpecMismatchError]:
+    """A sequence record's feature list: one value per step, at most `depth` steps (shorter ones are padded with
+    0, Earth Engine's default value, as tensorDepths pads)."""
+    depth = spec.feature_depth(name)
+    if not info.sequence:
+        return FeatureLengthError(f"{where}: band {name!r}: expected a feature list of up to {depth} steps (an "
+                                  f"array band of a SequenceExample), found {info.length} value(s) in the context")
+    if info.dtype not in (EMPTY, spec.dtype_of(name)) and info.length:
+        return FeatureDtypeError(f"{where}: band {name!r}: expected dtype {spec.dtype_of(name)}, found {info.dtype}")
+    if info.length > depth:
+        return FeatureLengthError(f"{where}: band {name!r}: expected up to {depth} steps (depth {depth}), found "
+                                  f"{info.length}: declare depths: {{{name}: {info.length}}}")
+    if info.nbytes > 1:
+        return FeatureLengthError(f"{where}: band {name!r}: expected one value per step, found {info.nbytes}")
+    return None
+
+
+def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None) -> ValidationReport:
+    """Check the spec against the first record of every shard, before any training.
+
+    Also a cheap framing check of each shard (its first record is read with its compression). `read`: the first
+    records' reader, as infer_spec's (`ShardSet.first_examples`: each shard's first records read once per run).
+
+    Returns:
+      a ValidationReport; zero-record shards are listed there and logged, not an error.
+
+    Raises:
+      MissingFeatureError: a declared feature is absent (the message names the closest key: `Landcover` vs
+        `landcover`).
+      FeatureDtypeError: stored with another dtype (e.g. label declared int64 but stored float).
+      FeatureLengthError: another number of values (e.g. 256 values where a 4x4 patch was declared).
+      EmptyFeatureError: present but empty.
+      SchemaDriftError: a declared feature matches in some shards and not in others (message lists both).
+      CompressionMismatchError, NotTFRecordError, TruncatedShardError, NotExampleError: bad shard framing/content.
+      SpecError: if every shard is empty.
+    """
+    problems: dict[str, list[tuple[Shard, SpecMismatchError]]] = {f: [] for f in spec.features}
+    good: dict[str, list[tuple[Shard, FeatureInfo]]] = {f: [] for f in spec.features}
+    checked, empty = [], []
+    for shard in shards:
+        examples = (read or records.first_examples)(shard, 1)[:1]
+        if not examples:
+            empty.append(shard.path)
+            continue
+        checked.append(shard.path)
+        schema = records.schema_of(examples[0])
+        for f in spec.features:
+            err = check_feature(spec, f, schema, f"{shard.path}: record 0")
+            if err is None:
+                good[f].append((shard, schema[f]))
+            else:
+                problems[f].append((shard, err))
+    if empty:
+        log.warning("%d zero-record shard(s) skipped (counted, not an error): %s", len(empty), ", ".join(empty))
+    if not checked:
+        raise SpecError(f"all {len(shards)} shard(s) hold zero records")
+    for f in spec.features:
+        if not problems[f]:
+            continue
+        shard, err = problems[f][0]
+        if not good[f]:
+            raise err
+        ok = good[f][0][0]
+        raise SchemaDriftError(f"shards differ for feature {f!r}: {len(good[f])} shard(s) match the spec (e.g. "
+                               f"{ok.path}) but {len(problems[f])} do not; first: {err}")
+    return ValidationReport(tuple(checked), tuple(empty))

@@ -91,9 +91,9 @@ def _run_job(placements, args: list, logs: pathlib.Path) -> None:
 def gradient_shape(patch_size: int, bands: int, classes: int) -> tuple[int, int]:
     """(float32 bytes, tensors) of the built-in U-Net's trainable weights at this patch: what one step all-reduces."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    from harness.train.model import builtin
+    from harness.train.model import parts
 
-    model = builtin.builtin_model("image", (patch_size, patch_size, bands), classes)
+    model = parts.builtin_model("image", (patch_size, patch_size, bands), classes)
     weights = model.trainable_weights
     return 4 * sum(int(w.shape.num_elements()) for w in weights), len(weights)
 

@@ -1,8 +1,8 @@
 """The harness training loop against Keras `Model.fit` on one model, precision, batch and dataset: the harness/fit
 ratio that `benchmarks/gpu_check.sh` prints for the U-Net with mixed_float16.
 
-Both sides build the built-in model (`harness.train.model.builtin.builtin_model`: the U-Net for image exports) under the
-same strategy, with Adam 1e-3 and the policy of --precision, and read the same dataset: the harness's own input
+Both sides build the built-in model (the U-Net for image exports) and Adam 1e-3 from the run's parts
+(`harness.train.model.parts.RunParts`, as `harness train` does) under the same strategy and the policy of --precision, and read the same dataset: the harness's own input
 pipeline (`harness.train.inputs.prepare`, as `harness train` builds it). The harness side is `Trainer.fit` at
 `steps_per_loop: auto`; the Keras side is `model.compile(..., steps_per_execution=N); model.fit(ds,
 steps_per_epoch=S)` at N = 1 and at the K the harness chose. A figure is examples/s from the end of the first
@@ -34,52 +34,51 @@ SMOKE = dict(batch=4, steps=2, epochs=2, rounds=1)
 def _setup(args):
     from harness.distribute.backend import TrainingBackend
     from harness.distribute.strategy import make_strategy
-    from harness.train.model import precision
     from harness.train.inputs import prepare
+    from harness.train.model.parts import RunParts
     from harness.train.options import TrainOptions
 
     strategy, context = make_strategy("auto")
     backend = TrainingBackend(strategy, context)
-    policy = precision.apply_policy(args.precision)
     options = TrainOptions(data=(args.data,), per_replica_batch_size=args.batch, precision=args.precision,
                            output=os.path.join(args.output, "run"))
-    return backend, policy, prepare(options, backend)
+    parts = RunParts(options)   # `harness train`'s: Adam at 1e-3, the cross-entropy, the policy of --precision
+    policy = parts.apply_policy()
+    return backend, policy, parts, prepare(options, backend)
 
 
-def _model(backend, policy, inputs, *, wrap: bool):
-    import tf_keras as keras
-
-    from harness.train.model import builtin, precision
-
+def _model(backend, parts, inputs, *, wrap: bool):
+    """The built-in model and the optimizer (wrapped for loss scaling where the policy needs it, unless `wrap` is
+    False: Keras `compile` wraps its own), from the run's parts."""
     with backend.scope():
-        model = builtin.builtin_model(inputs.spec.kind, tuple(inputs.spec.input_shape), inputs.num_classes,
-                                     mean=inputs.mean, variance=inputs.variance)
-        optimizer = keras.optimizers.Adam(1e-3)
-        return model, precision.wrap_optimizer(optimizer, policy) if wrap else optimizer
+        model = parts.build_builtin(inputs.spec.kind, tuple(inputs.spec.input_shape), inputs.num_classes,
+                                    mean=inputs.mean, variance=inputs.variance)
+        return model, parts.create_optimizer(wrap=wrap)
 
 
-def harness_rate(args, backend, policy, inputs) -> tuple[float, int]:
+def harness_rate(args, backend, parts, inputs) -> tuple[float, int]:
     """(examples/s, the K that auto chose) of the harness's trainer, built as `harness train` builds it."""
     from harness.train.loop import factory
     from harness.train.loop.controller import EpochEnd, Schedule
 
-    model, optimizer = _model(backend, policy, inputs, wrap=True)
+    model, optimizer = _model(backend, parts, inputs, wrap=True)
     batch = inputs.plan.global_batch_size
     ends = []
     controller = factory.build_run(backend, model, optimizer, inputs.plan,
                                    Schedule(epochs=args.epochs, steps_per_epoch=args.steps), epoch_lines=False,
+                                   loss_fn=parts.loss,
                                    actions=[EpochEnd(lambda *_: ends.append(time.perf_counter()))]).controller
     controller.fit(iter(backend.distribute(inputs.dataset_fn(True))))
     k = min(controller.steps_per_loop or 1, args.steps)   # a call never crosses an epoch's end
     return batch * args.steps * (len(ends) - 1) / (ends[-1] - ends[0]), k
 
 
-def fit_rate(args, backend, policy, inputs, steps_per_execution: int) -> float:
+def fit_rate(args, backend, parts, inputs, steps_per_execution: int) -> float:
     """examples/s of Keras `fit` (its mixed-precision compile wraps the optimizer itself)."""
     import tensorflow as tf
     import tf_keras as keras
 
-    model, optimizer = _model(backend, policy, inputs, wrap=False)
+    model, optimizer = _model(backend, parts, inputs, wrap=False)
     with backend.scope():
         model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       steps_per_execution=steps_per_execution)
@@ -103,7 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the figures here")
     args = smoke.parse(p, argv, SMOKE)
 
-    backend, policy, inputs = _setup(args)
+    backend, policy, parts, inputs = _setup(args)
     rates = {"harness": [], "fit_spe1": [], "fit_speK": []}
     k = 1
     for round_ in range(args.rounds):
@@ -111,9 +110,9 @@ def main(argv=None) -> int:
         order = ("harness", "fit_spe1", "fit_speK") if round_ % 2 == 0 else ("fit_speK", "fit_spe1", "harness")
         for name in order:
             if name == "harness":
-                rate, k = harness_rate(args, backend, policy, inputs)
+                rate, k = harness_rate(args, backend, parts, inputs)
             else:
-                rate = fit_rate(args, backend, policy, inputs, 1 if name == "fit_spe1" else k)
+                rate = fit_rate(args, backend, parts, inputs, 1 if name == "fit_spe1" else k)
             rates[name].append(rate)
             print(f"round {round_ + 1} {name:<9} {rate:10.1f} examples/s" + (f" (K={k})" if name != "fit_spe1"
                                                                                   else ""), flush=True)

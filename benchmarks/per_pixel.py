@@ -35,7 +35,7 @@ from harness.data.export import synth  # noqa: E402
 from harness.predict.job import prepare  # noqa: E402
 from harness.predict.options import PredictOptions  # noqa: E402
 from harness.predict.stream import predict_shards  # noqa: E402
-from harness.train.model.builtin import pixel_classifier  # noqa: E402
+from harness.train.model.parts import builtin_model  # noqa: E402
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 from predict_support import read_outputs  # noqa: E402  (tests/predict_support.py)
 
@@ -75,8 +75,8 @@ def main(argv=None) -> None:
     synth.write_image_export(data, prefix="scene", shards=a.shards, records=a.records, bands=BANDS, label=None,
                              patch_size=a.patch_size, kernel_size=a.kernel_size)
     rng = np.random.default_rng(0)
-    model = pixel_classifier(len(BANDS), CLASSES, mean=rng.normal(size=len(BANDS)).tolist(),
-                             variance=rng.uniform(0.5, 2, size=len(BANDS)).tolist())
+    model = builtin_model("table", (len(BANDS),), CLASSES, mean=rng.normal(size=len(BANDS)).tolist(),
+                          variance=rng.uniform(0.5, 2, size=len(BANDS)).tolist())
     for layer in model.layers:   # trained-like weights: every class appears
         if isinstance(layer, keras.layers.Dense):
             layer.set_weights([w + rng.normal(scale=0.5, size=w.shape) for w in layer.get_weights()])

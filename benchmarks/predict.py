@@ -5,7 +5,7 @@
               write the file (under its temporary name, renamed when whole);
   ceiling     the same model's `predict_on_batch` over the same patches already decoded in memory, in batches
               of the same size (no reading, no writing): what the model alone allows.
-The model is the built-in U-Net (`harness.train.model.builtin.unet`) on the stored patch (P + k), saved and loaded as
+The model is the built-in U-Net (`harness.train.model.parts.builtin_model`) on the stored patch (P + k), saved and loaded as
 `harness predict` loads a run. After one untimed warm-up pass of each, the two take turns for --repeats runs;
 prints examples/s (mean, relative spread) and the ratio predict / ceiling per run (median and range): the
 target is >= 0.9.
@@ -31,7 +31,7 @@ from harness.predict.job import prepare  # noqa: E402
 from harness.predict.options import PredictOptions  # noqa: E402
 from harness.predict.reader import ordered_batches  # noqa: E402
 from harness.predict.stream import predict_shards  # noqa: E402
-from harness.train.model.builtin import unet  # noqa: E402
+from harness.train.model.parts import builtin_model  # noqa: E402
 
 BANDS = ["B2", "B3", "B4", "B8"]
 # --smoke: 4 patches of 16 + 8, one timed run; `make test` runs it (tests/bench/test_benchmarks_start.py)
@@ -60,7 +60,7 @@ def main() -> None:
                              patch_size=a.patch_size, kernel_size=a.kernel_size)
     side = a.patch_size + a.kernel_size
     model_path = os.path.join(tmp, "unet.keras")
-    unet(side, side, len(BANDS), 4).save(model_path)
+    builtin_model("image", (side, side, len(BANDS)), 4).save(model_path)
     job = prepare(PredictOptions(model=model_path, data=(data,), output=os.path.join(tmp, "out"),
                                  batch_size=a.batch))
     os.makedirs(job.options.output)

@@ -59,12 +59,12 @@ def main(argv=None) -> int:
     args = smoke.parse(p, argv, SMOKE)
 
     import tensorflow as tf
-    import tf_keras as keras
 
     from harness.train.loop.synthetic import Shapes, synthetic_batches
     from harness.distribute.strategy import make_strategy
     from harness.profile.session import ProfileSession
-    from harness.train.model import builtin
+    from harness.train.model.parts import RunParts
+    from harness.train.options import TrainOptions
     from harness.distribute.backend import TrainingBackend
     from harness.train.loop import factory
     from harness.train.loop.controller import Schedule
@@ -72,11 +72,13 @@ def main(argv=None) -> int:
     strategy, context = make_strategy("single")
     backend = TrainingBackend(strategy, context)
     shapes = Shapes("image", (args.patch, args.patch, 4), 4)
+    parts = RunParts(TrainOptions(data=("synthetic",), per_replica_batch_size=args.batch))   # Adam 1e-3, float32
     with strategy.scope():
-        model = builtin.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes)
-        optimizer = keras.optimizers.Adam(1e-3)
+        model = parts.build_builtin(shapes.kind, shapes.input_shape, shapes.num_classes)
+        optimizer = parts.create_optimizer()
     run = factory.build_run(backend, model, optimizer, factory.synthetic_batch(backend, args.batch),
-                            Schedule(epochs=1, steps_per_epoch=args.steps, warmup_steps=0), epoch_lines=False)
+                            Schedule(epochs=1, steps_per_epoch=args.steps, warmup_steps=0), epoch_lines=False,
+                            loss_fn=parts.loss)
     controller = run.controller
     batches = synthetic_batches(strategy, shapes, args.batch)
     rates = {"off": [], "on": []}

@@ -97,26 +97,29 @@ def prepare(case: Case, backend, epochs: int = 1, steps_per_loop="auto"):
     with tempfile.TemporaryDirectory() as out:
         options = TrainOptions(data=(case.data,), epochs=epochs, global_batch_size=case.batch, output=out,
                                steps_per_loop=steps_per_loop)
-        return inputs_lib.prepare(options, backend, data_config={"label": case.label}, say=lambda *_: None,
-                                  on_plan=lambda *_: None)
+        return inputs_lib.prepare(options, backend, data_config={"label": case.label}, say=lambda *_: None)
 
 
 def build_model(inputs, strategy, kind: str = "tf_keras", batch_norm: bool = True):
-    """The built-in model of the data (pixel classifier or U-Net, without BatchNormalization if told) and Adam 1e-3
-    in the Keras `kind` (`harness.keras_kinds`: the same layers in tf-keras or Keras 3), under the strategy's
-    scope."""
-    from harness import keras_kinds
-    from harness.train.model import builtin
+    """The built-in model of the data (pixel classifier or U-Net, without BatchNormalization if told) and the run's
+    optimizer (Adam 1e-3: `harness train`'s defaults) in the Keras `kind` (`harness.keras_kinds`: the same layers in
+    tf-keras or Keras 3), from the run's parts (`harness.train.model.parts.RunParts`), under the strategy's scope."""
+    from harness.train.model.parts import RunParts
 
-    keras = keras_kinds.module(kind)
+    parts = RunParts(inputs.options)
     with strategy.scope():
-        if inputs.spec.kind == "image" and not batch_norm:
-            model = builtin.unet(*inputs.spec.input_shape, inputs.num_classes, mean=inputs.mean,
-                                 variance=inputs.variance, keras=keras, batch_norm=False)
-        else:
-            model = builtin.builtin_model(inputs.spec.kind, inputs.spec.input_shape, inputs.num_classes,
-                                         mean=inputs.mean, variance=inputs.variance, keras=keras)
-        return model, keras.optimizers.Adam(1e-3)
+        model = parts.build_builtin(inputs.spec.kind, inputs.spec.input_shape, inputs.num_classes, mean=inputs.mean,
+                                    variance=inputs.variance, keras_kind=kind, batch_norm=batch_norm)
+        return model, parts.create_optimizer(kind=kind)
+
+
+def sgd(learning_rate: float = 0.01, kind: str = "tf_keras"):
+    """Plain SGD at `learning_rate` (the per-step overhead's optimizer), from the parts of a run that names it."""
+    from harness.train.model.parts import RunParts
+    from harness.train.options import TrainOptions
+
+    return RunParts(TrainOptions(data=("synthetic",), optimizer="sgd", learning_rate=learning_rate)).create_optimizer(
+        kind=kind)
 
 
 def harness_run(case: Case, backend, steps_per_loop="auto", train_iterator=None, kind: str = "tf_keras",
@@ -225,14 +228,12 @@ def _tiny_dataset():
 
 def harness_overhead_us(steps: int, epochs: int, steps_per_loop, backend) -> float:
     """µs per step of the harness loop on the one-weight model, batch 1."""
-    import tf_keras as keras
-
     from harness.train.loop import factory
     from harness.train.loop.controller import EpochEnd, Schedule
 
     strategy = backend.strategy
     with strategy.scope():
-        model, optimizer = one_weight_model(), keras.optimizers.SGD(0.01)
+        model, optimizer = one_weight_model(), sgd(0.01)
     clock = EpochClock()
     controller = factory.build_run(backend, model, optimizer, factory.synthetic_batch(backend, 1),
                                    Schedule(epochs=epochs, steps_per_epoch=steps, steps_per_loop=steps_per_loop),
@@ -246,7 +247,7 @@ def keras_overhead_us(steps: int, epochs: int, spe: int) -> float:
     import tf_keras as keras
 
     model = one_weight_model()
-    model.compile(optimizer=keras.optimizers.SGD(0.01),
+    model.compile(optimizer=sgd(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=spe)
     clock = EpochClock()
     model.fit(_tiny_dataset(), epochs=epochs, steps_per_epoch=steps, verbose=0,

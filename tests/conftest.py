@@ -193,14 +193,25 @@ def cpu_mirrored():
 
 # The order the workers take the files in (pytest-xdist, a file at a time per worker, in this order): first the files
 # marked `waits` (one group under `make test`'s `--dist loadgroup`: one worker starts on them at once and runs them
-# beside the others), then the longest files, so that the run does not end on one worker alone. Wall seconds on 2
-# workers (CPU seconds) in brackets; every other file follows in collection order.
+# beside the others), then the longest files, so that the run does not end on one worker alone. Wall seconds of a
+# fresh clone's `make test` on 2 cores (CPU seconds in brackets; 8f46e95, 2026-12-06); every other file follows in
+# collection order.
 RUN_FIRST = (
-    "cluster/test_faults.py",                # waits: 277 s (130), peer timeouts, a worker 25 s late
-    "distribute/test_peer_faults.py",        # waits: 168 s (79), a rank 45 s late
-    "launch/test_launcher_stop.py",          # waits: 61 s (25), grace periods
-    "train/lifecycle/test_peers.py",         # waits: 16 s (1), the watchdog's bounds
-    "bench/test_benchmarks_start.py",        # 307 s (289)
+    "cluster/test_faults.py",                # waits: 215 s (82), peer timeouts, a worker 25 s late
+    "distribute/test_peer_faults.py",        # waits: 153 s (63), a rank 45 s late
+    "launch/test_launcher_stop.py",          # waits: 68 s (20), grace periods
+    "train/lifecycle/test_peers.py",         # waits: 10 s (0), the watchdog's bounds
+    "bench/test_benchmarks_start.py",        # 228 s (168)
+    "launch/test_fault_tolerance.py",        # 148 s (87)
+    "test_ports_inventory.py",               # 120 s (90)
+    "data/export/test_gcs_bucket.py",        # 116 s (52, and its bucket's process)
+    "train/test_layouts_run.py",             # 100 s (81): each layout on 1 and 2 workers
+    "cluster/test_horovod_hosts.py",         # 68 s (49)
+    "distribute/test_horovod_backend.py",    # 61 s (54)
+    "predict/test_readme_roundtrip.py",      # 55 s (42)
+    "bench/test_tune.py",                    # 55 s (38)
+    "train/measure/test_tune.py",            # 49 s (30)
+)
     "launch/test_fault_tolerance.py",        # 305 s (287)
     "distribute/test_horovod_backend.py",    # 180 s (265)
     "train/measure/test_tune.py",            # 198 s (179)

@@ -77,7 +77,7 @@ def test_train_shows_its_jobs_in_its_rooms():
              and not p.name.startswith("_")}
     assert set(rooms) == {"loop", "model", "lifecycle", "measure", "report"}, set(rooms)
     assert {"trainer.py", "evaluator.py", "controller.py", "factory.py"} <= rooms["loop"]
-    assert {"losses.py", "metrics.py", "optim.py", "precision.py", "builtin.py", "user.py"} <= rooms["model"]
+    assert {"losses.py", "metrics.py", "optim.py", "precision.py", "builtin.py", "user.py", "parts.py"} <= rooms["model"]
     assert {"backup.py", "resume.py", "preemption.py", "watchdog.py", "peers.py", "guard.py"} <= rooms["lifecycle"]
     top = {p.name for p in (PACKAGE / "train").glob("*.py")}
     assert top == {"__init__.py", "job.py", "options.py", "inputs.py", "demo.py"}, top
@@ -120,6 +120,73 @@ def test_every_loop_user_gets_its_run_from_build_run():
         called = {name for name, _ in _calls(path)}
         assert "build_run" in called or "make_run" in called, path
     assert not [p for p in PACKAGE.rglob("*.py") if "per_example_cross_entropy" in p.read_text()]
+
+
+# --- the run's parts built in one place (Model Garden's `Task`): harness/train/model/parts.py ----------------------
+# The builders of a run's model, optimizer, schedule, loss, metrics and precision policy, by their module in
+# harness/train/model/. Outside that room (where they are defined, and `parts.py` assembles them) nothing in harness/
+# or benchmarks/ calls them, nor builds a Keras optimizer by hand (`<...>.optimizers.Adam(...)`): `harness train`,
+# its probe, `harness bench train`, `harness evaluate` and every benchmark take their parts from `RunParts`.
+PART_BUILDERS = {"optim": {"make_optimizer", "make_schedule", "schedule_config"},
+                 "precision": {"apply_policy", "wrap_optimizer"},
+                 "losses": {"make_loss", "resolve", "load_user_loss", "probe"},
+                 "builtin": {"builtin_model", "unet", "pixel_classifier"},
+                 "user": {"resolve", "ModelBuilder", "builtin"},
+                 "metrics": {"for_task"}}
+MODEL_ROOM = PACKAGE / "train" / "model"
+
+
+def _parts_built_by_hand(source: str):
+    """`(line, call)` of every call in `source` of a builder of PART_BUILDERS (through its module, however imported
+    and named, or imported by name) and of every Keras optimizer built by hand."""
+    tree = ast.parse(source)
+    modules, names = {}, {}   # local name -> builder module; local name -> builder
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "harness.train.model":
+            modules.update({a.asname or a.name: a.name for a in node.names if a.name in PART_BUILDERS})
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness.train.model."):
+            room = node.module.split(".")[3]
+            names.update({a.asname or a.name: f"{room}.{a.name}" for a in node.names
+                          if a.name in PART_BUILDERS.get(room, ())})
+        elif isinstance(node, ast.Import):
+            modules.update({a.asname: a.name.split(".")[3] for a in node.names
+                            if a.asname and a.name.startswith("harness.train.model.")
+                            and a.name.split(".")[3] in PART_BUILDERS})
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in names:
+            yield node.lineno, names[f.id]
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules \
+                and f.attr in PART_BUILDERS[modules[f.value.id]]:
+            yield node.lineno, f"{modules[f.value.id]}.{f.attr}"
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and f.value.attr == "optimizers":
+            yield node.lineno, f"optimizers.{f.attr} (an optimizer built by hand)"
+
+
+def test_the_run_parts_are_built_only_in_parts():
+    wrong = [f"{path.relative_to(ROOT)}:{line}: {call}(...)"
+             for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")])
+             if MODEL_ROOM not in path.parents for line, call in _parts_built_by_hand(path.read_text())]
+    assert not wrong, "\n".join(wrong) + "\n(take them from harness.train.model.parts.RunParts)"
+    for text in ("import tf_keras as keras\nkeras.optimizers.Adam(1e-3)",
+                 "from harness.train.model import optim, precision\nprecision.wrap_optimizer(optim.make_optimizer(o, 1e-3), p)",
+                 "from harness.train.model import losses as l\nl.resolve(o, 'classification')",
+                 "from harness.train.model.builtin import unet\nunet(8, 8, 4, 2)",
+                 "import harness.train.model.user as u\nu.resolve(o)"):
+        assert list(_parts_built_by_hand(text)), text
+    assert not list(_parts_built_by_hand("from harness.train.model.parts import RunParts\nRunParts(o).create_optimizer()"))
+
+
+def test_every_loop_user_takes_its_parts_from_run_parts():
+    """Whoever builds a loop (`build_run`, `build_evaluator`) outside harness/train/loop/ takes the model, optimizer
+    and loss it gives it from `harness.train.model.parts`."""
+    users = [p for p in [*(ROOT / "benchmarks").glob("*.py"), *PACKAGE.rglob("*.py")]
+             if {"build_run", "build_evaluator"} & {name for name, _ in _calls(p)} and p.parent.name != "loop"]
+    assert {PACKAGE / "bench" / "train.py", PACKAGE / "train" / "job.py", PACKAGE / "evaluate" / "run.py"} <= set(users)
+    for path in users:
+        assert "harness.train.model.parts" in path.read_text(), path
 
 
 # "Which backend is this?" has one home: harness/distribute/ (the backend's methods, the context's properties).

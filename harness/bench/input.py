@@ -113,17 +113,15 @@ def harness_dataset(shards, spec, batch: int, *, record_first: bool | None = Non
     `record_first=None` keeps the parse order the pipeline chooses for the record size; True forces a parse per
     record, then batch; False forces batch-then-parse: read batches of `batch` records, one vectorized parse each.
     """
-    from harness.data.input import pipeline
+    from harness.data.input import pipeline, stages
 
     def build():
         options = stages.PipelineOptions(per_replica_batch_size=batch, training=False, cache="none",
-                                           parallel_reads=parallel_reads)
+                                         parallel_reads=parallel_reads)
         return pipeline.build_dataset(list(shards), spec, options)
 
     if record_first is None:
         return build()
-    from harness.data.input import stages
-
     saved = stages.VECTORIZE_MAX_RECORD_BYTES, stages.READ_BATCH_BYTES, stages.READ_BATCH_MAX
     if record_first:
         stages.VECTORIZE_MAX_RECORD_BYTES = -1

@@ -506,8 +506,8 @@ def model_gradients(shapes: dict) -> tuple[int, int]:
     """
     if not shapes or "kind" not in shapes:
         raise ConfigError("the report has no config.shapes; give --gradient-bytes and --tensors")
-    from harness.train.model import builtin
+    from harness.train.model import parts
 
-    model = builtin.builtin_model(shapes["kind"], tuple(shapes["input_shape"]), shapes["num_classes"])
+    model = parts.builtin_model(shapes["kind"], tuple(shapes["input_shape"]), shapes["num_classes"])
     weights = model.trainable_weights
     return sum(int(w.shape.num_elements()) * w.dtype.size for w in weights), len(weights)

@@ -18,78 +18,95 @@ import logging
 from typing import Optional
 
 from harness.errors import ConfigError
+from harness.train.options import TrainOptions
 
 log = logging.getLogger(__name__)
 
 SYNTHETIC = "synthetic"
 
 
+# The `TrainOptions` fields that are `harness bench train`'s flags too, and its defaults where they differ from
+# `harness train`'s: every other field (the optimizer, learning rate, loss, ...) is `harness train`'s default.
+TRAIN_FLAGS = ("data", "output", "per_replica_batch_size", "precision", "strategy", "cpu_replicas", "cache",
+               "cache_dir", "data_service", "profile_steps", "profile_dir", "seed", "backend")
+BENCH_DEFAULTS = {"data": (SYNTHETIC,), "output": "runs/bench", "per_replica_batch_size": 16}
+
+
+def bench_train_options(**overrides) -> TrainOptions:
+    """The `TrainOptions` of a `harness bench train` run: `harness train`'s defaults, then BENCH_DEFAULTS, then
+    `overrides` (fields of TRAIN_FLAGS)."""
+    return TrainOptions(**{**BENCH_DEFAULTS, **overrides})
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchTrainOptions:
-    """`harness bench train`'s options (the flags of the same names; `harness bench train --help`).
+    """`harness bench train`'s options (the flags of the same names; `harness bench train --help`): the run's
+    `TrainOptions` and what only a benchmark has. `from_flags` takes them flat, as the command line gives them.
 
     Attributes:
-      data: `("synthetic",)` (one random batch per replica, generated on its device) or shard paths.
+      train: the run's `TrainOptions` (`bench_train_options`): data (`("synthetic",)`: one random batch per
+        replica, generated on its device; or shard paths), output, per_replica_batch_size (examples per replica
+        per step), precision, strategy, cpu_replicas, cache, cache_dir, data_service, profile_steps, profile_dir,
+        seed, and backend ("tf": tf.distribute, the strategy from `strategy` and TF_CONFIG; "horovod": one
+        process per replica under horovodrun/mpirun, `harness train --backend horovod`'s step); the model,
+        optimizer and loss are built from it (`harness.train.model.parts.RunParts`).
       like: with synthetic data, shards whose shapes the synthetic batches take.
       label, data_config: the label, or the whole `data:` section (collapsed bands, depths, ...), refining the
         spec inferred from the shards as `harness train` does.
       steps, warmup: timed steps, and untimed first steps (tracing, autotuning, cache fill).
-      per_replica_batch_size: examples per replica per step.
       patch_size, bands, classes: synthetic shapes when `like` is not given (pixels, bands, classes).
       sample_interval: seconds between utilization samples.
       baseline: a one-replica run's report.json, for the scaling efficiency.
-      backend: "tf" (tf.distribute: the strategy from `strategy` and TF_CONFIG) or "horovod" (one process per
-        replica under horovodrun/mpirun: `harness train --backend horovod`'s step).
     """
 
-    data: tuple[str, ...] = (SYNTHETIC,)
+    train: TrainOptions = dataclasses.field(default_factory=bench_train_options)
     like: Optional[tuple[str, ...]] = None
     label: Optional[str] = None
     data_config: Optional[dict] = None
     steps: int = 50
     warmup: int = 5
-    output: str = "runs/bench"
-    per_replica_batch_size: int = 16
-    precision: str = "float32"
-    strategy: str = "auto"
-    cpu_replicas: Optional[int] = None
     patch_size: int = 64
     bands: int = 4
     classes: int = 4
-    cache: str = "auto"
-    cache_dir: Optional[str] = None
-    data_service: Optional[str] = None
-    profile_steps: Optional[str] = None
-    profile_dir: Optional[str] = None
     no_trace: bool = False
     no_sampling: bool = False
     sample_interval: float = 0.05
     no_plot: bool = False
     baseline: Optional[str] = None
-    seed: int = 0
-    backend: str = "tf"
 
     def __post_init__(self):
-        if tuple(self.data) != (SYNTHETIC,) and SYNTHETIC in self.data:
+        if tuple(self.train.data) != (SYNTHETIC,) and SYNTHETIC in self.train.data:
             raise ConfigError("--data is either `synthetic` or shard paths, not both (compare two runs' reports)")
+
+    @classmethod
+    def from_flags(cls, **flags) -> "BenchTrainOptions":
+        """From the flat flags (`harness bench train`'s): those of TRAIN_FLAGS go to `train`, over the bench's
+        defaults.
+
+        Raises:
+          ConfigError: from `TrainOptions`; TypeError for a name that is no flag.
+        """
+        train = {k: flags.pop(k) for k in TRAIN_FLAGS if k in flags}
+        return cls(train=bench_train_options(**train), **flags)
+
+    def flags(self) -> dict:
+        """The flat flags (`from_flags`'s argument): what report.json's "config" holds."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "train"}
+        return {**{k: getattr(self.train, k) for k in TRAIN_FLAGS}, **own}
 
     @property
     def synthetic(self) -> bool:
-        return tuple(self.data) == (SYNTHETIC,)
+        return tuple(self.train.data) == (SYNTHETIC,)
 
 
 def _real_inputs(options: BenchTrainOptions, backend):
     """The training job's own input preparation (`harness.train.inputs.prepare`) for the real shards (or the
     shards `like` names): the same plan, spec, statistics and pipelines as `harness train`."""
     from harness.train.inputs import prepare
-    from harness.train.options import TrainOptions
 
-    train_options = TrainOptions(data=tuple(options.like if options.synthetic else options.data),
-                                 per_replica_batch_size=options.per_replica_batch_size, cache=options.cache,
-                                 cache_dir=options.cache_dir, data_service=options.data_service, seed=options.seed,
-                                 precision=options.precision, output=options.output)
+    train = dataclasses.replace(options.train, data=tuple(options.like)) if options.synthetic else options.train
     data = options.data_config or ({"label": options.label} if options.label else None)
-    return prepare(train_options, backend, data_config=data)
+    return prepare(train, backend, data_config=data)
 
 
 def run(options: BenchTrainOptions) -> Optional[dict]:
@@ -104,49 +121,49 @@ def run(options: BenchTrainOptions) -> Optional[dict]:
     from harness.profile.session import ProfileSession, default_window
     from harness.profile.trace import parse_step_window
     from harness.train.loop import factory
-    from harness.train.model import builtin, optim, precision
     from harness.train.loop.controller import Schedule
-    from harness.train.options import TrainOptions
     from harness.train.loop.synthetic import Shapes, synthetic_batches
+    from harness.train.model.parts import RunParts
 
-    backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas)
+    o = options.train
+    backend = make_backend(o.backend, strategy=o.strategy, cpu_replicas=o.cpu_replicas)
     strategy, context = backend.strategy, backend.context
     baseline = load_baseline(options.baseline) if options.baseline else None
-    policy = precision.apply_policy(options.precision)
+    parts = RunParts(o)   # `harness train`'s optimizer, learning rate (constant) and loss; the built-in model
+    policy = parts.apply_policy()
     synthetic = options.synthetic
     real = _real_inputs(options, backend) if not synthetic or options.like else None
     shapes = (Shapes.from_spec(real.spec, real.num_classes) if real
               else Shapes("image", (options.patch_size, options.patch_size, options.bands), options.classes))
-    batch = factory.synthetic_batch(backend, options.per_replica_batch_size)
+    batch = factory.synthetic_batch(backend, o.per_replica_batch_size)
     global_batch = batch.global_batch_size
     with strategy.scope():
         moments = dict(mean=real.mean, variance=real.variance) if real else {}
-        model = builtin.builtin_model(shapes.kind, shapes.input_shape, shapes.num_classes, **moments)
-        defaults = TrainOptions(data=tuple(options.data))   # `harness train`'s optimizer and learning rate
-        optimizer = precision.wrap_optimizer(optim.make_optimizer(defaults, defaults.learning_rate), policy)
+        model = parts.build_builtin(shapes.kind, shapes.input_shape, shapes.num_classes, **moments)
+        optimizer = parts.create_optimizer()
     total = options.warmup + options.steps
-    window = None if options.no_trace else (parse_step_window(options.profile_steps) if options.profile_steps
+    window = None if options.no_trace else (parse_step_window(o.profile_steps) if o.profile_steps
                                             else default_window(total, options.warmup))
-    session = ProfileSession(context=context, strategy=strategy, output=options.output, trace_steps=window,
-                             logdir=options.profile_dir, warmup_steps=options.warmup,
+    session = ProfileSession(context=context, strategy=strategy, output=o.output, trace_steps=window,
+                             logdir=o.profile_dir, warmup_steps=options.warmup,
                              interval_s=None if options.no_sampling else options.sample_interval)
     run = factory.build_run(backend, model, optimizer, real.plan if real and not synthetic else batch,
                             Schedule(epochs=1, steps_per_epoch=total, warmup_steps=options.warmup),
-                            **session.controller_kwargs())   # K: auto, as `harness train`
+                            loss_fn=parts.loss, **session.controller_kwargs())   # K: auto, as `harness train`
     # Horovod: one replica per process, each its own seed (under tf.distribute the replica ids differ already)
-    seed = options.seed + (context.rank if one_process_per_replica(backend.name) else 0)
-    iterator = (synthetic_batches(strategy, shapes, options.per_replica_batch_size, seed) if synthetic
+    seed = o.seed + (context.rank if one_process_per_replica(backend.name) else 0)
+    iterator = (synthetic_batches(strategy, shapes, o.per_replica_batch_size, seed) if synthetic
                 else iter(backend.distribute(real.dataset_fn(True))))
     if context.is_chief:
         print(f"bench train: {'synthetic batches on the device' if synthetic else 'real data'}, {shapes.kind} "
               f"{list(shapes.input_shape)}, {shapes.num_classes} classes, {context.replicas_in_sync} replicas x "
-              f"{options.per_replica_batch_size} = {global_batch} per step, {policy}, {options.warmup} warm-up + "
+              f"{o.per_replica_batch_size} = {global_batch} per step, {policy}, {options.warmup} warm-up + "
               f"{options.steps} timed steps", flush=True)
     with session:
         run.controller.fit(iterator)
     facts = (dict(real.worker_facts(context.rank), synthetic=False) if real and not synthetic
              else {"synthetic": True, "cpu_count": resources.detect(context.local_size).cpus})
-    config_out = dataclasses.asdict(options)
+    config_out = options.flags()
     config_out.update(policy=policy, global_batch_size=global_batch, shapes=dataclasses.asdict(shapes),
                       context=str(context), plan=real.plan.to_dict() if real and not synthetic else None)
     amend = (lambda r: add_scaling(r, baseline)) if baseline else None

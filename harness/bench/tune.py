@@ -39,7 +39,7 @@ def _synthetic_rate(options, label: Optional[str], *, steps: int, warmup: int,
     from harness.bench.train import BenchTrainOptions, run
 
     with tempfile.TemporaryDirectory(prefix="harness-tune-") as out:
-        report = run(BenchTrainOptions(
+        report = run(BenchTrainOptions.from_flags(
             data=("synthetic",), like=tuple(options.data), label=label, data_config=data_config, steps=steps,
             warmup=warmup, output=out,
             per_replica_batch_size=options.per_replica_batch_size or options.global_batch_size,

@@ -116,11 +116,16 @@ json_object.__name__ = "JSON object"
 
 def defaults(options_class) -> dict:
     """`{field: default}` of an options dataclass (fields without a default left out): where a parser's defaults
-    and its help's "default X" come from, so the flag and the library agree (`tests/test_layout.py` compares them)."""
-    out = {}
+    and its help's "default X" come from, so the flag and the library agree (`tests/test_layout.py` compares them).
+    A field whose default is itself options (`BenchTrainOptions.train`, a `TrainOptions`) gives its fields too, flat
+    (the outer class's own fields win)."""
+    out, nested = {}, {}
     for f in dataclasses.fields(options_class):
         if f.default is not dataclasses.MISSING:
             out[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
             out[f.name] = f.default_factory()
-    return out
+        if dataclasses.is_dataclass(out.get(f.name)) and not isinstance(out[f.name], type):
+            value = out[f.name]
+            nested.update({g.name: getattr(value, g.name) for g in dataclasses.fields(value)})
+    return {**nested, **out}

@@ -1,8 +1,6 @@
 """`harness bench input`, `harness bench train`, `harness bench allreduce` and `harness bench scale`."""
 from __future__ import annotations
 
-import dataclasses
-
 from harness.choices import ALLREDUCE_ALGORITHMS, BACKENDS, CACHE_MODES, PRECISIONS, STRATEGIES
 from harness.commands.args import NON_NEGATIVE, POSITIVE, byte_sizes, command, defaults
 from harness.bench.train import BenchTrainOptions
@@ -30,12 +28,12 @@ def bench_train(args) -> int:
     """`harness bench train [--data synthetic|PATH...] ...`: the report on the chief (`harness.bench.train`)."""
     from harness.bench.train import BenchTrainOptions, run
 
-    fields = {f.name for f in dataclasses.fields(BenchTrainOptions)}
-    given = {k: v for k, v in vars(args).items() if k in fields}
+    flags = BenchTrainOptions().flags()   # the flat flags: the run's TrainOptions fields and the bench's own
+    given = {k: v for k, v in vars(args).items() if k in flags}
     for key in ("data", "like"):
         if given.get(key) is not None:
             given[key] = tuple(given[key])
-    run(BenchTrainOptions(**given))
+    run(BenchTrainOptions.from_flags(**given))
     return 0
 
 
@@ -132,7 +130,7 @@ def add_parsers(sub) -> None:
                    help="auto: mixed_float16 on GPUs >= 7.0, mixed_bfloat16 on bf16 CPUs/TPUs")
     p.add_argument("--strategy", choices=STRATEGIES, default=D["strategy"],
                    help="auto: multi-worker when TF_CONFIG names several tasks, mirrored on several GPUs")
-    p.add_argument("--cpu-replicas", type=POSITIVE, default=None,
+    p.add_argument("--cpu-replicas", type=POSITIVE, default=D["cpu_replicas"],
                    help="logical CPU replicas (mirrored, no GPU); default 1")
     p.add_argument("--patch-size", type=POSITIVE, default=D["patch_size"], help="synthetic: patch side, pixels")
     p.add_argument("--bands", type=POSITIVE, default=D["bands"], help="synthetic: bands")

@@ -57,7 +57,8 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
     from harness.predict import model as model_lib
     from harness.train.inputs import Inputs
     from harness.train.loop.factory import build_evaluator
-    from harness.train.model import losses, metrics
+    from harness.train.model import metrics
+    from harness.train.model.parts import RunParts
     from harness.train.options import TrainOptions
 
     backend = make_backend(options.backend, strategy=options.strategy)   # before any other TensorFlow op
@@ -75,19 +76,20 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
                               replicas_per_worker=context.replicas_per_worker,
                               per_replica_batch_size=options.per_replica_batch_size, evaluation=True)
     given_loss = options.loss or run_summary.get("loss", {}).get("name")
+    # the run's loss and validation's input pipeline: its TrainOptions, less what only training reads
     train_options = TrainOptions(data=tuple(options.data), per_replica_batch_size=options.per_replica_batch_size,
                                  loss=given_loss, focal_gamma=run_summary.get("loss", {}).get("focal_gamma", 2.0))
-    loss_fn = losses.resolve(train_options, spec.task, ignore=spec.ignore_label is not None)
+    parts = RunParts(train_options, task=spec.task, ignore=spec.ignore_label is not None)
     inputs = Inputs(train=shards, validation=shards, spec=spec, plan=plan, validation_plan=plan,
                     num_classes=spec.num_classes, mean=None, variance=None, class_weights=None,
                     options=train_options)
     say(f"evaluate: {sum(plan.records)} records of {len(shards.shards)} file(s), {context.num_workers} worker(s) x "
         f"{context.replicas_per_worker} replica(s), per-replica batch {options.per_replica_batch_size}")
-    evaluator = build_evaluator(backend, loaded.model, loss_fn, metrics.for_task(spec.task, spec.num_classes))
+    evaluator = build_evaluator(backend, loaded.model, parts.loss, parts.build_metrics(spec.num_classes))
     scores = evaluator.evaluate(backend.distribute(inputs.dataset_fn(False)))
     class_names = list(spec.class_names) or [str(c) for c in range(spec.num_classes or 0)]
     report = {"model": loaded.path, "data": list(options.data), "records": scores["val_records"],
-              "pixels": scores["val_pixels"], "loss": losses.loss_name(train_options, spec.task),
+              "pixels": scores["val_pixels"], "loss": parts.loss_name(),
               "metrics": scores,
               **({"class_names": class_names, "per_class": metrics.by_class(scores, class_names)}
                  if spec.task == "classification" else {})}

@@ -6,6 +6,8 @@ declares, check it against the first record of every shard and the first labels,
 export folder, plan the epoch (same steps on every worker), check the validation shards, and sample the band
 statistics and the classes. `Inputs.datasets` then builds every worker's input pipeline from the plan's own shard
 assignment. `harness train`, `harness bench train` and the coming `predict` all come through here: one path.
+`plan` and `finish` are `prepare`'s two halves: `harness train` acts on the epoch plan between them (every rank the
+same steps, `--check-sharding`), before the statistics' collectives.
 """
 from __future__ import annotations
 
@@ -152,12 +154,29 @@ def resolve_spec(data: dict, train: ShardSet) -> spec_lib.DataSpec:
     return infer.refine(inferred, data) if data else inferred
 
 
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """The first half of `prepare` (`plan`): the training shards discovered and counted once, the spec checked
+    against their first records, the epoch plan made; nothing else read yet. `harness train` acts on the plan here
+    (every rank the same steps, `--check-sharding`) before `finish` reads the statistics over every worker.
+
+    Attributes:
+      options: the run's `TrainOptions`.
+      train: the training `ShardSet`.
+      spec: the checked `DataSpec` (its input fill not yet set).
+      plan: the epoch plan (`harness.distribute.plan.Plan`).
+    """
+
+    options: TrainOptions
+    train: ShardSet
+    spec: spec_lib.DataSpec
+    plan: plan_lib.Plan
+
+
 def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = None,
-            data_config: Optional[dict] = None,
-            on_plan: Callable[[plan_lib.Plan, ShardSet], None] = lambda plan, train: None,
-            say: Callable[..., None] = lambda *a, **k: None,
+            data_config: Optional[dict] = None, say: Callable[..., None] = lambda *a, **k: None,
             resources: Optional[resources_lib.Resources] = None) -> Inputs:
-    """Discover, count and check the data once, plan the epoch and sample the statistics.
+    """Discover, count and check the data once, plan the epoch and sample the statistics: `plan`, then `finish`.
 
     Args:
       options: the run's `TrainOptions` (data, batch sizes, cache, ...).
@@ -165,8 +184,6 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
         the all-gather through which every worker takes the same classes and band statistics.
       spec: a `DataSpec`; else inferred from the training shards and refined by `data_config` (the `data:`
         section of a config, see `DataSpec.from_config`).
-      on_plan: called with the epoch plan and the training `ShardSet` before anything else is read (Horovod
-        checks there that every rank planned the same steps; `--check-sharding` gathers the assignments).
       say: prints a job-wide line (the chief's print).
       resources: this worker's CPUs and memory, for every input pipeline's defaults; None: measured here
         (`resources.detect` for the context's local size).
@@ -174,6 +191,15 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
       the data layer's errors (discovery, counts, spec, labels, mixer), BatchSizeError, ConfigError (no label,
       training data also used for validation, fewer than 2 classes).
     """
+    planned = plan(options, backend, spec=spec, data_config=data_config, say=say)
+    return finish(planned, backend, say=say, resources=resources)
+
+
+def plan(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = None,
+         data_config: Optional[dict] = None, say: Callable[..., None] = lambda *a, **k: None) -> Planned:
+    """The training shards counted once, the spec inferred (or given) and checked against the first records of
+    every shard and the first labels, the mixer of a whole export folder checked, the epoch plan made (same steps
+    on every worker) and printed. Arguments and errors as `prepare`'s."""
     train = open_shards(options.data, mixer=options.mixer)
     spec = spec or resolve_spec(data_config or {}, train)
     if spec.label is None:
@@ -185,21 +211,28 @@ def prepare(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec]
     check_first_labels(spec, train.shards, read=train.first_examples)
     _check_mixer(train, options, per_pixel=spec.sequence)
     context = backend.context
-    plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
-                              replicas_per_worker=context.replicas_per_worker,
-                              global_batch_size=options.global_batch_size,
-                              per_replica_batch_size=options.per_replica_batch_size)
-    say(plan.format(options.data))
-    on_plan(plan, train)
-    validation, val_plan = _validation(options, train, spec, plan, say)
-    mean, variance, labels, num_classes = _sample(options, train, spec, plan, backend, say)
+    epoch_plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
+                                    replicas_per_worker=context.replicas_per_worker,
+                                    global_batch_size=options.global_batch_size,
+                                    per_replica_batch_size=options.per_replica_batch_size)
+    say(epoch_plan.format(options.data))
+    return Planned(options=options, train=train, spec=spec, plan=epoch_plan)
+
+
+def finish(planned: Planned, backend, *, say: Callable[..., None] = lambda *a, **k: None,
+           resources: Optional[resources_lib.Resources] = None) -> Inputs:
+    """The rest of `prepare` after `plan`: the validation shards checked and planned, the band statistics and the
+    classes sampled (the same on every worker: collectives), the input fill of a declared input nodata."""
+    options, train, spec, epoch_plan = planned.options, planned.train, planned.spec, planned.plan
+    validation, val_plan = _validation(options, train, spec, epoch_plan, say)
+    mean, variance, labels, num_classes = _sample(options, train, spec, epoch_plan, backend, say)
     if spec.input_nodata is not None:   # the same on every worker: the chief's sample
         spec = spec.replace(input_fill=spec_lib.input_fill(spec, mean))
         say(f"input nodata {spec.input_nodata:g}: left out of the band statistics, delivered as each channel's mean")
-    return Inputs(train=train, validation=validation, spec=spec, plan=plan, validation_plan=val_plan,
+    return Inputs(train=train, validation=validation, spec=spec, plan=epoch_plan, validation_plan=val_plan,
                   num_classes=num_classes, mean=mean, variance=variance,
                   class_weights=class_weights(options.class_weights, num_classes, labels), options=options,
-                  resources=resources or resources_lib.detect(context.local_size))
+                  resources=resources or resources_lib.detect(backend.context.local_size))
 
 
 def _validation(options, train: ShardSet, spec, plan, say):

@@ -1,9 +1,10 @@
 """`harness train`: the main job, from shards on disk to a trained model: inputs -> `build_run` -> fit -> results.
 
 Order (every step fails before training starts where it can): backend (strategy and worker context) -> the checks
-that need no data (shared output folder, the user's model function and loss, `--monitor`, callbacks) -> precision
-policy -> inputs (`harness.train.inputs.prepare`: shards counted once, spec checked, epoch plan, statistics) -> model,
-schedule and optimizer (`harness.train.model`) under the strategy's scope -> the backup restored
+that need no data (shared output folder, the user's model function and loss: `harness.train.model.parts.RunParts`,
+`--monitor`, callbacks) -> precision policy -> inputs (`harness.train.inputs.plan`: shards counted once, spec checked,
+epoch plan; every rank the same steps, `--check-sharding`; `inputs.finish`: validation, statistics) -> model, schedule
+and optimizer (`RunParts.build`) under the strategy's scope -> the backup restored
 (`harness.train.lifecycle.resume.restore`) -> with `--tune`, the input pipeline's levers (`harness.train.measure.tune`)
 -> the datasets, from the restored step -> the loop (`harness.train.loop.factory.build_run`, the run's protections
 as its actions: `harness.train.lifecycle.guard`) -> `Controller.fit` -> final model and `summary.json` (chief only).
@@ -51,46 +52,31 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     from harness.train import inputs as inputs_lib
     from harness.train.lifecycle import (backup as backups, early_stopping, faults, interrupt, peers, repeats,
                                          resume, shared_output)
-    from harness.train.lifecycle.guard import Guard
     from harness.train.loop import keras_callbacks
-    from harness.train.loop.controller import Schedule, StopTraining
+    from harness.train.loop.controller import StopTraining
     from harness.train.loop.factory import build_run
-    from harness.train.measure import profiling
-    from harness import keras_kinds as kinds
-    from harness.train.model import losses, metrics, optim, precision, user as user_model
-    from harness.train.report import tensorboard
+    from harness.train.model.parts import RunParts
 
-    backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
-                           distribution=distribution)
+    backend, resources, peer_timeout_s = _start(options, distribution)
     context, say = backend.context, backend.say
-    peer_timeout_s = environment.read_peer_timeout_s()   # a bad value fails before any data is read
-    print(f"worker: {context}", flush=True)   # every worker: who it is (a launcher prefixes its lines)
-    # Every worker prints its own: the CPUs and memory are each host's (and each process's affinity mask).
-    resources = resources_lib.detect(context.local_size)
-    print(f"resources: {resources.describe()}", flush=True)
     # Refused before any data is read: a folder private to each host, an import failure, a loss of the other task, a --monitor the task has not, a callback the harness does itself.
     shared_output.check(options.output, backend)
-    builder = user_model.resolve(options, model_fn)
     declared = spec.to_config() if spec is not None else (data_config or {})  # task and nodata: declared, not inferred
-    task = declared.get("task") or "classification"
-    loss_fn = losses.resolve(options, task, ignore=declared.get("ignore_label") is not None)
-    early_stopping.check(options, task)
+    parts = RunParts.for_data(options, declared, model_fn)   # the model function and the loss, resolved
+    early_stopping.check(options, parts.task)
     keras_callbacks.check_callbacks(callbacks)
-    policy = precision.apply_policy(options.precision)
-    inputs = inputs_lib.prepare(options, backend, spec=spec, data_config=data_config, say=say, resources=resources,
-                                on_plan=lambda plan, train: _on_plan(backend, options, plan, train, say))
+    policy = parts.apply_policy()
+    planned = inputs_lib.plan(options, backend, spec=spec, data_config=data_config, say=say)
+    _agree_on_plan(backend, options, planned, say)   # before the statistics' collectives
+    inputs = inputs_lib.finish(planned, backend, say=say, resources=resources)
     plan, spec = inputs.plan, inputs.spec
-    losses.probe(loss_fn, spec.label_shape, inputs.num_classes, spec.task)
-
+    parts.check_loss(spec.label_shape, inputs.num_classes, spec.task)
     with backend.scope():
-        model = builder.build(inputs, policy, say)
-        kind = kinds.of_model(model)   # Keras 3 or tf-keras: the optimizer, schedule and loss scale are made in it
-        kinds.check_same(kind, getattr(loss_fn, "keras_object", None), f"--loss {options.loss}")
-        schedule = optim.make_schedule(optim.schedule_config(options, plan), kind)  # of optimizer.iterations only
-        optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule, kind), policy)
+        built = parts.build(inputs, say)   # the model, then the schedule and optimizer of its Keras kind
+        model, optimizer = built.model, built.optimizer
         stopper = early_stopping.make(options, model, context, backups.save_model)  # its state is backed up
         data_seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="data_seed")  # the epochs' order
-        fingerprint = backups.Fingerprint.of(plan, spec, policy, context, kind)
+        fingerprint = backups.Fingerprint.of(plan, spec, policy, context, built.kind)
         backup = backups.Backup(options.output, context, fingerprint=fingerprint, model=model, optimizer=optimizer,
                                 data_seed=data_seed, **({"stopping": stopper.state} if stopper else {}))
         initial_step = resume.restore(backend, backup, model, optimizer, plan, say)
@@ -98,14 +84,13 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     last_fault = repeats.previous(backup)     # the last attempt's lost peer: one after the same step is no peer's
     seed = resume.data_seed(backend, int(data_seed.numpy()), options.seed)   # the epochs' order
     data_seed.assign(seed)
-    loop_args = dict(loss_fn=loss_fn, class_weights=inputs.class_weights, clip_norm=options.clip_norm)
+    loop_args = dict(loss_fn=parts.loss, class_weights=inputs.class_weights, clip_norm=options.clip_norm)
 
     def probe_run(probe_schedule, timer):  # the input-cost probes': a fresh model and optimizer, the same step
         with backend.scope():
-            fresh = builder.build(inputs, policy)
-            fresh_optimizer = precision.wrap_optimizer(optim.make_optimizer(options, schedule, kind), policy)
-        return build_run(backend, fresh, fresh_optimizer, plan, probe_schedule, timer=timer, epoch_lines=False,
-                         **loop_args)
+            fresh = parts.build(inputs, schedule=built.schedule)
+        return build_run(backend, fresh.model, fresh.optimizer, plan, probe_schedule, timer=timer,
+                         epoch_lines=False, **loop_args)
 
     tuned = None
     if options.tune:  # before the datasets: each worker probes its files, every worker applies the chief's levers
@@ -119,22 +104,10 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     train_ds, val_ds = inputs.datasets(backend, start_step=initial_step, seed=seed)
     # the training input pipeline as this worker built it, once per worker (its line names the worker)
     print(inputs.pipeline_plan(True, context.rank).describe(), flush=True)
-    run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
-                            steps_per_loop=options.loop_steps)
-    profiler = profiling.session(options, backend, run_schedule, plan)
-    epoch_summaries = tensorboard.EpochSummaries(options.output, context, schedule=schedule,
-                                                 class_names=spec.class_names)
-    guard = Guard(backend, backup, initial_step=initial_step, cluster=cluster, stopper=stopper,
-                  peer_timeout_s=peer_timeout_s, data_service=options.data_service or "")
-    loop = build_run(backend, model, optimizer, plan, run_schedule, guard=guard, backup=backup,
-                     metrics=metrics.for_task(spec.task, inputs.num_classes) if val_ds is not None else None,
-                     actions=(*(profiler.hooks if profiler else ()), epoch_summaries),
-                     timer=profiler.timer if profiler else None,
-                     callbacks=keras_callbacks.KerasCallbacks(callbacks, model, context, optimizer) if callbacks
-                     else None, **loop_args)
+    loop, guard, profiler = _loop(options, backend, parts, inputs, built, backup, loop_args, validating=val_ds is not None,
+                                  initial_step=initial_step, cluster=cluster, stopper=stopper,
+                                  peer_timeout_s=peer_timeout_s, callbacks=callbacks)
     controller = loop.controller
-    if profiler:
-        profiler.start()
     try:
         with interrupt.handling():  # Ctrl-C ends the run within one call, also when TensorFlow swallows it
             history = controller.fit(iter(train_ds), validation=(lambda: val_ds) if val_ds else None,
@@ -157,8 +130,52 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if last_fault is not None:
         repeats.clear(backup, context)
     return _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed, policy=policy,
-                   schedule=schedule, preemption=guard.preemption, stopper=stopper, tuned=tuned,
+                   schedule=built.schedule, preemption=guard.preemption, stopper=stopper, tuned=tuned,
                    profiler=profiler, probe_run=probe_run)
+
+
+def _start(options: TrainOptions, distribution) -> tuple:
+    """`(backend, resources, peer timeout)`: the backend (strategy and worker context) before any other TensorFlow
+    op, `HARNESS_PEER_TIMEOUT_S` read (a bad value fails before any data is read), and every worker's lines: who
+    it is (a launcher prefixes its lines), its CPUs and memory (each host's, and each process's affinity mask)."""
+    backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas,
+                           distribution=distribution)
+    peer_timeout_s = environment.read_peer_timeout_s()
+    print(f"worker: {backend.context}", flush=True)
+    resources = resources_lib.detect(backend.context.local_size)
+    print(f"resources: {resources.describe()}", flush=True)
+    return backend, resources, peer_timeout_s
+
+
+def _loop(options, backend, parts, inputs, built, backup, loop_args: dict, *, validating: bool, initial_step: int,
+          cluster, stopper, peer_timeout_s, callbacks) -> tuple:
+    """`(Run, Guard, profiler or None)`: the run's loop (`build_run`) with its protections (`Guard`: backups,
+    preemption, the step-progress watchdog, early stopping), the profiler's hooks under `--profile`, TensorBoard's
+    epoch summaries and the user's callbacks; the profiler started."""
+    from harness.train.lifecycle.guard import Guard
+    from harness.train.loop import keras_callbacks
+    from harness.train.loop.controller import Schedule
+    from harness.train.loop.factory import build_run
+    from harness.train.measure import profiling
+    from harness.train.report import tensorboard
+
+    context, plan = backend.context, inputs.plan
+    run_schedule = Schedule(epochs=options.epochs, steps_per_epoch=plan.steps_per_epoch,
+                            steps_per_loop=options.loop_steps)
+    profiler = profiling.session(options, backend, run_schedule, plan)
+    epoch_summaries = tensorboard.EpochSummaries(options.output, context, schedule=built.schedule,
+                                                 class_names=inputs.spec.class_names)
+    guard = Guard(backend, backup, initial_step=initial_step, cluster=cluster, stopper=stopper,
+                  peer_timeout_s=peer_timeout_s, data_service=options.data_service or "")
+    loop = build_run(backend, built.model, built.optimizer, plan, run_schedule, guard=guard, backup=backup,
+                     metrics=parts.build_metrics(inputs.num_classes, inputs.spec.task) if validating else None,
+                     actions=(*(profiler.hooks if profiler else ()), epoch_summaries),
+                     timer=profiler.timer if profiler else None,
+                     callbacks=keras_callbacks.KerasCallbacks(callbacks, built.model, context, built.optimizer)
+                     if callbacks else None, **loop_args)
+    if profiler:
+        profiler.start()
+    return loop, guard, profiler
 
 
 def _finish(options, backend, inputs, loop, history, *, initial_step, seed, policy, schedule, preemption, stopper,
@@ -210,9 +227,11 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
     return summary
 
 
-def _on_plan(backend: TrainingBackend, options: TrainOptions, plan, train, say) -> None:
-    """Right after the epoch plan: ranks agree on the steps, and `--check-sharding` gathers every worker's files
-    and checks that they are disjoint and cover every non-empty file (`harness.distribute.mpi.check_sharding`)."""
+def _agree_on_plan(backend: TrainingBackend, options: TrainOptions, planned, say) -> None:
+    """Right after the epoch plan (`harness.train.inputs.plan`): ranks agree on the steps, and `--check-sharding`
+    gathers every worker's files and checks that they are disjoint and cover every non-empty file
+    (`harness.distribute.mpi.check_sharding`)."""
+    plan = planned.plan
     backend.agree_steps(plan.steps_per_epoch)
     line = backend.describe()
     if line:
@@ -226,7 +245,7 @@ def _on_plan(backend: TrainingBackend, options: TrainOptions, plan, train, say) 
     control = backend.control_plane()
     if control is None:
         raise ConfigError("--check-sharding gathers file sets over Horovod or MPI: use --backend horovod")
-    files = train.files_with_records
+    files = planned.train.files_with_records
     assignments = mpi.check_sharding(control, plan.assignments[backend.context.rank], files)
     say(mpi.describe_sharding(assignments, files))
 

@@ -14,7 +14,7 @@ from harness.distribute.batch import BatchSizes, batch_sizes
 from harness.train.loop.controller import Controller, Schedule
 from harness.train.loop.evaluator import Evaluator
 from harness.train.loop.trainer import StepProgress, Trainer
-from harness.train.model import losses as losses_lib
+from harness.train.model import parts as parts_lib
 from harness.train.report.console import EpochLines
 
 
@@ -50,7 +50,7 @@ def build_run(backend, model, optimizer, plan, schedule: Schedule, *, loss_fn: O
         shards): the global batch and what each replica divides its summed loss by come from it.
       schedule: epochs, steps per epoch, K, warm-up steps (`harness.train.loop.controller.Schedule`).
       loss_fn: per-example loss `fn(labels, logits, class_weights) -> [batch]` float32; default the sparse softmax
-        cross-entropy of `harness.train.model.losses.make_loss()`.
+        cross-entropy (`harness.train.model.parts.default_loss`).
       class_weights: optional float32 `[classes]`.
       clip_norm: global-norm gradient clipping after the reduction, or None.
       metrics: validation metrics (`harness.train.model.metrics.for_task`); None: no evaluator.
@@ -67,7 +67,7 @@ def build_run(backend, model, optimizer, plan, schedule: Schedule, *, loss_fn: O
     waiting for its peers.
     """
     batch = getattr(plan, "batch", plan)
-    loss_fn = loss_fn or losses_lib.make_loss()
+    loss_fn = loss_fn or parts_lib.default_loss()
     watched = backend.context.num_workers > 1 or bool(guard is not None and getattr(guard, "data_service", ""))
     progress = StepProgress() if watched else None
     trainer = Trainer(backend=backend, model=model, optimizer=optimizer, loss_fn=loss_fn,

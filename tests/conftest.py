@@ -212,15 +212,6 @@ RUN_FIRST = (
     "bench/test_tune.py",                    # 55 s (38)
     "train/measure/test_tune.py",            # 49 s (30)
 )
-    "launch/test_fault_tolerance.py",        # 305 s (287)
-    "distribute/test_horovod_backend.py",    # 180 s (265)
-    "train/measure/test_tune.py",            # 198 s (179)
-    "test_ports_inventory.py",               # 150 s (190)
-    "data/export/test_gcs_bucket.py",        # 167 s (80, and its bucket's process)
-    "cluster/test_horovod_hosts.py",         # 113 s (70)
-    "train/test_layouts_run.py",             # ~100 s (80): each layout on 1 and 2 workers
-    "train/test_job.py",                     # 77 s (57)
-)
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the xdist_group marks

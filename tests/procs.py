@@ -1,8 +1,10 @@
 """Helpers for tests that launch real processes (mpirun, horovodrun, local workers)."""
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import pathlib
 import subprocess
 import sys
@@ -19,6 +21,24 @@ SUITE_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 # `horovodrun` less its forked build check (tests/bin/horovodrun; ~4 CPU-s a start), for the launches the project
 # does not print to its users: a printed line runs the venv's own horovodrun, word for word.
 HOROVODRUN = [sys.executable, str(pathlib.Path(__file__).resolve().parent / "bin" / "horovodrun")]
+
+
+@contextlib.contextmanager
+def unreachable_ports(n: int):
+    """`n` localhost ports that refuse every connection while the block lasts (a list of ints): each held bound and
+    never listened on, so that no other process can listen there meanwhile. A port found free and released
+    (`harness.launch.local.free_ports`) can be taken by another test's server before the test connects: a worker
+    that "never arrives" then answered (seen once in a full run: the wait passed and the strategy failed)."""
+    held = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("localhost", 0))
+            held.append(s)
+        yield [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def outer_free(prefixes=("HOROVOD_", "OMPI_")) -> dict:

@@ -169,12 +169,13 @@ def test_worker_that_never_arrives_is_a_named_error(table_export, tmp_path, monk
     the strategy is built, so nothing of TensorFlow's runtime is touched (a process of its own cost ~3 CPU-s)."""
     from predict_support import cli_in_process
 
-    ports = free_ports(2)
-    tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": 0}}
-    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
-    monkeypatch.setenv("HARNESS_WORKER_WAIT_S", "3")
-    t0 = time.monotonic()
-    r = cli_in_process("train", "--data", table_export, "--output", tmp_path / "run", ok=False)
+    with procs.unreachable_ports(1) as absent:
+        ports = [*free_ports(1), *absent]
+        tf_config = {"cluster": {"worker": [f"localhost:{p}" for p in ports]}, "task": {"type": "worker", "index": 0}}
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+        monkeypatch.setenv("HARNESS_WORKER_WAIT_S", "3")
+        t0 = time.monotonic()
+        r = cli_in_process("train", "--data", table_export, "--output", tmp_path / "run", ok=False)
     assert r.returncode == 138, r.stderr[-3000:]   # a fault of the cluster: retryable
     assert f"PeerLostError: worker 1 at localhost:{ports[1]} not reachable after 3 s" in r.stderr
     assert time.monotonic() - t0 < 60
@@ -190,10 +191,12 @@ def test_wait_names_every_missing_peer():
     from harness.distribute.strategy import wait_for_workers
     from harness.errors import PeerLostError
 
-    ports = free_ports(3)
-    with pytest.raises(PeerLostError, match=rf"^worker 1 at localhost:{ports[1]} not reachable after 0.5 s "
-                                                rf"\(nor worker 2 at localhost:{ports[2]}\).*HARNESS_WORKER_WAIT_S"):
-        wait_for_workers(_tf_config(ports), timeout_s=0.5)
+    with procs.unreachable_ports(2) as absent:
+        ports = [*free_ports(1), *absent]
+        named = (rf"^worker 1 at localhost:{ports[1]} not reachable after 0.5 s \(nor worker 2 at "
+                 rf"localhost:{ports[2]}\).*HARNESS_WORKER_WAIT_S")
+        with pytest.raises(PeerLostError, match=named):
+            wait_for_workers(_tf_config(ports), timeout_s=0.5)
 
 
 def test_wait_returns_once_peers_listen_and_frees_its_port():

@@ -295,6 +295,15 @@ def pytest_collection_finish(session):
     if tf is not None and not tf.executing_eagerly():
         raise pytest.UsageError("a test module turned off TensorFlow's eager execution when it was imported: "
                                 "import it in a child process")
+    # Nor may importing one start TensorFlow's runtime (a module-level `tf.constant`): every pytest-xdist worker
+    # imports every module, and the in-process tests that set TF_CONFIG (a worker that never arrives) need the
+    # runtime of their worker unstarted; one such module failed them in the full run only.
+    if tf is not None:
+        from tensorflow.python.eager import context
+
+        if context.context()._context_handle is not None:   # set by the first op (TF 2.21, eager/context.py)
+            raise pytest.UsageError("a test module ran a TensorFlow op when it was imported (TensorFlow's runtime "
+                                    "started at collection): make it inside a test or a fixture")
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,10 @@ outside the run. With the default private network every try is refused and the r
 
 Each worker is `harness train` held once its server listens until the probes are done (scripts/gated_train.py): a
 worker that trained to its end before the probe reached its port (closed: refused whatever the network) would
-otherwise read as a port the network closes, as it did under load (one of the two ports refused with --network
-host).
+otherwise read as a port the network closes. The probe waits for both workers to reach the gate, not for two
+listening processes: a worker's port is open while `wait_for_workers` awaits its peers, then closed for a moment
+before TensorFlow's server binds it, and a probe in that moment found one of the two ports refused with --network host
+(CI, stop 71).
 
 Each run is also watched as tests/test_ports_inventory.py watches a mode (`ports_support.watch`: every listen(2)
 traced, the process tree's sockets polled until it ends) and its sockets compared with `harness.ports.INVENTORY`:
@@ -54,8 +56,8 @@ def _probe(host, address: str, ports) -> dict[int, str]:
 
 
 def _launch_and_probe(bed, data, output, folder: pathlib.Path, network: str):
-    """Run the launch on host0, watched (`ports_support.watch`, its log `folder/0.log`); once two processes of the
-    run listen (both workers, each held by its gate once its server listens), probe their ports from host1 (the bed
+    """Run the launch on host0, watched (`ports_support.watch`, its log `folder/0.log`); once both workers have built
+    their strategy (each then held by its gate, its gRPC server listening) and a poll has seen their ports, probe their ports from host1 (the bed
     address of host0) and from host0 (127.0.0.1, outside the run), then open the gate; the run then trains to its
     end (watch fails the test if it exits non-zero).
 
@@ -71,7 +73,8 @@ def _launch_and_probe(bed, data, output, folder: pathlib.Path, network: str):
 
     def probe(seen):
         listening = [s for s in seen if not s.udp]
-        if not probed and len({s.pid for s in listening}) >= 2:
+        held = len(list(folder.glob("gate.*")))   # workers whose strategy is built (gated_train: their servers listen)
+        if not probed and held >= 2 and len({s.port for s in listening}) >= 2:
             ports_ = {s.port for s in listening}
             probed["stranger"] = _probe(stranger, host0.address, ports_)
             probed["host"] = _probe(host0, "127.0.0.1", ports_)

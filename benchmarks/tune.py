@@ -8,7 +8,7 @@ For each case, in one run:
            flips, rotations and color jitter (`--augment --brightness 0.2 --contrast 0.2`): a costly augmentation;
   table    issue 49's input-bound table export: 30 float bands, 3 GZIP shards, 30,000 rows, batch 256;
   tiles    issue 49's compute-bound patch export: 64 GZIP shards of 40 patches of 32x32x12, batch 16, the U-Net.
-it runs `harness tune`'s probes and decision (`harness.bench.tune.run`, the run's epochs, batch and options), then
+it runs `harness tune`'s probes and decision (`harness.train.job.tune`, the run's epochs, batch and options), then
 times the training input pipeline (`harness.data.input.pipeline.build_dataset`, training mode: shuffle, cache,
 augment, batch, prefetch; one worker) over `--epochs` epochs for each of:
   naive     one file read at a time, parse per record, one call in flight per map, prefetch 1, no cache;
@@ -64,7 +64,7 @@ sys.path.insert(0, ROOT)
 import harness  # noqa: E402,F401  (environment defaults before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
-from harness.bench import tune as bench_tune  # noqa: E402
+from harness.train import job  # noqa: E402
 from harness.data.input import pipeline, stages  # noqa: E402
 from harness.data.tune import stage_rates as probe  # noqa: E402
 from harness.data.export import synth  # noqa: E402
@@ -79,7 +79,7 @@ LEVERS = ("parse", "parallel_reads", "map_parallelism", "prefetch", "cache")
 # --smoke: tiny exports, one run, two grid points, 2 epochs; `make test` runs it (tests/bench/test_benchmarks_start.py)
 # (whole runs, 3-4 `harness train` processes, in the points case only; later epochs timed over 0.05 s, not 0.5)
 SMOKE = dict(patch_records=8, patch_size=16, unet_records=8, unet_size=16, epochs=2, repeats=1, probe_records=16,
-             compute_steps=2, grid="smoke", confirm=1, job_cases="points", later_min_s=0.05,
+             grid="smoke", confirm=1, job_cases="points", later_min_s=0.05,
              table_records=512, tile_shards=4, tile_size=16, runs=1)
 
 
@@ -225,8 +225,7 @@ def bench(name: str, args, tmp: str) -> dict:
     print(f"\n== {name}: {len(shards.files_with_records)} file(s), {shards.records} records, batch {batch}, "
           f"{steps} steps per epoch, {args.epochs} epochs, {args.repeats} runs", flush=True)
     t = time.perf_counter()
-    decision, _ = bench_tune.run(options, data_config, records=args.probe_records, compute_steps=args.compute_steps,
-                                 say=lambda s: print(f"  | {s}"))
+    decision, _ = job.tune(options, data_config, records=args.probe_records, say=lambda s: print(f"  | {s}"))
     print(f"  (tune: {time.perf_counter() - t:.0f} s)")
     cpus = harness.distribute.resources.detect(1).cpus
     decisions = [decision]
@@ -240,8 +239,8 @@ def bench(name: str, args, tmp: str) -> dict:
     later = {k: [] for k in pipes}
     for r in range(args.repeats):
         if r:   # the stages probed again right before this run (the step's rate kept): this run's prediction
-            decisions.append(bench_tune.run(options, data_config, records=args.probe_records,
-                                            compute=decision.compute, say=lambda s: None)[0])
+            decisions.append(job.tune(options, data_config, records=args.probe_records, compute=decision.compute,
+                                      say=lambda s: None)[0])
         for label, levers in pipes.items():
             with tempfile.TemporaryDirectory(dir=tmp) as cache_dir:
                 a, b = _time_pipeline(shards, spec, levers, extra, steps_per_epoch=steps, batch=batch,
@@ -294,7 +293,7 @@ def bench(name: str, args, tmp: str) -> dict:
         print(f"  ({others} of {args.repeats - 1} later probes chose other levers than the tuned pipeline's; their "
               "predictions are for those)")
     print(f"  ({decoded / 1e6:.1f} MB of decoded records; cache chosen: {tuned['cache']})", flush=True)
-    synthetic = decision.compute   # harness tune's own run on synthetic batches (--compute-steps)
+    synthetic = decision.compute   # harness tune's own probe of the step on synthetic batches
     if args.job_cases and name not in args.job_cases.split(","):
         return {"vs_grid": statistics.median(vs_grid), "vs_auto": statistics.median(vs_auto)}
     versus = against_default(name, args, data, data_config, train, tuned, pipes[best], tmp)
@@ -367,8 +366,7 @@ def main(argv=None) -> int:
     p.add_argument("--later-min-s", type=float, default=LATER_MIN_S,
                    help="seconds the later epochs of a timed pipeline last at least (more epochs where shorter)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--probe-records", type=int, default=bench_tune.PROBE_RECORDS)
-    p.add_argument("--compute-steps", type=int, default=20)
+    p.add_argument("--probe-records", type=int, default=probe.PROBE_RECORDS)
     p.add_argument("--confirm", type=int, default=5,
                    help="runs of tuned, the grid's best and autotune, taking turns, that the ratio checks use")
     p.add_argument("--grid", choices=["full", "smoke"], default="full")

@@ -189,6 +189,23 @@ def test_every_loop_user_takes_its_parts_from_run_parts():
         assert "harness.train.model.parts" in path.read_text(), path
 
 
+def test_one_tuner_measures_the_step_and_decides():
+    """`harness tune` and `harness train --tune` are one tuner (issue 61): outside harness/data/tune/ (the model and
+    the levers, without TensorFlow) only harness/train/measure/tune.py imports the model or the levers, or times
+    the step for a decision (`sized_synthetic_probe`); `harness tune` reaches it through `harness.train.job.tune`."""
+    tuner = PACKAGE / "train" / "measure" / "tune.py"
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]:
+        if (PACKAGE / "data" / "tune") in path.parents or path == tuner:
+            continue
+        text = path.read_text()
+        imports = {f"{node.module}.{a.name}" for node in ast.walk(ast.parse(text, str(path)))
+                   if isinstance(node, ast.ImportFrom) and node.module for a in node.names}
+        assert not imports & {"harness.data.tune.levers", "harness.data.tune.model"}, path
+        assert "sized_synthetic_probe(" not in text or path.name == "probe.py", path
+    assert "tune_lib.measure(" in (PACKAGE / "train" / "job.py").read_text()
+    assert "job.tune(" in (PACKAGE / "commands" / "tune.py").read_text()
+
+
 # "Which backend is this?" has one home: harness/distribute/ (the backend's methods, the context's properties).
 BACKEND_CHECK = re.compile(r"Backend\.HOROVOD|[=!]= *[\"']horovod[\"']|[\"']horovod[\"'] *[=!]=|backend\.name *[=!]="
                            r"|isinstance\([^)]*HorovodBackend")

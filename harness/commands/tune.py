@@ -5,7 +5,7 @@ from harness.commands.args import POSITIVE, command
 from harness.commands.train import _NOT_OPTIONS, train_args
 
 
-_TUNE_ONLY = ("write", "workers", "probe_records", "compute_steps")
+_TUNE_ONLY = ("write", "workers", "probe_records")
 
 
 def _check_writable(path: str) -> None:
@@ -23,8 +23,10 @@ def _check_writable(path: str) -> None:
 
 
 def tune(args) -> int:
-    """`harness tune --data PATH [train options] [--write FILE]` (`harness.bench.tune`)."""
-    from harness.bench import tune as tune_lib
+    """`harness tune --data PATH [train options] [--write FILE]` (`harness.train.job.tune`: the tuner of
+    `harness train --tune`)."""
+    from harness.train import job
+    from harness.train.measure.tune import config_text
     from harness.train.options import DATA_FLAGS, load_config, merge_options
 
     _check_writable(args.write)   # before the probes: a bad path loses nothing
@@ -32,8 +34,7 @@ def tune(args) -> int:
     given = {k: v for k, v in vars(args).items()
              if not k.startswith("_") and k not in _NOT_OPTIONS and k not in _TUNE_ONLY}
     options, data = merge_options(config, given)
-    decision, _ = tune_lib.run(options, data, workers=args.workers, records=args.probe_records,
-                               compute_steps=args.compute_steps)
+    decision, _ = job.tune(options, data, workers=args.workers, records=args.probe_records)
     train = dict(config.get("train") or {})
     train.update({k: v for k, v in given.items() if k not in DATA_FLAGS})
     shown = decision.levers_set()
@@ -41,7 +42,7 @@ def tune(args) -> int:
         if key in train and train[key] != value:
             print(f"tune: {key} {train[key]!r} was given; the config written sets the tuned {shown[key]!r}")
     with open(args.write, "w") as f:
-        f.write(tune_lib.config_text(decision, train, data))
+        f.write(config_text(decision, train, data))
     print(f"config: {args.write} (harness train --config {args.write})")
     return 0
 
@@ -55,5 +56,3 @@ def add_parsers(sub) -> None:
     p.add_argument("--write", default="tune.yaml", metavar="FILE", help="the run config written")
     p.add_argument("--workers", type=POSITIVE, default=1, help="training workers, one per host (each reads its share)")
     p.add_argument("--probe-records", type=POSITIVE, default=256, help="records each stage's probe reads")
-    p.add_argument("--compute-steps", type=POSITIVE, default=20,
-                   help="timed steps on synthetic batches, at least (more where they last under 2 s)")

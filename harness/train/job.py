@@ -54,7 +54,6 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                                          resume, shared_output)
     from harness.train.loop import keras_callbacks
     from harness.train.loop.controller import StopTraining
-    from harness.train.loop.factory import build_run
     from harness.train.model.parts import RunParts
 
     backend, resources, peer_timeout_s = _start(options, distribution)
@@ -86,11 +85,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     data_seed.assign(seed)
     loop_args = dict(loss_fn=parts.loss, class_weights=inputs.class_weights, clip_norm=options.clip_norm)
 
-    def probe_run(probe_schedule, timer):  # the input-cost probes': a fresh model and optimizer, the same step
-        with backend.scope():
-            fresh = parts.build(inputs, schedule=built.schedule)
-        return build_run(backend, fresh.model, fresh.optimizer, plan, probe_schedule, timer=timer,
-                         epoch_lines=False, **loop_args)
+    probe_run = _probe_run(backend, parts, inputs, built.schedule, loop_args)
 
     tuned = None
     if options.tune:  # before the datasets: each worker probes its files, every worker applies the chief's levers
@@ -132,6 +127,64 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     return _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed, policy=policy,
                    schedule=built.schedule, preemption=guard.preemption, stopper=stopper, tuned=tuned,
                    profiler=profiler, probe_run=probe_run)
+
+
+def _probe_run(backend, parts, inputs, schedule, loop_args: dict):
+    """`fn(schedule, timer) -> Run`: the probes' run (the input-cost probe, `--tune`, `harness tune`): a fresh
+    model and optimizer from the run's parts (the trained weights untouched), the run's step, loss and backend, no
+    epoch lines."""
+    from harness.train.loop.factory import build_run
+
+    def probe_run(probe_schedule, timer):
+        with backend.scope():
+            fresh = parts.build(inputs, schedule=schedule)
+        return build_run(backend, fresh.model, fresh.optimizer, inputs.plan, probe_schedule, timer=timer,
+                         epoch_lines=False, **loop_args)
+    return probe_run
+
+
+def tune(options: TrainOptions, data_config: dict | None = None, *, workers: int = 1, records: int | None = None,
+         compute: float | None = None, say=print) -> tuple:
+    """`harness tune`: the run's start as `run` makes it (backend, parts, inputs, model), then the tuner of
+    `harness train --tune` (`harness.train.measure.tune.measure`: the stages probed on the whole export, the step
+    on synthetic batches of the run's model) for `workers` workers on one host each (each 1/workers of the files
+    and records; this host's CPUs and memory); returns `(Decision, spec)`. Nothing is trained or written.
+
+    Args:
+      records: records each stage's probe reads (None: `stage_rates.PROBE_RECORDS`).
+      compute: one worker's examples/s on synthetic batches measured before (the step is not probed again).
+    Raises:
+      the data layer's errors (discovery, spec), ConfigError (no label, no records), the model's as `run`'s.
+    """
+    import math
+
+    import tensorflow as tf
+
+    from harness.data.tune.stage_rates import PROBE_RECORDS
+    from harness.train import inputs as inputs_lib
+    from harness.train.measure import tune as tune_lib
+    from harness.train.model.parts import RunParts
+
+    backend = make_backend(options.backend, strategy=options.strategy, cpu_replicas=options.cpu_replicas)
+    resources = resources_lib.detect(backend.context.local_size)
+    parts = RunParts.for_data(options, data_config or {})
+    parts.apply_policy()
+    planned = inputs_lib.plan(options, backend, data_config=data_config)
+    inputs = inputs_lib.finish(planned, backend, resources=resources)
+    train = inputs.train
+    say(f"tune: {len(train.files_with_records)} files, {train.records} records; {resources.describe()}")
+    parts.check_loss(inputs.spec.label_shape, inputs.num_classes, inputs.spec.task)
+    with backend.scope():
+        built = parts.build(inputs)
+    probe_run = _probe_run(backend, parts, inputs, built.schedule,
+                           dict(loss_fn=parts.loss, class_weights=inputs.class_weights, clip_norm=options.clip_norm))
+    tuning = tune_lib.measure(inputs, backend, probe_run, share=train, records_per_worker=train.records // workers,
+                              files=math.ceil(len(train.files_with_records) / workers), workers=workers,
+                              records=records or PROBE_RECORDS, compute=compute,
+                              compute_on_cpu=not tf.config.list_physical_devices("GPU"))
+    for line in (*tune_lib.measured_lines(tuning, resources.cpus), *tuning.decision.lines()):
+        say(line)
+    return tuning.decision, inputs.spec
 
 
 def _start(options: TrainOptions, distribution) -> tuple:

@@ -21,7 +21,7 @@ def _run(*args, timeout=400):
 def test_tune_writes_a_config_that_train_takes(small_images, tmp_path):
     config = tmp_path / "tune.yaml"
     out = _run("tune", "--data", small_images, "--epochs", "2", "--per-replica-batch-size", "8", "--augment",
-               "--probe-records", "64", "--compute-steps", "5", "--output", tmp_path / "run", "--write", config,
+               "--probe-records", "64", "--output", tmp_path / "run", "--write", config,
                "--prefetch", "1")   # a lever given: the tuned value (at least 2) replaces it, said so
     printed = dict(re.findall(r"^(parse|parallel_reads|map_parallelism|prefetch|cache|reshard|"
                               r"data_service_workers): (\S+) \(", out, re.M))
@@ -57,7 +57,7 @@ def test_tune_writes_a_config_that_train_takes(small_images, tmp_path):
 
 
 def test_the_config_holds_the_options_given_and_the_levers_and_train_reads_it(tmp_path):
-    from harness.bench.tune import config_text
+    from harness.train.measure.tune import config_text
     from harness.data.tune import levers as levers_lib
     from harness.train.options import load_config, merge_options
 
@@ -78,7 +78,7 @@ def test_the_config_holds_the_options_given_and_the_levers_and_train_reads_it(tm
 def test_probes_of_an_uncompressed_table_export(tmp_path):
     """No inflate stage for uncompressed files, no augment stage without augmentation; the read's bytes per example
     are the files' bytes over their records, the decode's the delivered float32 bands and label."""
-    from harness.bench.tune import probe
+    from harness.data.tune.stage_rates import probe
     from harness.data.export import synth
     from harness.data.export.source import open_shards
     from harness.train.inputs import resolve_spec
@@ -104,7 +104,7 @@ def test_probes_of_an_uncompressed_table_export(tmp_path):
 def test_a_batch_of_at_least_1_mib_may_be_copied_on_every_thread(tmp_path):
     """tf.data copies a batch of >= 1 MiB on every thread of its pool (parallel_batch): the batch stage's cap is
     what those threads give (measured, within 1 and the worker's CPUs); below 1 MiB one thread."""
-    from harness.bench.tune import probe
+    from harness.data.tune.stage_rates import probe
     from harness.data.export import synth
     from harness.data.export.source import open_shards
     from harness.train.inputs import resolve_spec
@@ -153,7 +153,7 @@ def test_the_reader_is_timed_as_an_epoch_reads_a_file_not_reopened_every_probed_
 
     import tensorflow as tf
 
-    from harness.bench.tune import probe
+    from harness.data.tune.stage_rates import probe
     from harness.data.tune import stage_rates as probe_lib
     from harness.data.input import stages
     from harness.data.export import synth

@@ -131,6 +131,114 @@ def _stage_record(s) -> dict | None:
     return None if s is None else {"per_core": s.per_core, "out_bytes": s.out_bytes, "max_cores": s.max_cores}
 
 
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """What one tuning measured and decided (`measure`).
+
+    Attributes:
+      stages: `stage_rates.probe`'s dict (each stage's examples/s per core, `probed_records`, `probed_files`).
+      step: `probe.sized_synthetic_probe`'s dict of the step on synthetic batches, or None where the step's rate
+        was given.
+      measured: the stages and the step as the model takes them (`tune_model.Measured`; compute: examples/s of
+        one worker).
+      workload: one worker's share (`tune_model.Workload`).
+      decision: the levers and the predicted rates (`levers.decide`).
+    """
+
+    stages: dict
+    step: Optional[dict]
+    measured: tune_model.Measured
+    workload: tune_model.Workload
+    decision: tune_lib.Decision
+
+
+def measure(inputs, backend, probe_run: Callable, *, share: ShardSet, records_per_worker: int, files: int,
+            workers: int, records: int = PROBE_RECORDS, compute_on_cpu: bool = True,
+            compute: Optional[float] = None) -> Tuning:
+    """The one tuner of `harness tune` and `harness train --tune`: the stages probed on `share`
+    (`stage_rates.probe`, `records` records), the step measured on synthetic batches of the run's model, batch,
+    precision and K (`probe.sized_synthetic_probe` over `probe_run`: every worker calls it, its steps are
+    collectives), one worker's workload, and the decision (`levers.decide`, Plumber's model).
+
+    Args:
+      inputs: the run's `harness.train.inputs.Inputs` (plan, spec, resources, options), before its datasets.
+      backend: the run's `TrainingBackend` (its context; the all-gather that agrees on the probe's K).
+      probe_run: `fn(schedule, timer) -> Run` over a fresh copy of the run's model and optimizer.
+      share: the shards one worker reads (its assignment; `harness tune`: the whole export).
+      records_per_worker, files: one worker's records and files (the workload).
+      workers: training workers, one per host (the job's rate is theirs together).
+      compute: one worker's examples/s on synthetic batches measured before (the step is not probed again).
+    Raises:
+      the data layer's errors from the probes, ConfigError for a share of no records.
+    """
+    from harness.train.measure.probe import sized_synthetic_probe
+    from harness.train.loop.synthetic import Shapes
+
+    options, context = inputs.options, backend.context
+    batch = inputs.plan.per_replica_batch_size
+    stages = probe(share, inputs.spec, batch_size=batch, augment=options.augment, brightness=options.brightness,
+                   contrast=options.contrast, cpus=inputs.resources.cpus, records=records)
+    step = None
+    if compute is None:
+        step = sized_synthetic_probe(probe_run, context=context,
+                                     shapes=Shapes.from_spec(inputs.spec, inputs.num_classes),
+                                     per_replica_batch=batch, steps_per_loop=options.loop_steps, seed=options.seed,
+                                     agree=lambda call_s: float(backend.allgather([call_s])[0][0]))   # the chief's
+        compute = step["examples_per_s"] / context.num_workers   # the job's rate: this worker's share of it
+    measured = tune_model.Measured.from_probe(stages, compute=compute, compute_on_cpu=compute_on_cpu)
+    resources = inputs.resources
+    workload = tune_model.Workload(records=max(1, records_per_worker), files=max(1, files), batch_size=batch,
+                                   epochs=options.epochs, cpus=resources.cpus, memory_bytes=resources.memory_bytes,
+                                   disk_bytes=free_disk(options.cache_dir), workers=workers,
+                                   shuffle_buffer=default_shuffle_buffer(
+                                       max(1, records_per_worker), share.nbytes() / max(1, share.records),
+                                       options.shuffle_buffer))
+    return Tuning(stages, step, measured, workload, tune_lib.decide(measured, workload))
+
+
+def measured_lines(tuning: Tuning, cpus: int) -> list[str]:
+    """`harness tune`'s table of what was measured: each stage's examples/s per core and bytes out per example
+    (with the batch and augment stages' gain on `cpus` threads, and a stage the probe could not have measured
+    said so), the iterator's start, the step's rate on synthetic batches."""
+    measured, stages = tuning.measured, tuning.stages
+    lines = [f"measured on {stages['probed_records']} records of {stages['probed_files']} file(s), examples/s per "
+             "core:"]
+    for label, s in measured.rows():
+        if s is not None:
+            cap = ""
+            if s.name == tune_model.BATCH and s.max_cores != 1:
+                cap = f", copied on {cpus} threads (batches >= 1 MiB): {s.max_cores:.2f}x one core"
+            elif s.name == tune_model.AUGMENT and s.max_cores is not None:
+                cap = f", {cpus} calls in flight on {cpus} threads: {s.max_cores:.2f}x one core"
+            if not tune_lib.plausible(s):
+                cap += (f", {s.per_core * s.out_bytes / 1e9:,.0f} GB/s per core, above what a core's memory moves "
+                        f"({tune_lib.MAX_BYTES_PER_CORE_S / 1e9:g} GB/s): the probe measured nothing, not used")
+            lines.append(f"  {label:<17} {s.per_core:>12,.0f}  {s.out_bytes:>10,.0f} B out per example{cap}")
+    lines.append(f"  {'start':<17} {measured.start_s * 1e3:>12,.1f}  ms: a fresh iterator's start beyond its work "
+                 "(once, in the first epoch)")
+    steps = f", {tuning.step['steps']} steps" if tuning.step else ", measured before"
+    lines.append(f"  {'compute':<17} {measured.compute:>12,.0f}  examples/s on synthetic batches "
+                 f"({'CPU' if measured.compute_on_cpu else 'accelerator'}{steps})")
+    return lines
+
+
+def config_text(decision: tune_lib.Decision, train: dict, data: dict) -> str:
+    """The run config `harness train --config` takes, as `harness tune --write` writes it: `train:` the options
+    given (`train`) with the levers of `decision` (`Decision.train_options`), `data:` the data section given; each
+    choice and the prediction as comments above."""
+    import yaml
+
+    def plain(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    section = {k: plain(v) for k, v in train.items()}
+    section.update(decision.train_options())
+    config = {"train": section, **({"data": {k: plain(v) for k, v in data.items()}} if data else {})}
+    head = ["# written by `harness tune`: the input pipeline's levers from its measured stages"]
+    head += [f"# {line}" for line in decision.lines()]
+    return "\n".join(head) + "\n" + yaml.safe_dump(config, sort_keys=False)
+
+
 def tune(inputs, backend, probe_run: Callable, say: Callable[..., None], *, records: int = PROBE_RECORDS,
          compute_on_cpu: bool = True, resuming: bool = False) -> tuple:
     """Probe, decide, agree and apply; returns `(inputs with the tuned options, record for summary.json)`.
@@ -152,9 +260,6 @@ def tune(inputs, backend, probe_run: Callable, say: Callable[..., None], *, reco
     Raises:
       the data layer's errors from the probes, ConfigError for a share of no records.
     """
-    from harness.train.measure.probe import sized_synthetic_probe
-    from harness.train.loop.synthetic import Shapes
-
     start = time.perf_counter()
     options, plan, context = inputs.options, inputs.plan, backend.context
     saved = kept(options.output) if resuming else None
@@ -165,27 +270,13 @@ def tune(inputs, backend, probe_run: Callable, say: Callable[..., None], *, reco
         inputs, swaps = _apply(inputs, saved["applied"], say, context.rank)
         return inputs, dict(saved, replaced=swaps, kept_from=path)
     files = plan.assignments[context.rank].files
-    share = my_share(inputs.train, files)
-    batch = plan.per_replica_batch_size
-    stages = probe(share, inputs.spec, batch_size=batch, augment=options.augment, brightness=options.brightness,
-                   contrast=options.contrast, cpus=inputs.resources.cpus, records=records)
-    step = sized_synthetic_probe(probe_run, context=context,
-                                 shapes=Shapes.from_spec(inputs.spec, inputs.num_classes), per_replica_batch=batch,
-                                 steps_per_loop=options.loop_steps, seed=options.seed,
-                                 agree=lambda call_s: float(backend.allgather([call_s])[0][0]))   # the chief's
-    compute = step["examples_per_s"] / context.num_workers   # the job's rate: this worker's share of it
-    measured = tune_model.Measured.from_probe(stages, compute=compute, compute_on_cpu=compute_on_cpu)
-    resources = inputs.resources
-    workload = tune_model.Workload(records=plan.records[context.rank], files=len(files), batch_size=batch,
-                                 epochs=options.epochs, cpus=resources.cpus, memory_bytes=resources.memory_bytes,
-                                 disk_bytes=free_disk(options.cache_dir), workers=context.num_workers,
-                                 shuffle_buffer=default_shuffle_buffer(plan.records[context.rank],
-                                                                       share.nbytes() / max(1, share.records),
-                                                                       options.shuffle_buffer))
-    decision = tune_lib.decide(measured, workload)
+    tuning = measure(inputs, backend, probe_run, share=my_share(inputs.train, files),
+                     records_per_worker=plan.records[context.rank], files=len(files), workers=context.num_workers,
+                     records=records, compute_on_cpu=compute_on_cpu)
+    stages, measured, decision = tuning.stages, tuning.measured, tuning.decision
     levers, rows = agree(backend, decision)
     say(f"tune: the chief's probes ({stages['probed_records']} records of its {stages['probed_files']} file(s), "
-        f"{step['steps']} steps on synthetic batches) and its decision, applied on every worker:")
+        f"{tuning.step['steps']} steps on synthetic batches) and its decision, applied on every worker:")
     for line in decision.lines():
         say(f"tune: {line}")
     inputs, swaps = _apply(inputs, levers, say, context.rank)
@@ -199,8 +290,8 @@ def tune(inputs, backend, probe_run: Callable, say: Callable[..., None], *, reco
                          **{f"decode_{p}": _stage_record(measured.decode[p]) for p in PLACEMENTS},
                          "unbatch": _stage_record(measured.unbatch), "augment": _stage_record(measured.augment),
                          "batch": _stage_record(measured.batch), "start_s": measured.start_s},
-            "compute_examples_per_s": compute, "compute_on_cpu": compute_on_cpu,
-            "workload": dataclasses.asdict(workload), "probed_records": stages["probed_records"],
+            "compute_examples_per_s": measured.compute, "compute_on_cpu": compute_on_cpu,
+            "workload": dataclasses.asdict(tuning.workload), "probed_records": stages["probed_records"],
             "probed_files": stages["probed_files"], "probe_seconds": time.perf_counter() - start}}
     if context.is_chief:
         import tensorflow as tf

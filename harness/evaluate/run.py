@@ -71,7 +71,7 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
     run_summary = _summary(loaded.path)
     spec = loaded.spec
     shards = open_shards(list(options.data))
-    spec_lib.validate_spec(spec, list(shards.shards), read=shards.first_examples)
+    spec_lib.validate_shards(spec, shards)
     plan = plan_lib.make_plan(shards.counts, workers=context.num_workers,
                               replicas_per_worker=context.replicas_per_worker,
                               per_replica_batch_size=options.per_replica_batch_size, evaluation=True)

@@ -136,7 +136,7 @@ def prepare(options: PredictOptions) -> Job:
     spec = reader.read_spec(options, loaded, shards)
     where = shards.shards[0].path
     # every band in every shard's first record, S*S values (the first records read once: ShardSet.first_examples)
-    validate.validate_spec(spec, list(shards.shards), read=shards.first_examples)
+    validate.validate_shards(spec, shards)
     geometry = model_lib.check(loaded, spec, where)
     if spec.kind == spec_lib.IMAGE and shards.mixer is not None:
         try:

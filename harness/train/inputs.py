@@ -20,7 +20,6 @@ from typing import Callable, Optional
 from harness.data.input import pipeline as pipeline_lib, stages as stages_lib
 from harness.data.export import scan
 from harness.data.spec import dataspec as spec_lib, infer, validate
-from harness.data.spec.labels import check_first_labels
 from harness.data.export.source import ShardSet, open_shards
 from harness.distribute import plan as plan_lib
 from harness.distribute import resources as resources_lib
@@ -207,8 +206,7 @@ def plan(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = 
     say(f"spec: {json.dumps(spec.to_config())}")
     for line in spec_lib.layout_notes(spec, infer.read_schema(list(train.shards), read=train.first_examples)):
         say(line)
-    validate.validate_spec(spec, list(train.shards), read=train.first_examples)  # the first records, read once
-    check_first_labels(spec, train.shards, read=train.first_examples)
+    validate.validate_shards(spec, train, labels=True)   # every shard's first record, one parallel pass
     _check_mixer(train, options, per_pixel=spec.sequence)
     context = backend.context
     epoch_plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
@@ -246,7 +244,7 @@ def _validation(options, train: ShardSet, spec, plan, say):
     if shared:
         raise ConfigError(f"{len(shared)} file(s) are both training and validation data (e.g. {shared[0]}): "
                           "validation would score records the model trained on")
-    validate.validate_spec(spec, list(validation.shards), read=validation.first_examples)
+    validate.validate_shards(spec, validation)
     try:
         val_plan = plan_lib.make_plan(validation.counts, workers=plan.batch.workers,
                                       replicas_per_worker=plan.batch.replicas_per_worker,

@@ -93,6 +93,11 @@ RUNS = {
         "gain": rf"^  gain, harness: {NUM}x"})],
     # the points alone, their job included (harness train naive then tuned): the patch cases run the same code on
     # another export (their smoke took ~25 s of the suite's budget)
+    "startup.py": [([], {
+        "title": r"^64 records of a table export \(4 float bands, a class\), GZIP, split over N shards; 1 run\(s\) per N",
+        **{f"row {n}": rf"^\s+{n}\s+1\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$" for n in (2, 8)},
+        "growth": rf"^first run \(counting\), open \+ checks at 8 shards against 2: [+-]{NUM} s",
+        "one pass": rf"^checks at 8 shards: one pass {NUM} s against {NUM} s one shard at a time \({NUM}x\)$"})],
     "tune.py": [(["--points", "{points}", "--cases", "points"], {
         **{f"{case}": rf"^== {case}: \d+ file\(s\), {NUM} records, batch {NUM}, {NUM} steps per epoch, 2 epochs, 1 runs"
            for case in ("points",)},
@@ -143,7 +148,7 @@ RUNS = {
 # hand their output back to the script (step_loop.py's horovodrun, tune.py's harness train runs): each saves a
 # process that imports TensorFlow (step_loop.py, tune.py and fit_ratio.py: 100 -> 92 CPU-s when they joined).
 SHARED = ("published_scaling.py", "reshard.py", "input_pipeline.py", "profile_overhead.py", "per_pixel.py",
-          "predict.py", "step_loop.py", "tune.py", "fit_ratio.py")
+          "predict.py", "step_loop.py", "tune.py", "fit_ratio.py", "startup.py")
 # argv: benchmarks/, the JSON list of [script, args, temporary folder], the JSON file of {script: {code, stdout}}
 _SHARED_RUNNER = r"""
 import contextlib, gc, io, json, os, runpy, sys, tempfile, time, traceback

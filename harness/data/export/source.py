@@ -8,10 +8,11 @@ built from it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from harness.data.export import index
 from harness.data.export.shards import Mixer, Shard, discover_shards, find_mixer
+from harness.errors import TruncatedShardError
 
 # Records of the first shard holding any read at its first look: what the spec inference (8) and the label check
 # (`labels.check_first_labels`: 16) read of it, so it is read once.
@@ -65,6 +66,32 @@ class ShardSet:
         examples = records.first_examples(shard, asked)
         self._heads[shard.path] = (examples, asked)
         return examples[:n]
+
+    def heads(self) -> Iterator[tuple[Shard, Optional[object]]]:
+        """`(shard, its record 0 as a tf.train.Example or SequenceExample)` for every shard in order, None for a
+        zero-record shard (known from the counts: not read): what `validate_spec` and the label check read of
+        each shard. Read in one parallel pass (`records.first_records`), one record held at a time; the first
+        shard holding records from `first_examples` (read once).
+
+        Raises:
+          the errors of `records.first_records` and `records.decode_example`, naming the shard and record 0.
+        """
+        from harness.data.export import records
+
+        first = next((i for i, st in enumerate(self.stats) if st.records > 0), None)
+        rest = [i for i, st in enumerate(self.stats) if st.records > 0 and i != first]
+        read = records.first_records([self.shards[i] for i in rest])
+        for i, (shard, st) in enumerate(zip(self.shards, self.stats)):
+            if st.records == 0:
+                yield shard, None
+            elif i == first:
+                yield shard, self.first_examples(shard, 1)[0]
+            else:
+                j, raw = next(read, (None, None))
+                if j is None or rest[j] != i:
+                    raise TruncatedShardError(f"{shard.path}: record 0 could not be read, yet the shard was counted "
+                                              f"with {st.records} record(s): it changed while the run started")
+                yield shard, records.decode_example(raw, path=shard.path, index=0)
 
     @property
     def records(self) -> int:

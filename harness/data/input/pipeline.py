@@ -45,7 +45,7 @@ from harness.data.input.augment import augment_batch, color_jitter
 from harness.data.input.decode import decode, decode_one
 from harness.data.input.stages import PipelineOptions, PipelinePlan
 from harness.data.spec.dataspec import IMAGE, DataSpec
-from harness.data.spec.validate import validate_spec
+from harness.data.spec.validate import validate_shards
 from harness.tracing import graph_fn
 from harness.distribute import resources as resources_lib
 from harness.distribute.sharding import RECORD, ShardAssignment, assign_nonempty
@@ -191,7 +191,7 @@ def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         shards = tuple(data)
         data = ShardSet(shards=shards, stats=tuple(index.record_stats(shards)), mixer=None, sources=())
     if options.validate:
-        _validate_once(spec, data.shards, data.first_examples)
+        _validate_once(spec, data)
     holding = data.files_with_records
     if len(holding) < len(data.shards):
         log.info("skipping %d zero-record shard(s)", len(data.shards) - len(holding))
@@ -390,13 +390,13 @@ def _keep_first_batches(ds: tf.data.Dataset, keep: int, batch: int, *, filtered:
 _VALIDATED: set = set()
 
 
-def _validate_once(spec: DataSpec, shards: Sequence[Shard], read=None) -> None:
-    """validate_spec, once per process for a given spec and shard list (build_dataset runs once per input
-    pipeline, and the training job builds several datasets on the same shards); `read`: the first records'
-    reader (`ShardSet.first_examples`, read once per shard), default records.first_examples."""
-    key = (repr(spec), tuple(shards))
+def _validate_once(spec: DataSpec, data: ShardSet) -> None:
+    """validate_shards (every shard's first record, one parallel pass), once per process for a given spec and
+    shard list (build_dataset runs once per input pipeline, and the training job builds several datasets on the
+    same shards)."""
+    key = (repr(spec), tuple(data.shards))
     if key not in _VALIDATED:
-        validate_spec(spec, shards, **({"read": read} if read else {}))
+        validate_shards(spec, data)
         _VALIDATED.add(key)
 
 

@@ -146,10 +146,18 @@ def check_first_labels(spec, shards: Sequence, records: int = 16, *, read=None) 
     for shard in shards:
         examples = read(shard, records if not checked else 1)[:records if not checked else 1]
         for i, ex in enumerate(examples):
-            values = stored_label(spec, ex)
-            bad = np.flatnonzero(~is_label_value(values, spec.task, None, spec.ignore_label).numpy())
-            if bad.size:
-                value = float(values[bad[0]])
-                raise label_rule_error(f"{shard.path}: record {i}", spec.label, value, spec.task, None)
+            check_record(spec, f"{shard.path}: record {i}", ex)
         checked += len(examples)
+
+
+def check_record(spec, where: str, ex) -> None:
+    """Check the label of one decoded record (`ex`, at `where`: "<path>: record <i>") against the task's rule.
+
+    Raises:
+      LabelValueError: naming `where` and the first value that breaks the rule.
+    """
+    values = stored_label(spec, ex)
+    bad = np.flatnonzero(~is_label_value(values, spec.task, None, spec.ignore_label).numpy())
+    if bad.size:
+        raise label_rule_error(where, spec.label, float(values[bad[0]]), spec.task, None)
 

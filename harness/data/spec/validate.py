@@ -95,11 +95,14 @@ def _check_steps(spec: DataSpec, name: str, info: FeatureInfo, where: str) -> Op
     return None
 
 
-def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None) -> ValidationReport:
+def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None, heads=None, each=None) -> ValidationReport:
     """Check the spec against the first record of every shard, before any training.
 
     Also a cheap framing check of each shard (its first record is read with its compression). `read`: the first
-    records' reader, as infer_spec's (`ShardSet.first_examples`: each shard's first records read once per run).
+    records' reader, as infer_spec's, one shard at a time; `heads`: instead, `(shard, record 0 or None)` for every
+    shard in order (`ShardSet.heads`: one parallel pass, one record held at a time; what every caller with a
+    `ShardSet` gives); `each`: `fn(shard, record 0)` called on each shard's record as it is checked (the label
+    check: `labels.check_record`), so that the records are read once.
 
     Returns:
       a ValidationReport; zero-record shards are listed there and logged, not an error.
@@ -117,19 +120,24 @@ def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None) -> Vali
     problems: dict[str, list[tuple[Shard, SpecMismatchError]]] = {f: [] for f in spec.features}
     good: dict[str, list[tuple[Shard, FeatureInfo]]] = {f: [] for f in spec.features}
     checked, empty = [], []
-    for shard in shards:
-        examples = (read or records.first_examples)(shard, 1)[:1]
-        if not examples:
+    if heads is None:
+        heads = ((s, next(iter((read or records.first_examples)(s, 1)), None)) for s in shards)
+    for shard, example in heads:
+        if example is None:
             empty.append(shard.path)
             continue
         checked.append(shard.path)
-        schema = records.schema_of(examples[0])
+        schema = records.schema_of(example)
+        fine = True
         for f in spec.features:
             err = check_feature(spec, f, schema, f"{shard.path}: record 0")
             if err is None:
                 good[f].append((shard, schema[f]))
             else:
                 problems[f].append((shard, err))
+                fine = False
+        if each is not None and fine:
+            each(shard, example)
     if empty:
         log.warning("%d zero-record shard(s) skipped (counted, not an error): %s", len(empty), ", ".join(empty))
     if not checked:
@@ -144,3 +152,22 @@ def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None) -> Vali
         raise SchemaDriftError(f"shards differ for feature {f!r}: {len(good[f])} shard(s) match the spec (e.g. "
                                f"{ok.path}) but {len(problems[f])} do not; first: {err}")
     return ValidationReport(tuple(checked), tuple(empty))
+
+
+def validate_shards(spec: DataSpec, shards, *, labels: bool = False) -> ValidationReport:
+    """`validate_spec` over a `ShardSet`'s first records, read in one parallel pass (`ShardSet.heads`), with
+    `labels` the label rule checked on each shard's record 0 as it passes and on the first 16 records of the first
+    shard holding any (`labels.check_first_labels`): every check of the first records in one read of them.
+
+    Raises:
+      the errors of `validate_spec` and, with `labels`, LabelValueError naming the shard and record.
+    """
+    from harness.data.spec import labels as labels_lib
+
+    each = (lambda shard, ex: labels_lib.check_record(spec, f"{shard.path}: record 0", ex)) if labels else None
+    report = validate_spec(spec, list(shards.shards), heads=shards.heads(), each=each)
+    if labels:
+        first = next(s for s, st in zip(shards.shards, shards.stats) if st.records > 0)   # validate_spec: one exists
+        labels_lib.check_first_labels(spec, [first], read=shards.first_examples)
+    return report
+

@@ -1,0 +1,78 @@
+"""Every shard's first record checked in one parallel pass (`ShardSet.heads`, `validate.validate_shards`, issue 62):
+the same verdicts and the same named errors as one read per shard, the shard and record named."""
+import os
+
+import pytest
+
+from example_records import example, write
+from harness.data.export import records
+from harness.data.export.source import open_shards
+from harness.data.spec import infer, labels, validate
+from harness.errors import HarnessError, LabelValueError, SchemaDriftError
+
+SHARDS = 40   # more than records.HEAD_READERS: the interleave holds several cycles
+
+
+def _export(folder, bad=None, *, empty=(7,)):
+    """SHARDS gzip shards of 3 records each (`empty`: none); `bad`: {shard: Example of its record 0}."""
+    os.makedirs(folder, exist_ok=True)
+    for i in range(SHARDS):
+        rows = [] if i in empty else [example(B1=[float(i)], B2=[1.0], cls=[float(i % 3)]) for _ in range(3)]
+        if bad and i in bad:
+            rows[0] = bad[i]
+        write(os.path.join(folder, f"pts-{i:05d}.tfrecord.gz"), rows, gz=True)
+    return open_shards([str(folder)])
+
+
+def test_heads_are_every_shards_record_0_in_order_and_none_for_an_empty_shard(tmp_path):
+    train = _export(tmp_path / "a")
+    heads = list(train.heads())
+    assert [s.path for s, _ in heads] == [s.path for s in train.shards]
+    assert [h is None for _, h in heads] == [i == 7 for i in range(SHARDS)]
+    assert [h.features.feature["B1"].float_list.value[0] for _, h in heads if h is not None] == \
+        [float(i) for i in range(SHARDS) if i != 7]
+    spec = infer.infer_spec(list(train.shards), label="cls", read=train.first_examples)
+    report = validate.validate_shards(spec, train, labels=True)
+    assert report == validate.validate_spec(spec, list(train.shards))   # as one read per shard
+    assert len(report.checked) == SHARDS - 1 and report.empty == (train.shards[7].path,)
+
+
+def test_drift_and_a_bad_label_in_a_late_shard_are_named_as_one_read_per_shard_names_them(tmp_path):
+    drift = _export(tmp_path / "d", {31: example(B1=[1], B2=[1.0], cls=[0.0])})   # B1 int64 in shard 31
+    spec = infer.infer_spec(list(drift.shards), label="cls", read=drift.first_examples)
+    with pytest.raises(SchemaDriftError) as one_pass:
+        validate.validate_shards(spec, drift)
+    with pytest.raises(SchemaDriftError) as per_shard:
+        validate.validate_spec(spec, list(drift.shards))
+    assert str(one_pass.value) == str(per_shard.value)
+    assert "pts-00031.tfrecord.gz: record 0: band 'B1': expected dtype float, found int64" in str(one_pass.value)
+
+    label = _export(tmp_path / "l", {33: example(B1=[1.0], B2=[1.0], cls=[2.5])})
+    spec = infer.infer_spec(list(label.shards), label="cls", read=label.first_examples)
+    validate.validate_shards(spec, label)   # the spec holds; the label rule is checked only when asked
+    with pytest.raises(LabelValueError, match=r"pts-00033\.tfrecord\.gz: record 0: label 'cls' holds 2\.5: class "
+                                              r"ids are integers"):
+        validate.validate_shards(spec, label, labels=True)
+    with pytest.raises(LabelValueError, match=r"pts-00033\.tfrecord\.gz: record 0"):
+        labels.check_first_labels(spec, label.shards)   # the same rule, one read per shard
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped"])
+def test_a_shard_damaged_after_it_was_counted_is_named_by_the_one_pass(tmp_path, monkeypatch, damage):
+    """Counting read every shard whole; a shard rewritten since (a cut: TensorFlow's inflate ends quietly; bytes
+    flipped: a DataLossError mid-pass, traced shard by shard from the first not yet read) is named."""
+    train = _export(tmp_path / "c")
+    path = train.shards[25].path
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:14] if damage == "cut" else data[:12] + bytes(b ^ 0xFF for b in data[12:20])
+                           + data[20:])
+    spec = infer.infer_spec(list(train.shards), label="cls", read=train.first_examples)
+    seen = []
+    monkeypatch.setattr(records, "read_records", lambda shard, n, _real=records.read_records: (
+        seen.append(shard.path), _real(shard, n))[1])
+    with pytest.raises(HarnessError, match=r"pts-00025\.tfrecord\.gz") as raised:
+        validate.validate_shards(spec, train)
+    if damage == "cut":
+        assert "record 0 could not be read, yet the shard was counted with 3 record(s)" in str(raised.value)
+    else:
+        assert seen and seen[-1] == path and path not in seen[:-1], seen

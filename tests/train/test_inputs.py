@@ -9,27 +9,33 @@ from harness.train.options import TrainOptions
 
 
 class _TwoWorkers(TrainingBackend):
-    """Rank 1 of 2; rank 0's row of every all-gather is given (its sample saw class 3, ours did not)."""
+    """Rank 1 of 2; rank 0's row of each all-gather is given, in turn (`rows`: one function of the length each)."""
 
-    def __init__(self, rank0_row):
+    def __init__(self, *rows):
         super().__init__(None, WorkerContext(1, 2, 0, 1, "worker", 1, Backend.MULTI_WORKER))
-        self.rank0_row, self.gathered = rank0_row, []
+        self.rows, self.gathered = list(rows), []
 
     def allgather(self, values):
         self.gathered.append(list(values))
-        return np.array([self.rank0_row(len(values)), list(values)], np.float64)
+        return np.array([self.rows.pop(0)(len(values)), list(values)], np.float64)
 
 
 def test_classes_and_statistics_are_the_same_on_every_worker(tmp_path):
     """Each worker took the class count from its own sample: with a rare class, workers built logits [.., 3] and
     [.., 4] and failed in their first collective (issue 11, item 10). Now the largest label over every worker's
     sample decides, and the band statistics are the chief's."""
+    from harness.data.export import index, shards as shards_lib
+
     synth.write_table_export(str(tmp_path), prefix="t", shards=2, records=400, classes=3, seed=1)
-    backend = _TwoWorkers(lambda n: [3.0] + [10.0] * ((n - 1) // 2) + [4.0] * ((n - 1) // 2))
+    first, second = (index.count_shard(s) for s in shards_lib.discover_shards([str(tmp_path)]))
+    # the record counts: rank 0 counted shard 0, this worker shard 1 (issue 62); then rank 0's sample saw class 3
+    backend = _TwoWorkers(lambda n: [first.records, first.bytes],
+                          lambda n: [3.0] + [10.0] * ((n - 1) // 2) + [4.0] * ((n - 1) // 2))
     said = []
     prepared = inputs.prepare(TrainOptions(data=(str(tmp_path),), per_replica_batch_size=8), backend,
                               say=said.append)
-    mine = backend.gathered[0]
+    counted, mine = backend.gathered
+    assert counted == [second.records, second.bytes] and prepared.train.records == 400
     assert mine[0] == 2  # this worker's sample: classes 0-2
     assert prepared.num_classes == 4  # rank 0 saw class 3
     assert np.all(prepared.mean == 10.0) and np.all(prepared.variance == 4.0)  # the chief's statistics
@@ -78,13 +84,16 @@ def _one_worker():
 def test_the_first_records_of_every_shard_are_read_once(tmp_path, monkeypatch):
     """The spec inference, validate_spec and check_first_labels each read the first records of every shard (two
     round trips each on gs://: the compression sniff and the read): 3 reads of the first shard, 2 of the others.
-    Now `ShardSet.first_examples` reads each shard once and they share it."""
+    Now `ShardSet.first_examples` reads the first shard once, 16 records deep, and one parallel pass
+    (`records.first_records`, issue 62) reads record 0 of every other shard once, for the checks together."""
     from harness.data.export import records
 
     synth.write_table_export(str(tmp_path / "t"), prefix="t", shards=3, records=60, classes=3, seed=1)
     synth.write_table_export(str(tmp_path / "v"), prefix="v", shards=2, records=40, classes=3, seed=2)
-    reads, read_records = [], records.read_records
+    reads, read_records, first_records = [], records.read_records, records.first_records
     monkeypatch.setattr(records, "read_records", lambda shard, n: reads.append(shard.path) or read_records(shard, n))
+    monkeypatch.setattr(records, "first_records",
+                        lambda shards: reads.extend(s.path for s in shards) or first_records(shards))
     prepared = inputs.prepare(TrainOptions(data=(str(tmp_path / "t"),), validation_data=(str(tmp_path / "v"),),
                                            per_replica_batch_size=8), _one_worker())
     every = [s.path for s in (*prepared.train.shards, *prepared.validation.shards)]

@@ -92,6 +92,16 @@ def test_two_workers_same_loss_identical_weights_chief_only_writes_every_validat
     for r in results.values():
         assert r["calls"] == {"discover_shards": 2, "find_mixer": 2, "record_stats": 2, "validate_spec": 2,
                               "assign_nonempty": 4}, r["calls"]
+    # The record counts split across the workers (issue 62): on a cold record index each counted its share (shards
+    # rank::2) and took the other's from the gather, and the later job of the launch read them from its index.
+    import re
+    index_ = r"from the record index \(\S+record_index\.json\)"
+    assert re.search(rf"training data: 4 shard\(s\), 1,024 records: 2 counted here, 0 {index_}, 2 by the other "
+                     r"workers; [\d.]+ s$", text, re.M), text[-3000:]
+    assert re.search(rf"validation data: 2 shard\(s\), 150 records: 1 counted here, 0 {index_}, 1 by the other "
+                     r"workers", text, re.M), text[-3000:]
+    assert re.search(rf"training data: 4 shard\(s\), 1,024 records: 0 counted here, 2 {index_}, 2 by the other "
+                     r"workers", text, re.M), text[-3000:]
     # Chief-only writes: the shared output folder holds the chief's files and nothing else (no marker of the
     # shared-folder check, no other worker's backup or model).
     written = sorted(p.name for p in run.iterdir())

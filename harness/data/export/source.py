@@ -103,13 +103,22 @@ class ShardSet:
         return sum(st.bytes for s, st in zip(self.shards, self.stats) if keep is None or s.path in keep)
 
 
-def open_shards(sources: Sequence[str], *, mixer: Optional[str] = None) -> ShardSet:
+def open_shards(sources: Sequence[str], *, mixer: Optional[str] = None, split: Optional[index.Split] = None,
+                tally: Optional[dict] = None) -> ShardSet:
     """Discover, order and count the shards of `sources` and find their mixer: once per dataset and run.
+
+    `split`: the job's workers count a share each (`index.record_stats`: every worker must call this at the same
+    point); `tally`: filled with what the counting did (`index.record_stats`) and its seconds ("seconds").
 
     Raises:
       the errors of `shards.discover_shards` (nothing found, a missing index, several exports in one folder),
       `index.record_stats` (truncated or corrupt shard) and `shards.find_mixer` (a malformed mixer).
     """
+    import time
+
     shards = discover_shards(list(sources))
-    return ShardSet(shards=tuple(shards), stats=tuple(index.record_stats(shards)),
-                    mixer=find_mixer(shards, mixer), sources=tuple(sources))
+    start = time.perf_counter()
+    stats = index.record_stats(shards, split=split, tally=tally)
+    if tally is not None:
+        tally["seconds"] = time.perf_counter() - start
+    return ShardSet(shards=tuple(shards), stats=tuple(stats), mixer=find_mixer(shards, mixer), sources=tuple(sources))

@@ -81,3 +81,47 @@ def test_cache_keyed_by_size_and_mtime(tmp_path):
 def test_default_location_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path))
     assert index.cache_dir() == str(tmp_path)
+
+
+
+def _four_shards(tmp_path, corrupt=None):
+    """4 GZIP shards of 8 records; `corrupt`: that shard's bytes flipped mid-stream (its count fails, named)."""
+    from harness.data.export import synth
+
+    paths = [p for p in synth.write_table_export(str(tmp_path), prefix="t", shards=4, records=32, seed=2)
+             if ".tfrecord" in p]
+    if corrupt is not None:
+        data = open(paths[corrupt], "rb").read()
+        open(paths[corrupt], "wb").write(data[:12] + bytes(b ^ 0xFF for b in data[12:40]) + data[40:])
+    return S.discover_shards(str(tmp_path))
+
+
+@pytest.mark.parametrize("bad", [None, 2, 3])   # none; in the other worker's share (0, 2); in this worker's (1, 3)
+def test_split_counting_gathers_each_workers_share_and_a_bad_shard_fails_every_worker_named(tmp_path, bad):
+    """Rank 1 of 2 counts shards 1 and 3 and takes 0 and 2 from rank 0's gathered row (issue 62). A shard that
+    fails on either worker fails on both, with its named error, after the gather: the worker that failed still
+    gathers, so no other worker waits for it."""
+    import numpy as np
+
+    found = _four_shards(tmp_path, bad)
+    good = {i: index.count_shard(s) for i, s in enumerate(found) if i != bad}
+    rank0 = [v for i in (0, 2) for v in ((-1.0, 0.0) if i == bad else (good[i].records, good[i].bytes))]
+    gathered = []
+
+    def gather(values):
+        gathered.append(list(values))
+        return np.array([rank0, values], np.float64)
+
+    tally, path = {}, str(tmp_path / "idx.json")
+    mine = [v for i in (1, 3) for v in ((-1.0, 0.0) if i == bad else (good[i].records, good[i].bytes))]
+    if bad is None:
+        stats = index.record_stats(found, index_path=path, split=index.Split(1, 2, gather), tally=tally)
+        assert stats == [good[i] for i in range(4)] and gathered == [mine]
+        assert tally == {"shards": 4, "counted": 2, "cached": 0, "gathered": 2}
+        gathered.clear()   # every count now in this worker's index: nothing counted, the gather still made
+        assert index.record_stats(found, index_path=path, split=index.Split(1, 2, gather), tally=tally) == stats
+        assert gathered == [mine] and tally == {"shards": 4, "counted": 0, "cached": 2, "gathered": 2}
+        return
+    with pytest.raises(CorruptShardError, match=rf"t-0000{bad}\.tfrecord\.gz"):
+        index.record_stats(found, index_path=path, split=index.Split(1, 2, gather), tally=tally)
+    assert gathered == [mine]

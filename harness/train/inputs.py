@@ -28,6 +28,8 @@ from harness.errors import BatchSizeError, ConfigError, MixerError
 from harness.train.options import TrainOptions, class_weights
 
 SAMPLE_BATCHES = 16  # batches sampled for band statistics and the class count
+SAMPLE_SHUFFLE = 4   # the sample's shuffle buffer: this many times its records (a training pipeline's default fills
+#                      up to 256 MB of records before its first batch: the sample read that much, twice, per worker)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,14 +289,17 @@ def _sample(options, train: ShardSet, spec, plan, backend, say):
 
     every_file = ShardAssignment(files=tuple(train.files_with_records), policy=FILE, input_pipeline_id=0,
                                  num_input_pipelines=1)
+    batch = plan.per_replica_batch_size
     sample = pipeline_lib.build_dataset(
-        train, spec, stages_lib.PipelineOptions(per_replica_batch_size=plan.per_replica_batch_size, training=True,
-                                                  cache="none", seed=options.seed, validate=False),
+        train, spec, stages_lib.PipelineOptions(per_replica_batch_size=batch, training=True, cache="none",
+                                                  seed=options.seed, validate=False,
+                                                  shuffle_buffer=SAMPLE_SHUFFLE * SAMPLE_BATCHES * batch),
         assignment=every_file).take(SAMPLE_BATCHES)
     declared = options.num_classes or spec.num_classes or len(spec.class_names) or None
     try:
-        mean, variance = builtin.band_moments(sample, batches=SAMPLE_BATCHES, nodata=spec.input_nodata)
-        labels = tf.concat([y for _, y in sample], axis=0).numpy()
+        ys: list = []   # the sample read once: its labels taken as its moments are
+        mean, variance = builtin.band_moments(sample, batches=SAMPLE_BATCHES, nodata=spec.input_nodata, labels_out=ys)
+        labels = np.concatenate(ys, axis=0)
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
         raise scan.named_error(e, spec, declared or 0, list(train.shards)) from e
     if spec.task == spec_lib.REGRESSION:

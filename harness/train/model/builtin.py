@@ -71,13 +71,14 @@ def unet(height: int, width: int, num_bands: int, num_classes: int, *, filters: 
     return keras.Model(inputs, outputs, name="unet")
 
 
-def band_moments(dataset, *, batches: int = 8, nodata=None):
+def band_moments(dataset, *, batches: int = 8, nodata=None, labels_out: list | None = None):
     """Per-band mean and variance (float64 numpy) over the first `batches` batches of an `(inputs, labels)` dataset
     whose inputs are float32 `[..., bands]`, each band's over every other axis (examples, pixels, time steps);
     feeds the models' Normalization layer.
 
     `nodata`: an input value left out (Earth Engine's defaultValue declared as `input_nodata`); a band with no
-    other value gets mean 0 and variance 1.
+    other value gets mean 0 and variance 1. `labels_out`: a list each batch's labels are appended to (numpy), so
+    that whoever needs the sample's labels too reads it once.
 
     Returns:
       `(mean, variance)`, each `[bands]`; with group_delivery "time" `[bands per group]` (a band position's over
@@ -88,7 +89,9 @@ def band_moments(dataset, *, batches: int = 8, nodata=None):
     """
     import numpy as np
     sums: dict = {}  # group (None: one tensor) -> (sum, sum of squares, rows)
-    for inputs, _ in dataset.take(batches):
+    for inputs, labels in dataset.take(batches):
+        if labels_out is not None:
+            labels_out.append(np.asarray(labels))
         for group, t in (inputs.items() if isinstance(inputs, Mapping) else [(None, inputs)]):
             x = np.asarray(t, dtype=np.float64).reshape(-1, t.shape[-1])
             valid = np.ones_like(x) if nodata is None else (x != np.float32(nodata)).astype(np.float64)

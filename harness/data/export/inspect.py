@@ -14,6 +14,7 @@ from harness.data.export import index, records
 from harness.data.spec import dataspec as spec_lib, infer as infer_lib
 from harness.data.export.records import BYTES
 from harness.data.export.shards import Mixer, check_mixer, discover_shards, find_mixer
+from harness.data.export.source import ShardSet
 from harness.errors import MixerError, SpecError
 
 log = logging.getLogger(__name__)
@@ -53,13 +54,12 @@ def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[i
     shards = discover_shards(paths)
     mixer = find_mixer(shards, mixer_path)
     stats = index.record_stats(shards)
-    schema = infer_lib.read_schema(shards, records_to_read)
+    data = ShardSet(shards=tuple(shards), stats=tuple(stats), mixer=mixer,
+                    sources=tuple([paths] if isinstance(paths, str) else paths))
+    schema = infer_lib.read_schema(shards, records_to_read, read=data.first_examples)
     warnings = []
-    first = {}
-    for shard, st in zip(shards, stats):
-        if st.records:
-            first[shard.path] = {k: (v.dtype, v.length) for k, v in
-                                 records.schema_of(records.first_examples(shard, 1)[0]).items()}
+    first = {shard.path: {k: (v.dtype, v.length) for k, v in records.schema_of(example).items()}
+             for shard, example in data.heads() if example is not None}   # one parallel pass over the shards
     reference = next(iter(first.items()), (None, {}))
     for path, sch in first.items():
         if sch != reference[1]:

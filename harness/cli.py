@@ -103,8 +103,8 @@ def quiet(verbose: bool) -> None:
         handler = logging.StreamHandler()
         handler.setFormatter(_Short())
         logging.basicConfig(level=logging.WARNING, handlers=[handler])
-    for noisy in ("tensorflow", "absl", "h5py"):   # their INFO lines drown ours
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for noisy in ("tensorflow", "absl", "h5py", "matplotlib", "PIL"):   # their INFO and DEBUG lines (matplotlib's
+        logging.getLogger(noisy).setLevel(logging.WARNING)                # font search: hundreds) drown ours
     # google-api-core (with earthengine-api) warns at import that it will drop Python 3.11 in 2027: not the user's
     # business on every command
     warnings.filterwarnings("ignore", message="You are using a Python version", category=FutureWarning)

@@ -228,3 +228,24 @@ def test_a_newcomers_mistakes_are_answered_with_what_to_do(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"--model {model}: a Python file, not a trained model: give a run folder or its model.keras (a model " \
            f"file is trained first: harness train --model {model}:FUNCTION ...)" in err and "h5py" not in err
+
+
+@pytest.mark.parametrize("argv, verbose", [
+    (["-v", "train", "--data", "d"], True), (["train", "-v", "--data", "d"], True),
+    (["train", "--data", "d", "--verbose"], True), (["train", "--data", "d"], False),
+    (["launch", "-v", "local", "--workers", "2", "--", "harness", "train"], True),
+    (["launch", "local", "--workers", "2", "--", "harness", "train", "-v"], False),   # the workers' flag, not ours
+    (["bench", "input", "-v", "--data", "d"], True), (["data-service", "dispatcher", "-v"], True)])
+def test_verbose_is_taken_before_or_after_the_subcommand(argv, verbose):
+    """`harness train -v` was refused ("did you mean --verbose?" for --verbose); -v is every command's flag."""
+    args, extras = cli.build_parser().parse_known_args(argv)
+    assert args.verbose is verbose and not extras
+
+
+def test_verbose_logging_leaves_out_matplotlibs_font_search():
+    import logging
+
+    cli.quiet(True)
+    assert logging.getLogger("matplotlib").getEffectiveLevel() >= logging.WARNING
+    assert logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.DEBUG) is False
+    assert logging.getLogger("harness.data").isEnabledFor(logging.DEBUG)

@@ -29,7 +29,15 @@ def command(sub, name: str, handler: Callable[[argparse.Namespace], int], help: 
     p = sub.add_parser(name, help=help, description=description or help, formatter_class=HelpFormatter,
                        allow_abbrev=False, usage=usage, epilog=f"example:\n  {example}" if example else None)
     p.set_defaults(handler=handler)
+    verbose(p)
     return p
+
+
+def verbose(parser: argparse.ArgumentParser) -> None:
+    """`-v/--verbose` on `parser` too (debug logging, tracebacks), so that `harness train -v` works as `harness -v
+    train` does; not given there, it leaves the value the top-level parser set (argparse.SUPPRESS)."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="debug logging, and the traceback of an error")
 
 
 def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str], extras: Sequence[str]) -> None:

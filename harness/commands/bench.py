@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from harness.choices import ALLREDUCE_ALGORITHMS, BACKENDS, CACHE_MODES, PRECISIONS, STRATEGIES
-from harness.commands.args import NON_NEGATIVE, POSITIVE, byte_sizes, command, defaults
+from harness.commands.args import NON_NEGATIVE, POSITIVE, byte_sizes, command, defaults, verbose
 from harness.bench.train import BenchTrainOptions
 
 
@@ -103,6 +103,7 @@ def bench_scale(args) -> int:
 def add_parsers(sub) -> None:
     """`harness bench input|train|allreduce|scale`."""
     bench = sub.add_parser("bench", allow_abbrev=False, help="Benchmarks: the input pipeline alone, or training (synthetic or real data)")
+    verbose(bench)
     bsub = bench.add_subparsers(dest="bench", required=True)
     p = command(bsub, "input", bench_input,
                 "Input pipeline examples/s on your shards: read limit, harness pipeline, per-record pipeline")

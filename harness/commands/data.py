@@ -7,7 +7,7 @@ import sys
 
 from harness import ports
 from harness.choices import DATA_KINDS, DTYPES
-from harness.commands.args import NON_NEGATIVE, POSITIVE, command
+from harness.commands.args import NON_NEGATIVE, POSITIVE, command, verbose
 from harness.errors import ConfigError
 
 
@@ -147,6 +147,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--mixer", help="mixer.json when not beside the shards (default: <prefix>-mixer.json there)")
 
     ds = sub.add_parser("data-service", allow_abbrev=False, help="tf.data service servers for --data-service")
+    verbose(ds)
     dsub = ds.add_subparsers(dest="role", required=True)
     p = command(dsub, "dispatcher", data_service, "Start a tf.data service dispatcher")
     p.add_argument("--port", type=NON_NEGATIVE, default=ports.DATA_SERVICE_PORT, help="port to listen on")

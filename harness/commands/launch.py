@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from harness.choices import HOROVOD_CONTROLLERS, K8S_KINDS, LOCAL_NETWORKS, MPI_LAUNCHERS
-from harness.commands.args import command, defaults
+from harness.commands.args import command, defaults, verbose
 from harness.launch.k8s import K8sOptions
 
 
@@ -94,6 +94,7 @@ def _launch(line: list[str], args) -> int:
 def add_parsers(sub) -> None:
     """`harness launch local|k8s|mpi|horovod`."""
     launch = sub.add_parser("launch", allow_abbrev=False, help="Start a command as several workers")
+    verbose(launch)
     lsub = launch.add_subparsers(dest="launcher", required=True)
     p = command(lsub, "local", local,
                 "N workers on this machine, each with its TF_CONFIG; output prefixed by worker",

@@ -128,6 +128,10 @@ def train_args(p: argparse.ArgumentParser) -> dict:
                       help="training image bands only: around their mean x U(1-C, 1+C) per example (default "
                            f"{D['contrast']:g})")
     data.add_argument("--seed", type=int, default=S, help=f"file order, shuffle and augmentation (default {D['seed']:g})")
+    out.add_argument("--progress-every", type=float, default=S, metavar="SECONDS",
+                     help="where the output is not a terminal (a pod's log, nohup, a pipe), the chief prints the "
+                          "epoch's progress (steps, examples/s, input stall, ETA) every SECONDS; 0: none "
+                          f"(default {D['progress_every']:g}; a terminal gets a bar)")
     out.add_argument("--profile", action="store_true", default=S,
                      help="write report.json, timeline.png and the input-bound table (every worker's steps, GPU/CPU "
                           "utilization, a tf.profiler trace window)")

@@ -110,9 +110,14 @@ class Inputs:
         key = (training, input_pipeline_id)
         if key not in self.pipelines:
             data, plan = (self.train, self.plan) if training else (self.validation, self.validation_plan)
+            resources = self.resources or resources_lib.for_this_process()
+            if not training:   # the memory the training pipeline's cache takes is not the validation's to take
+                trained = self.pipeline_plan(True, input_pipeline_id)
+                held = trained.records * trained.decoded_record_bytes if trained.cache.kind == "memory" else 0
+                resources = dataclasses.replace(resources, memory_bytes=max(0, resources.memory_bytes - held))
             self.pipelines[key] = pipeline_lib.plan_pipeline(data, self.spec, self.pipeline_options(training),
                                                              assignment=plan.assignments[input_pipeline_id],
-                                                             resources=self.resources)
+                                                             resources=resources)
         return self.pipelines[key]
 
     def datasets(self, backend, *, start_step: int = 0, seed: Optional[int] = None) -> tuple:

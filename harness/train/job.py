@@ -99,6 +99,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     train_ds, val_ds = inputs.datasets(backend, start_step=initial_step, seed=seed)
     # the training input pipeline as this worker built it, once per worker (its line names the worker)
     print(inputs.pipeline_plan(True, context.rank).describe(), flush=True)
+    if val_ds is not None:   # its cache decided on the memory the training cache leaves
+        print("validation " + inputs.pipeline_plan(False, context.rank).describe(), flush=True)
     loop, guard, profiler = _loop(options, backend, parts, inputs, built, backup, loop_args, validating=val_ds is not None,
                                   initial_step=initial_step, cluster=cluster, stopper=stopper,
                                   peer_timeout_s=peer_timeout_s, callbacks=callbacks)
@@ -225,7 +227,7 @@ def _loop(options, backend, parts, inputs, built, backup, loop_args: dict, *, va
                      actions=(*(profiler.hooks if profiler else ()), epoch_summaries),
                      timer=profiler.timer if profiler else None,
                      callbacks=keras_callbacks.KerasCallbacks(callbacks, built.model, context, built.optimizer)
-                     if callbacks else None, **loop_args)
+                     if callbacks else None, progress_s=options.progress_every, **loop_args)
     if profiler:
         profiler.start()
     return loop, guard, profiler

@@ -8,6 +8,7 @@ import dataclasses
 from harness.choices import BACKENDS, CACHE_MODES, CLASS_WEIGHTS, PARSE_PLACEMENTS, PRECISIONS, STRATEGIES
 from harness.distribute.context import one_process_per_replica
 from harness.errors import ConfigError
+from harness.train.report.progress import DEFAULT_INTERVAL_S
 
 _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_replicas", "num_classes",
                "shuffle_buffer", "seed", "warmup_steps", "base_batch_size", "early_stopping", "parallel_reads",
@@ -104,6 +105,7 @@ class TrainOptions:
     map_parallelism: int | None = None  # calls in flight of each parallel map; None: AUTOTUNE
     prefetch: int | None = None         # batches; None: AUTOTUNE
     tune: bool = False                  # the four levers and the cache decided before training (measure.tune)
+    progress_every: float = DEFAULT_INTERVAL_S  # seconds between progress lines off a terminal; 0: none
 
     def __post_init__(self):
         from harness.train.model import optim
@@ -129,6 +131,8 @@ class TrainOptions:
         for name in ("parallel_reads", "map_parallelism", "prefetch"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.progress_every < 0:
+            raise ConfigError(f"progress_every must be >= 0 seconds (0: no progress lines), got {self.progress_every}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if not self.learning_rate > 0:

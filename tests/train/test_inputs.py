@@ -136,3 +136,26 @@ def test_the_profile_names_the_cache_the_pipeline_applied(tmp_path, caplog):
     assert facts["input_pipeline"] == applied[0]  # the one text: the job's log line and the profile's
     tips = report_lib.advice({"input_stall_share": 0.9, "accelerator_busy_share": None}, [], facts)
     assert not any("the records are not cached" in t for t in tips)
+
+
+def test_the_validation_cache_gets_the_memory_the_training_cache_leaves(tmp_path):
+    """`--cache auto` decided each pipeline on half the worker's memory, so training and validation together could
+    take all of it (issue 62: a worker that believed it had 2.6 GiB peaked at 3.6 GiB). The validation pipeline
+    now decides on what the training pipeline's memory cache leaves."""
+    import dataclasses
+
+    from harness.distribute import resources as resources_lib
+
+    synth.write_table_export(str(tmp_path / "t"), prefix="t", shards=2, records=400, classes=3, seed=1)
+    synth.write_table_export(str(tmp_path / "v"), prefix="v", shards=2, records=400, classes=3, seed=2)
+    options = TrainOptions(data=(str(tmp_path / "t"),), validation_data=(str(tmp_path / "v"),),
+                           per_replica_batch_size=8, cache="auto")
+    probe = inputs.prepare(options, _one_worker())
+    held = probe.pipeline_plan(True, 0).records * probe.pipeline_plan(True, 0).decoded_record_bytes
+    # the training records fit in half of 2.5x their size; the validation's (as many) not in half of the rest
+    mine = dataclasses.replace(resources_lib.for_this_process(), memory_bytes=int(2.5 * held))
+    prepared = inputs.prepare(options, _one_worker(), resources=mine)
+    train, val = prepared.pipeline_plan(True, 0), prepared.pipeline_plan(False, 0)
+    assert train.cache.kind == "memory" and val.records * val.decoded_record_bytes == held
+    assert val.cache.kind == "none", val.cache   # alone it would have fit in half of 2.5x: memory twice over
+    assert "of records exceed" in val.cache.reason and "no --cache-dir" in val.cache.reason, val.cache.reason

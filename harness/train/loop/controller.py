@@ -31,13 +31,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 from typing import Callable, Sequence, Union
 
-from tqdm import tqdm
 
 from harness.errors import LossScaleError, NonFiniteLossError
 from harness.profile.timing import StepTimer
+from harness.train.report.progress import DEFAULT_INTERVAL_S, Progress
 from harness.train.loop.trainer import in_graph
 
 log = logging.getLogger(__name__)
@@ -112,13 +111,15 @@ class Controller:
         one, or None.
       callbacks: `harness.train.loop.keras_callbacks.KerasCallbacks` (the user's tf_keras callbacks), or None.
       timer: the `StepTimer` to record steps in (default: a new one with `schedule.warmup_steps`).
+      progress_s: seconds between the chief's progress lines where its output is not a terminal (0: none; a
+        terminal gets a bar); `harness.train.report.progress`.
     Attributes:
       step: the global step of the last call completed (what a fault's message names).
     """
 
     def __init__(self, trainer, schedule: Schedule, *, context, evaluator=None, actions: Sequence = (), backup=None,
-                 callbacks=None, timer: StepTimer | None = None):
-        self.step = 0
+                 callbacks=None, timer: StepTimer | None = None, progress_s: float | None = DEFAULT_INTERVAL_S):
+        self.step, self.progress_s = 0, progress_s
         self.trainer, self.schedule, self.context, self.evaluator = trainer, schedule, context, evaluator
         self.actions, self.backup, self.callbacks = tuple(actions), backup, callbacks
         self._at = {phase: tuple(getattr(a, phase) for a in self.actions if hasattr(a, phase)) for phase in PHASES}
@@ -166,9 +167,9 @@ class Controller:
         for epoch in range(initial_step // s.steps_per_epoch, s.epochs):
             if self.callbacks is not None:
                 self.callbacks.on_epoch_begin(epoch + 1)
-            bar = tqdm(total=s.steps_per_epoch, desc=f"epoch {epoch + 1}/{s.epochs}", leave=False,
-                       disable=not (self.context.is_chief and sys.stderr.isatty()))
             first_timed = len(self.timer.steps)
+            shown = Progress(is_chief=self.context.is_chief, epoch=epoch + 1, epochs=s.epochs,
+                             steps=s.steps_per_epoch, interval_s=self.progress_s)
             loss_sum, skipped, epoch_start, end = 0.0, 0, step, (epoch + 1) * s.steps_per_epoch
             stopped = False
             while step < end:
@@ -179,13 +180,13 @@ class Controller:
                 self.step = step
                 loss_sum += float(sum(losses))
                 skipped += int(sum(skips)) if skips else 0
-                bar.update(k)
-                bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+                shown.update(step - epoch * s.steps_per_epoch, k, losses[-1],
+                             lambda: self.timer.summary(self.timer.steps[first_timed:]))
                 if any([ask(step) for ask in self._at["after_call"]]):   # every action runs, then the backup
                     self._save(step)
                 if stopped:
                     break
-            bar.close()
+            shown.close()
             for action in self._at["before_epoch_end"]:
                 action(epoch + 1)
             logs = {"epoch": epoch + 1, "step": step, "loss": loss_sum / max(step - epoch_start, 1)}

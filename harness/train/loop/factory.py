@@ -16,6 +16,7 @@ from harness.train.loop.evaluator import Evaluator
 from harness.train.loop.trainer import StepProgress, Trainer
 from harness.train.model import parts as parts_lib
 from harness.train.report.console import EpochLines
+from harness.train.report.progress import DEFAULT_INTERVAL_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,8 @@ def synthetic_batch(backend, per_replica_batch_size: int) -> BatchSizes:
 
 def build_run(backend, model, optimizer, plan, schedule: Schedule, *, loss_fn: Optional[Callable] = None,
               class_weights=None, clip_norm: Optional[float] = None, metrics=None, actions: Sequence = (),
-              guard=None, backup=None, callbacks=None, timer=None, epoch_lines: bool = True) -> Run:
+              guard=None, backup=None, callbacks=None, timer=None, epoch_lines: bool = True,
+              progress_s: float | None = DEFAULT_INTERVAL_S) -> Run:
     """The run's `Run(controller, trainer, evaluator)`; the only constructor of the three.
 
     Args:
@@ -61,7 +63,9 @@ def build_run(backend, model, optimizer, plan, schedule: Schedule, *, loss_fn: O
       backup: the `Backup` the controller writes at each epoch end and when an action asks, or None.
       callbacks: the user's `KerasCallbacks`, or None.
       timer: a `StepTimer` (the profiler's), or None for the controller's own.
-      epoch_lines: the chief prints one line per epoch (`harness.train.report.console`); False for probes.
+      epoch_lines: the chief prints one line per epoch (`harness.train.report.console`) and its progress within
+        one (`harness.train.report.progress`, every `progress_s` seconds where not on a terminal); False for
+        probes: neither.
     With several workers (or a tf.data service feeding the input) the trainer counts its batches and steps
     (`trainer.StepProgress`), so the step-progress watchdog can tell a worker waiting for its own input from one
     waiting for its peers.
@@ -78,7 +82,8 @@ def build_run(backend, model, optimizer, plan, schedule: Schedule, *, loss_fn: O
     if guard is not None:
         ordered += tuple(guard.actions(trainer))
     controller = Controller(trainer, schedule, context=backend.context, evaluator=evaluator, actions=ordered,
-                            backup=backup, callbacks=callbacks, timer=timer)
+                            backup=backup, callbacks=callbacks, timer=timer,
+                            progress_s=progress_s if epoch_lines else None)
     return Run(controller, trainer, evaluator)
 
 

@@ -156,7 +156,8 @@ def test_train_help_groups_its_flags_by_what_they_decide(capsys):
     assert titles == ["options", "data", "distribution", "optimization", "optimizer and schedule", "loss",
                       "training control", "model", "output", "performance", "example"], titles
     options = out.split("\noptions:\n", 1)[1].split("\n\n", 1)[0]
-    assert options.split() == ["-h,", "--help", "show", "this", "help", "message", "and", "exit"]
+    assert options.split() == ["-h,", "--help", "show", "this", "help", "message", "and", "exit", "-v,", "--verbose",
+                               "debug", "logging,", "and", "the", "traceback", "of", "an", "error"]
     assert out.startswith("usage: harness train --data EXPORT") and len(out.split("\n\n", 1)[0].splitlines()) <= 2
 
 
@@ -245,7 +246,7 @@ def test_verbose_is_taken_before_or_after_the_subcommand(argv, verbose):
 def test_verbose_logging_leaves_out_matplotlibs_font_search():
     import logging
 
-    cli.quiet(True)
+    cli.quiet(True)   # (the root logger's level is pytest's here: basicConfig leaves a configured root alone)
     assert logging.getLogger("matplotlib").getEffectiveLevel() >= logging.WARNING
     assert logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.DEBUG) is False
-    assert logging.getLogger("harness.data").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("PIL").getEffectiveLevel() >= logging.WARNING

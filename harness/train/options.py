@@ -15,7 +15,7 @@ _INT_FIELDS = {"epochs", "global_batch_size", "per_replica_batch_size", "cpu_rep
                "map_parallelism", "prefetch"}
 _BOOL_FIELDS = {"augment", "profile", "check_sharding", "nesterov", "tune"}
 _FLOAT_FIELDS = {"brightness", "contrast", "min_delta", "focal_gamma", "learning_rate", "momentum", "weight_decay", "warmup_epochs", "decay_epochs", "decay_rate",
-                 "clip_norm"}
+                 "clip_norm", "progress_every"}
 
 
 def _check_option_types(options: "TrainOptions") -> None:

@@ -22,7 +22,7 @@ def test_the_line_and_the_eta():
     p = Progress(is_chief=True, epoch=2, epochs=5, steps=4000, interval_s=30, stream=io.StringIO())
     timing = {"steps": 1198, "examples_per_s": 1234.4, "input_stall_share": 0.12, "mean_step_s": 0.1355}
     assert p.line(1200, 0.43121, timing) == ("epoch 2/5 step 1200/4000 (30%): loss 0.4312 | 1,234 examples/s, "
-                                             "input stall 12.0%, ETA 6m36s")
+                                             "input stall 12.0%, ETA 6m19s")   # 2,800 steps x 0.1355 s
     assert p.line(2, 0.5, {"steps": 0}) == "epoch 2/5 step 2/4000 (0%): loss 0.5000"   # still in warm-up
 
 

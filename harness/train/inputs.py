@@ -111,8 +111,9 @@ class Inputs:
         if key not in self.pipelines:
             data, plan = (self.train, self.plan) if training else (self.validation, self.validation_plan)
             resources = self.resources or resources_lib.for_this_process()
-            if not training:   # the memory the training pipeline's cache takes is not the validation's to take
-                trained = self.pipeline_plan(True, input_pipeline_id)
+            trained = self.pipelines.get((True, input_pipeline_id))
+            if not training and trained is not None:   # the memory the training pipeline's cache takes (a run
+                # builds it first) is not the validation's to take; `harness evaluate` plans no training pipeline
                 held = trained.records * trained.decoded_record_bytes if trained.cache.kind == "memory" else 0
                 resources = dataclasses.replace(resources, memory_bytes=max(0, resources.memory_bytes - held))
             self.pipelines[key] = pipeline_lib.plan_pipeline(data, self.spec, self.pipeline_options(training),

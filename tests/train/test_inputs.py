@@ -155,7 +155,10 @@ def test_the_validation_cache_gets_the_memory_the_training_cache_leaves(tmp_path
     # the training records fit in half of 2.5x their size; the validation's (as many) not in half of the rest
     mine = dataclasses.replace(resources_lib.for_this_process(), memory_bytes=int(2.5 * held))
     prepared = inputs.prepare(options, _one_worker(), resources=mine)
-    train, val = prepared.pipeline_plan(True, 0), prepared.pipeline_plan(False, 0)
+    alone = prepared.pipeline_plan(False, 0)   # no training pipeline planned (`harness evaluate`): all the memory
+    assert alone.cache.kind == "memory"
+    prepared.pipelines.clear()
+    train, val = prepared.pipeline_plan(True, 0), prepared.pipeline_plan(False, 0)   # as a run plans them
     assert train.cache.kind == "memory" and val.records * val.decoded_record_bytes == held
     assert val.cache.kind == "none", val.cache   # alone it would have fit in half of 2.5x: memory twice over
     assert "of records exceed" in val.cache.reason and "no --cache-dir" in val.cache.reason, val.cache.reason

@@ -83,7 +83,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     last_fault = repeats.previous(backup)     # the last attempt's lost peer: one after the same step is no peer's
     seed = resume.data_seed(backend, int(data_seed.numpy()), options.seed)   # the epochs' order
     data_seed.assign(seed)
-    loop_args = dict(loss_fn=parts.loss, class_weights=inputs.class_weights, clip_norm=options.clip_norm)
+    loop_args = _loop_args(options, parts, inputs)
 
     probe_run = _probe_run(backend, parts, inputs, built.schedule, loop_args)
 
@@ -131,6 +131,12 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                    profiler=profiler, probe_run=probe_run)
 
 
+def _loop_args(options: TrainOptions, parts, inputs) -> dict:
+    """What every run of the job's step takes besides its model and optimizer: the loss, the class weights, the
+    clipping (the main run's and the probes')."""
+    return dict(loss_fn=parts.loss, class_weights=inputs.class_weights, clip_norm=options.clip_norm)
+
+
 def _probe_run(backend, parts, inputs, schedule, loop_args: dict):
     """`fn(schedule, timer) -> Run`: the probes' run (the input-cost probe, `--tune`, `harness tune`): a fresh
     model and optimizer from the run's parts (the trained weights untouched), the run's step, loss and backend, no
@@ -176,10 +182,11 @@ def tune(options: TrainOptions, data_config: dict | None = None, *, workers: int
     train = inputs.train
     say(f"tune: {len(train.files_with_records)} files, {train.records} records; {resources.describe()}")
     parts.check_loss(inputs.spec.label_shape, inputs.num_classes, inputs.spec.task)
-    with backend.scope():
-        built = parts.build(inputs)
-    probe_run = _probe_run(backend, parts, inputs, built.schedule,
-                           dict(loss_fn=parts.loss, class_weights=inputs.class_weights, clip_norm=options.clip_norm))
+    probe_run = None
+    if compute is None:   # the step is probed: the run's model, built once
+        with backend.scope():
+            built = parts.build(inputs)
+        probe_run = _probe_run(backend, parts, inputs, built.schedule, _loop_args(options, parts, inputs))
     tuning = tune_lib.measure(inputs, backend, probe_run, share=train, records_per_worker=train.records // workers,
                               files=math.ceil(len(train.files_with_records) / workers), workers=workers,
                               records=records or PROBE_RECORDS, compute=compute,

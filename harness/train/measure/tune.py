@@ -163,7 +163,8 @@ def measure(inputs, backend, probe_run: Callable, *, share: ShardSet, records_pe
     Args:
       inputs: the run's `harness.train.inputs.Inputs` (plan, spec, resources, options), before its datasets.
       backend: the run's `TrainingBackend` (its context; the all-gather that agrees on the probe's K).
-      probe_run: `fn(schedule, timer) -> Run` over a fresh copy of the run's model and optimizer.
+      probe_run: `fn(schedule, timer) -> Run` over a fresh copy of the run's model and optimizer (None only where
+        `compute` is given).
       share: the shards one worker reads (its assignment; `harness tune`: the whole export).
       records_per_worker, files: one worker's records and files (the workload).
       workers: training workers, one per host (the job's rate is theirs together).

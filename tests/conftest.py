@@ -223,9 +223,12 @@ def pytest_collection_modifyitems(session, config, items):
     if not hasattr(config, "workerinput"):
         return
     if config.getvalue("loadgroup"):   # xdist sets it on the workers (their `dist` is "no")
+        # A file with one test marked `waits` goes whole into WAITS: a group per test would split the file over two
+        # workers (its module fixtures built twice), which pytest_sessionfinish refuses.
+        waiting = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker(WAITS) is not None}
         for item in items:
-            waits = item.get_closest_marker(WAITS) is not None
-            item.add_marker(pytest.mark.xdist_group(WAITS if waits else item.nodeid.split("::")[0]))
+            path = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(WAITS if path in waiting else path))
     first = {name: i for i, name in enumerate(RUN_FIRST)}
     tests = pathlib.Path(__file__).resolve().parent
 

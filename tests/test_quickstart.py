@@ -113,6 +113,19 @@ def test_the_quick_start_runs_as_printed_and_ends_on_a_map(quick_start_run):
     assert "pixels per class" in done.stdout                      # `harness inspect preds`
     assert "report: runs/points/report.html" in done.stdout
     assert "earthengine upload image" in done.stdout
+    # what ran, in summary.json: the data, the model file, the optimizer, when, on what
+    run = summary["run"]
+    assert run["data"] == ["../shared/data/gee-aces-points/training.tfrecord.gz"]
+    assert run["validation_data"] == ["../shared/data/gee-aces-points/validation.tfrecord.gz"]
+    assert run["model_file"] == "examples/pixel_mlp.py:build" and run["optimizer"] == {"name": "adam"}
+    assert run["started"] <= run["ended"] and 0 < run["duration_s"] < 600 and run["workers"] == 1
+    assert run["options"]["model"] == run["model_file"] and run["options"]["output"] == "runs/points"
+    import keras
+    import tensorflow as tf
+    assert run["versions"]["tensorflow_runtime"] == tf.__version__ and run["versions"]["keras"] == keras.__version__
+    evaluation = json.loads((root / "runs" / "points" / "evaluation.json").read_text())
+    assert evaluation["kind"] == "evaluation" and evaluation["records"] > 0
+    assert evaluation["data"] == ["../shared/data/gee-aces-points/testing.tfrecord.gz"]
 
 
 @pytest.mark.skipif(browser.UNAVAILABLE is not None, reason=str(browser.UNAVAILABLE))
@@ -148,3 +161,19 @@ def test_the_report_opens_offline_with_every_plot_drawn_and_the_runs_numbers(qui
     assert plan["steps per epoch"] == summary["plan"]["steps_per_epoch"]
     _, *rows = tables["workers"]
     assert [value(r[2]) for r in rows] == summary["workers"][0]["examples_per_s"]
+    # what ran, and the test split's scores that `harness evaluate --output runs/points` wrote into the run folder
+    ran = {r[0]: r[1] for r in tables["run"][1:]}
+    run = summary["run"]
+    assert ran["model"] == run["model_file"] and ran["data"] == run["data"][0] and ran["optimizer"] == "adam"
+    assert ran["started (UTC)"] == run["started"] and value(ran["duration s"]) == run["duration_s"]
+    assert ran["TensorFlow"] == run["versions"]["tensorflow_runtime"] and ran["harness"] == run["versions"]["harness"]
+    evaluation = json.loads((root / "runs" / "points" / "evaluation.json").read_text())
+    scores = {r[0]: r[1] for r in tables["evaluation-evaluation"][1:]}
+    assert value(scores["records"]) == evaluation["records"]
+    assert value(scores["accuracy"]) == evaluation["metrics"]["val_accuracy"]
+    assert value(scores["loss (crossentropy)"]) == evaluation["metrics"]["val_loss"]
+    _, *rows = tables["evaluation-evaluation-per-class"]
+    assert [r[0] for r in rows] == list(evaluation["per_class"])
+    # the constant learning rate shows no decay period or rate
+    optimization = [r[0] for r in tables["optimization"][1:]]
+    assert sorted(optimization) == ["kind", "loss", "peak"], optimization

@@ -27,7 +27,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", required=True, help="a run folder (model.keras + summary.json)")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",
                    help="the labelled export: a folder, a glob, or paths (local or gs://)")
-    p.add_argument("--output", help="the report as JSON: a .json path, or a folder (evaluation.json in it)")
+    p.add_argument("--output", help="the report as JSON: a .json path, or a folder (evaluation.json in it); in the "
+                                    "run folder, `harness report` shows its scores")
     p.add_argument("--per-replica-batch-size", type=POSITIVE, default=D["per_replica_batch_size"],
                    help="records per replica per step")
     p.add_argument("--loss", help="the loss val_loss is of (default: the run's)")

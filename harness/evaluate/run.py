@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from typing import Callable, Optional
 
 from harness.errors import ConfigError
+from harness.train.report.page import EVALUATION_KIND   # `harness report` shows the run folder's reports of this kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +45,9 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
     """Score `options.model` on `options.data`; returns the report (also written to `options.output` by the chief).
 
     Returns:
-      `{"model", "data", "records", "pixels", "loss", "metrics": {val_loss, val_accuracy, ...}, "class_names",
-      "per_class"}`: the metrics keyed as the run's history holds them (`val_*`).
+      `{"kind": "evaluation", "evaluated" (UTC, ISO 8601), "model", "data", "records", "pixels", "loss", "metrics":
+      {val_loss, val_accuracy, ...}, "class_names", "per_class"}`: the metrics keyed as the run's history holds
+      them (`val_*`). Written into the run folder (`--output RUN_DIR`, or a .json in it), `harness report` shows it.
     Raises:
       ConfigError: a model without its run's summary.json (no spec: bands, label); a loss of another task.
       SpecMismatchError and the other data errors: the export does not hold the run's bands or label.
@@ -60,6 +63,7 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
     from harness.train.model import metrics
     from harness.train.model.parts import RunParts
     from harness.train.options import TrainOptions
+    from harness.train.report.provenance import utc
 
     backend = make_backend(options.backend, strategy=options.strategy)   # before any other TensorFlow op
     context = backend.context
@@ -88,7 +92,8 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
     evaluator = build_evaluator(backend, loaded.model, parts.loss, parts.build_metrics(spec.num_classes))
     scores = evaluator.evaluate(backend.distribute(inputs.dataset_fn(False)))
     class_names = list(spec.class_names) or [str(c) for c in range(spec.num_classes or 0)]
-    report = {"model": loaded.path, "data": list(options.data), "records": scores["val_records"],
+    report = {"kind": EVALUATION_KIND, "evaluated": utc(time.time()), "model": loaded.path,
+              "data": list(options.data), "records": scores["val_records"],
               "pixels": scores["val_pixels"], "loss": parts.loss_name(),
               "metrics": scores,
               **({"class_names": class_names, "per_class": metrics.by_class(scores, class_names)}

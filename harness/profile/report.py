@@ -250,7 +250,7 @@ def versions() -> dict:
     from importlib import metadata
 
     out = {"python": platform.python_version(), "platform": platform.platform()}
-    for name in ("harness", "tensorflow", "tensorflow-cpu", "tf-keras", "numpy", "tensorboard-plugin-profile",
+    for name in ("harness", "tensorflow", "tensorflow-cpu", "keras", "tf-keras", "numpy", "tensorboard-plugin-profile",
                  "nvidia-ml-py", "psutil", "horovod", "mpi4py"):
         try:
             out[name] = metadata.version(name)

@@ -15,6 +15,7 @@ The job never branches on the backend: tf.distribute and Horovod differ only ins
 from __future__ import annotations
 
 import os
+import time
 
 from harness.distribute import environment
 from harness.distribute import resources as resources_lib
@@ -56,6 +57,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     from harness.train.loop.controller import StopTraining
     from harness.train.model.parts import RunParts
 
+    started = time.time()
     backend, resources, peer_timeout_s = _start(options, distribution)
     context, say = backend.context, backend.say
     # Refused before any data is read: a folder private to each host, an import failure, a loss of the other task, a --monitor the task has not, a callback the harness does itself.
@@ -127,7 +129,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     if last_fault is not None:
         repeats.clear(backup, context)
     return _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed, policy=policy,
-                   schedule=built.schedule, preemption=guard.preemption, stopper=stopper, tuned=tuned,
+                   schedule=built.schedule, preemption=guard.preemption, stopper=stopper, tuned=tuned, started=started,
+                   cluster=cluster, model_name=_model_name(options, model_fn, inputs.spec.kind),
                    profiler=profiler, probe_run=probe_run)
 
 
@@ -241,13 +244,13 @@ def _loop(options, backend, parts, inputs, built, backup, loop_args: dict, *, va
 
 
 def _finish(options, backend, inputs, loop, history, *, initial_step, seed, policy, schedule, preemption, stopper,
-            tuned, profiler, probe_run) -> dict:
+            tuned, profiler, probe_run, started, cluster, model_name) -> dict:
     """After the last epoch (or an early stop): the weights checked equal on every worker, the final model saved,
     and the summary (`summary.json`, the chief's) with the profile report under `--profile`."""
     from harness.train.lifecycle import backup as backups
     from harness.train.measure import profiling
     from harness.train.model import metrics
-    from harness.train.report import run_summary
+    from harness.train.report import provenance, run_summary
 
     context, plan, spec = backend.context, inputs.plan, inputs.spec
     model, optimizer, controller = loop.trainer.model, loop.trainer.optimizer, loop.controller
@@ -266,6 +269,9 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
                "evaluation": _evaluation_counts(history, inputs.validation_plan),
                "spec": spec.replace(num_classes=inputs.num_classes).to_config(),  # what `harness predict` reads
                "facts": inputs.worker_facts(context.rank)}  # this worker's CPUs, memory and pipeline
+    summary["run"] = provenance.provenance(   # what ran: data, model file, optimizer, times, versions
+        options, context, started=started, ended=time.time(), hosts=list(cluster.hosts),
+        model=model_name)
     if tuned is not None:
         summary["tune"] = tuned
         from harness.train.measure import tune as tune_measure
@@ -287,6 +293,14 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
     if context.is_chief:
         run_summary.write_summary(summary, options.output)
     return summary
+
+
+def _model_name(options: TrainOptions, model_fn, kind: str) -> str:
+    """What built the run's model, as the report names it: the model function given in Python, `--model`, or the
+    built-in model of the data kind (`harness.train.model.builtin.builtin_model`)."""
+    if model_fn is not None:
+        return f"{getattr(model_fn, '__module__', '?')}.{getattr(model_fn, '__qualname__', repr(model_fn))}"
+    return options.model or ("built-in U-Net" if kind == "image" else "built-in pixel classifier")
 
 
 def _agree_on_plan(backend: TrainingBackend, options: TrainOptions, planned, say) -> None:

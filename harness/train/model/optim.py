@@ -110,6 +110,22 @@ class ScheduleConfig:
         return self.peak
 
 
+# The fields of a schedule's config that shape its rate, by kind (ScheduleConfig.at): the rest are unused.
+_USED = {"constant": ("kind", "peak"), "cosine": ("kind", "peak", "total_steps"),
+         "step": ("kind", "peak", "decay_steps", "decay_rate"),
+         "exponential": ("kind", "peak", "decay_steps", "decay_rate")}
+
+
+def used_fields(config: dict) -> dict:
+    """The entries of a `ScheduleConfig` as a dict (`summary.json`'s "learning_rate") that `ScheduleConfig.at`
+    reads for its kind: a constant schedule has no decay period or rate and no length, and warm-up is left out where
+    it is 0 steps (what a report shows; an unknown kind keeps every entry)."""
+    used = _USED.get(config.get("kind"))
+    if used is None:
+        return dict(config)
+    return {k: v for k, v in config.items() if k in used or (k == "warmup_steps" and v)}
+
+
 def make_schedule(config: ScheduleConfig, kind: str = kinds.TF_KERAS):
     """A `LearningRateSchedule` of the Keras `kind` (`harness.keras_kinds`) computing `config.at(step)` in
     float64, returned as float32."""

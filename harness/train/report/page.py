@@ -5,11 +5,13 @@ fetched), the images (the profile's timeline, the map's quick-look) as base64 `d
 the run's `summary.json` (and under `--profile` the `timeline.png` beside it, and with `predictions` a predict folder's
 `<prefix>.png`), so it can be written for any finished run, on any machine.
 
-Sections: the run (context, model, Keras, precision); the plan (workers, replicas, batch sizes, steps, records
-dropped) and the input pipeline as decided; the optimizer's schedule and the loss; per epoch the loss and every
-scalar metric (a table and plots); per class precision, recall, F1 and IoU with the class names; the last epoch's
-confusion matrix as a heat map; throughput and input stall per epoch and per worker; the profile's step-time
-breakdown; the tuning decisions under `--tune`; the map's quick-look.
+Sections: the run (context, model, Keras, precision), what ran (data, model file, optimizer, start, end, workers,
+versions: `provenance`); the scores of `harness evaluate` reports written into the run folder; the plan (workers,
+replicas, batch sizes, steps, records dropped) and the input pipeline as decided; the optimizer's schedule (the
+fields its kind uses) and the loss; per epoch the loss and every scalar metric (a table and plots); per class
+precision, recall, F1 and IoU with the class names; the last epoch's confusion matrix as a heat map; throughput and
+input stall per epoch and per worker; the profile's step-time breakdown; the tuning decisions under `--tune`; the
+map's quick-look.
 
 Every number in a table carries its exact value in `data-value` (what `summary.json` holds), shown rounded.
 """
@@ -24,6 +26,10 @@ import os
 from typing import Optional, Sequence
 
 from harness.choices import PER_CLASS_METRICS as PER_CLASS
+from harness.train.model import optim
+from harness.train.report import provenance
+
+EVALUATION_KIND = "evaluation"   # a `harness evaluate` report's "kind" (harness.evaluate.run): the page shows those
 
 REPORT_NAME = "report.html"
 _SKIP = {"epoch", "step", "steps", "warmup_steps", "mean_step_s", "input_wait_s", "compute_s", "val_records",
@@ -166,6 +172,38 @@ def _confusion_plot(matrix: list, names: Sequence[str]) -> str:
     return _svg(fig)
 
 
+def _evaluations(run_dir: str) -> list[tuple[str, dict]]:
+    """The `harness evaluate` reports written into the run folder (`--output RUN_DIR` or a .json in it: each JSON
+    file whose "kind" is "evaluation"), by file name."""
+    found = []
+    for name in sorted(_Files.listdir(run_dir)):
+        if not name.endswith(".json") or name == "summary.json":
+            continue
+        try:
+            with _Files.open(os.path.join(run_dir, name)) as f:
+                report = json.load(f)
+        except (OSError, ValueError):   # not ours, or being written: the report is still written
+            continue
+        if isinstance(report, dict) and report.get("kind") == EVALUATION_KIND:
+            found.append((name, report))
+    return found
+
+
+def _evaluation(report: dict, *, table_id: str) -> str:
+    """One evaluation: what was scored (the export, records, when), its loss and metrics, and per class."""
+    metrics = report.get("metrics") or {}
+    rows = [["data", ", ".join(report.get("data") or [])], ["records", report.get("records")],
+            ["scored (UTC)", report.get("evaluated")], [f"loss ({report.get('loss')})", metrics.get("val_loss")]]
+    rows += [[k[4:].replace("_", " "), metrics[k]] for k in ("val_accuracy", "val_mean_iou", "val_rmse", "val_mae",
+                                                             "val_r2") if k in metrics]
+    out = _table(rows, ["scores", ""], table_id=table_id)
+    per_class = report.get("per_class")
+    if per_class:
+        out += _table([[_key(name), *(v.get(k) for k in PER_CLASS)] for name, v in per_class.items()],
+                      ["class", *PER_CLASS], table_id=f"{table_id}-per-class")
+    return f'<div class="row">{out}</div>'
+
+
 def build(run_dir: str, *, predictions: Optional[str] = None) -> str:
     """The report of the run in `run_dir` as one HTML document (see the module's docstring).
 
@@ -187,6 +225,13 @@ def build(run_dir: str, *, predictions: Optional[str] = None) -> str:
              f'<p class="note">{html.escape(s.get("context", ""))}; model {html.escape(str(s.get("model")))} '
              f'({html.escape(str(s.get("keras")))}, {html.escape(str(s.get("policy")))}); steps '
              f'{s.get("initial_step")} to {s.get("final_step")}</p>']
+    if s.get("run"):   # what ran (runs before this entry existed have none)
+        parts.append("<h2>What ran</h2>")
+        parts.append(_table(provenance.rows(s["run"]), ["run", ""], table_id="run"))
+        changed = s["run"].get("options") or {}
+        if changed:
+            parts.append('<p class="note">options not at their defaults: ' + html.escape(
+                ", ".join(f"{k} {json.dumps(v, default=str)}" for k, v in changed.items())) + "</p>")
 
     parts.append("<h2>Plan, data and optimization</h2>")
     keys = ("workers", "replicas_per_worker", "replicas_in_sync", "per_replica_batch_size", "per_worker_batch_size",
@@ -197,12 +242,16 @@ def build(run_dir: str, *, predictions: Optional[str] = None) -> str:
                  ["label", spec.get("label")], ["classes", spec.get("num_classes")]]
     parts.append(_table(data_rows, ["data", ""], table_id="data"))
     lr, loss = s.get("learning_rate") or {}, s.get("loss") or {}
-    parts.append(_table([[k.replace("_", " "), v] for k, v in lr.items()] +
+    parts.append(_table([[k.replace("_", " "), v] for k, v in optim.used_fields(lr).items()] +
                         [["loss", loss.get("name") or "default"]], ["optimization", ""], table_id="optimization"))
     parts.append("</div>")
     facts = s.get("facts") or {}
     if facts.get("input_pipeline"):
         parts.append(f'<p class="note">{html.escape(facts["input_pipeline"])}</p>')
+
+    for name, evaluation in _evaluations(run_dir):
+        parts.append(f"<h2>Scored by <code>harness evaluate</code>: <code>{html.escape(name)}</code></h2>")
+        parts.append(_evaluation(evaluation, table_id=f"evaluation-{name.removesuffix('.json')}"))
 
     if history:
         parts.append("<h2>Per epoch</h2>")

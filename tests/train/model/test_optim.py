@@ -17,6 +17,7 @@ from harness.train.model import optim
 from loop_support import build
 from harness.train.model.optim import ScheduleConfig
 from harness.train.options import TrainOptions
+from harness.choices import SCHEDULES
 
 
 @pytest.mark.parametrize("cfg, expected", [
@@ -38,6 +39,21 @@ def test_schedule_equals_the_closed_form_exactly(cfg, expected):
         assert cfg.at(step) == pytest.approx(value, rel=1e-12, abs=1e-15), step
         got = schedule(tf.constant(step, tf.int64)).numpy()
         assert got.dtype == np.float32 and got == np.float32(cfg.at(step)), (step, got, cfg.at(step))
+
+
+@pytest.mark.parametrize("kind", SCHEDULES)
+def test_the_report_shows_the_schedule_fields_its_rate_depends_on(kind):
+    """optim.used_fields keeps a field exactly where changing it changes the rate of some step (ScheduleConfig.at):
+    a constant rate is shown without the decay settings it ignores (issue 68)."""
+    import dataclasses
+
+    base = ScheduleConfig(peak=0.1, total_steps=40, warmup_steps=4, kind=kind, decay_steps=5, decay_rate=0.5)
+    changed = {"peak": 0.2, "total_steps": 30, "warmup_steps": 6, "decay_steps": 7, "decay_rate": 0.3}
+    depends = {name for name, value in changed.items()
+               if any(base.at(s) != dataclasses.replace(base, **{name: value}).at(s) for s in range(45))}
+    assert set(optim.used_fields(dataclasses.asdict(base))) == depends | {"kind"}
+    no_warmup = dataclasses.asdict(dataclasses.replace(base, warmup_steps=0))
+    assert "warmup_steps" not in optim.used_fields(no_warmup)
 
 
 def test_peak_learning_rate_scaling():

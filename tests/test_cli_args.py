@@ -161,7 +161,8 @@ def test_train_help_groups_its_flags_by_what_they_decide(capsys):
     assert out.startswith("usage: harness train --data EXPORT") and len(out.split("\n\n", 1)[0].splitlines()) <= 2
 
 
-# The fenced blocks that tests run line by line as printed: their commands are the examples --help may show.
+# The sections whose fenced blocks tests run line by line as printed: their commands are the examples --help may
+# show.
 RUN_BLOCKS = {"README.md": "## Quick start",                                   # tests/test_quickstart.py
               "docs/predictions.md": "## Predictions back to Earth Engine",  # tests/predict/test_readme_roundtrip.py
               "docs/predictions.md#evaluate": "## Scoring a test split",     # tests/evaluate/test_evaluate.py
@@ -179,8 +180,8 @@ def _run_commands() -> set:
     root, found = pathlib.Path(__file__).resolve().parents[1], set()
     for page, heading in RUN_BLOCKS.items():
         text = (root / page.split("#")[0]).read_text().partition("\n" + heading)[2].split("\n## ", 1)[0]
-        block = re.search(r"^```\n(.*?)^```$", text, re.S | re.M).group(1)
-        lines = [re.sub(r"\s+#.*$", "", line) for line in block.replace("\\\n", " ").splitlines()]
+        blocks = "".join(re.findall(r"^```\n(.*?)^```$", text, re.S | re.M))   # every block of the section
+        lines = [re.sub(r"\s+#.*$", "", line) for line in blocks.replace("\\\n", " ").splitlines()]
         found |= {" ".join(line.split()) for line in lines if line.strip()}   # a trailing comment is the shell's
     return found
 

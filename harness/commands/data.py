@@ -30,6 +30,11 @@ def synth(args) -> int:
     """`harness synth OUTPUT ...`: write the export and print its files."""
     from harness.data.export import synth as synth_lib
 
+    if args.scene:
+        written = synth_lib.write_scene(args.output, seed=args.seed)
+        for path in [*written["points"].values(), *written["image"]]:
+            print(path)
+        return 0
     common = dict(prefix=args.prefix, shards=args.shards, records=args.records, bands=args.bands,
                   label=args.label or None, classes=args.classes, dtype=args.dtype,
                   compressed=not args.uncompressed, seed=args.seed, depths=dict(args.depths or []),
@@ -124,6 +129,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float", help="band storage")
     p.add_argument("--uncompressed", action="store_true", help="write .tfrecord without GZIP")
     p.add_argument("--seed", type=int, default=0, help="random fields and classes")
+    p.add_argument("--scene", action="store_true",
+                   help="stand-ins for the quick start's exports, in OUTPUT/gee-aces-points (training, validation, "
+                        "testing) and OUTPUT/gee-aces-image: the points sampled from the image's pixels, one class "
+                        "rule (the ACES bands, 5 classes; --seed alone applies)")
     lay = p.add_argument_group("Earth Engine layout options (TfRecordImageExportOptions; docs/GEE_FORMAT.md)")
     lay.add_argument("--depths", nargs="+", type=_depth, metavar="BAND=D",
                      help="tensorDepths: these bands are array bands of D values per pixel (row), e.g. ndvi=12")

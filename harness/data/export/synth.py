@@ -141,7 +141,8 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
                        classes: int = 4, patch_size: int = 64, kernel_size: int = 0, dtype: str = FLOAT,
                        compressed: bool = True, seed: int = 0, regression: bool = False,
                        depths: Mapping[str, int] = {}, collapse: bool = False, sequence: bool = False,
-                       label_from: Optional[str] = None, mixer: bool = True) -> list[str]:
+                       label_from: Optional[str] = None, mixer: bool = True, field: Optional["_Field"] = None
+                       ) -> list[str]:
     """Write an image export of `records` patches over `shards` shards, with its mixer.
 
     Earth Engine's layout options (TfRecordImageExportOptions; docs/GEE_FORMAT.md):
@@ -164,6 +165,8 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
       dtype: band storage, "float" | "int64" | "bytes" (label always float, as Earth Engine writes it).
       label: label band name, or None for no label.
       regression: a continuous label (a linear function of the bands) instead of class ids.
+      field: the bands' field and class rule to sample (`write_scene`'s, which its points share); None: drawn from
+        `seed`.
 
     Returns:
       the shard paths in order, then the mixer path.
@@ -180,8 +183,8 @@ def write_image_export(out_dir: str, *, prefix: str = "export", shards: int = 4,
     tf.io.gfile.makedirs(out_dir)
     rng = np.random.default_rng(seed)
     names = channels(bands, depths)
-    field = _Field(rng, len(names), classes, wavelength=max(8.0, patch_size / 2),
-                   label_channel=_label_channel(label_from, names))
+    field = field or _Field(rng, len(names), classes, wavelength=max(8.0, patch_size / 2),
+                            label_channel=_label_channel(label_from, names))
     per_row = max(1, math.ceil(math.sqrt(records)))
     side, half = patch_size + kernel_size, kernel_size // 2
     local = np.arange(side) - half
@@ -285,10 +288,20 @@ def write_table_export(out_dir: str, *, prefix: str = "export", shards: int = 1,
     rng = np.random.default_rng(seed)
     names = channels(bands, depths)
     field = _Field(rng, len(names), classes, wavelength=50.0, label_channel=_label_channel(label_from, names))
-    ext = ".tfrecord.gz" if compressed else ".tfrecord"
     points = rng.uniform(0, 1000, size=(records, 2))
     values = field.values(points[:, 0], points[:, 1])  # [records, channels]
-    cls = field.target(values, regression)
+    return _write_rows(out_dir, prefix, values, field.target(values, regression), bands=bands, label=label,
+                       dtype=dtype, depths=depths, shards=shards, compressed=compressed)
+
+
+def _write_rows(out_dir: str, prefix: str, values: np.ndarray, cls: np.ndarray, *, bands: Sequence[str],
+                label: Optional[str], dtype: str, depths: Mapping[str, int], shards: int, compressed: bool
+                ) -> list[str]:
+    """A table export of rows `values` [records, channels] with label `cls` [records]: `write_table_export`'s
+    files."""
+    records = len(values)
+    tf.io.gfile.makedirs(out_dir)
+    ext = ".tfrecord.gz" if compressed else ".tfrecord"
     first = np.cumsum([0] + [depths.get(b, 1) for b in bands])
 
     def example(i: int) -> tf.train.Example:
@@ -306,3 +319,66 @@ def write_table_export(out_dir: str, *, prefix: str = "export", shards: int = 1,
         paths.append(path)
         start += n
     return paths
+
+
+# The ACES exports' layout (../shared/data, the README's quick start): 8 bands of a dry- and a wet-season composite,
+# 5 land-cover classes; points in three splits, one file each as Earth Engine names a table export; the image as one
+# file whose mixer is `<prefix>.json` (as the ACES authors renamed it).
+ACES_BANDS = ("blue_before", "blue_during", "green_before", "green_during", "nir_before", "nir_during", "red_before",
+              "red_during")
+SCENE_SPLITS = {"training": 3000, "validation": 500, "testing": 500}
+
+
+def write_scene(out_dir: str, *, bands: Sequence[str] = ACES_BANDS, classes: int = 5,
+                splits: Mapping[str, int] = SCENE_SPLITS, patch_size: int = 64, patches: int = 4, seed: int = 0,
+                points_folder: str = "gee-aces-points", image_folder: str = "gee-aces-image",
+                image_prefix: str = "image_2021") -> dict:
+    """Stand-ins for a points export and the image it was sampled from, under one class rule: the image export
+    (`patches` patches of `patch_size`, float, GZIP, one file and its mixer `<image_prefix>.json`) and, from
+    distinct pixels of that image, one table export per split (`<split>.tfrecord.gz`, the bands' values at the
+    pixel and its class): a model trained on the points maps the image. Laid out as the ACES exports the README's
+    quick start reads (`out_dir/gee-aces-points/`, `out_dir/gee-aces-image/`).
+
+    Returns:
+      {"points": {split: path}, "image": [shard path, mixer path]}.
+    Raises:
+      ConfigError: before writing anything, as `write_image_export` and `write_table_export` do, or when the
+        splits ask for more points than the image has pixels.
+    """
+    total, pixels_in_image = sum(splits.values()), patches * patch_size * patch_size
+    _check(shards=1, records=1, bands=bands, label="class", classes=classes, dtypes=(FLOAT,), dtype=FLOAT)
+    if not splits or min(splits.values()) < 1:
+        raise ConfigError(f"every split needs at least one point, got {dict(splits)}")
+    if patch_size < 1 or patches < 1 or total > pixels_in_image:
+        raise ConfigError(f"{total} points asked of {patches} patch(es) of {patch_size}x{patch_size} pixels "
+                          f"({pixels_in_image} pixels)")
+    per_row = max(1, math.ceil(math.sqrt(patches)))
+    rng = np.random.default_rng(seed)
+    field = _Field(rng, len(bands), classes, wavelength=max(8.0, patch_size / 2))
+    image_dir = os.path.join(out_dir, image_folder)
+    image = write_image_export(image_dir, prefix=image_prefix, shards=1, records=patches, bands=bands, label=None,
+                               classes=classes, patch_size=patch_size, field=field)
+    named = [os.path.join(image_dir, f"{image_prefix}.tfrecord.gz"), os.path.join(image_dir, f"{image_prefix}.json")]
+    for old, new in zip(image, named):
+        tf.io.gfile.rename(old, new, overwrite=True)
+    # distinct pixels of the image's patches (the grid's full rows and columns: where patches were written)
+    pixels = rng.choice(pixels_in_image, size=total, replace=False)
+    rows, cols = _pixel_positions(pixels, per_row, patch_size)
+    values = field.values(rows, cols)
+    labels = field.target(values, False)
+    paths, start = {}, 0
+    for split, n in splits.items():
+        paths[split] = _write_rows(os.path.join(out_dir, points_folder), split, values[start:start + n],
+                                   labels[start:start + n], bands=bands, label="class", dtype=FLOAT, depths={},
+                                   shards=1, compressed=True)[0]
+        start += n
+    return {"points": paths, "image": named}
+
+
+def _pixel_positions(pixels: np.ndarray, per_row: int, patch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel indices counted patch by patch (patches row-major over the grid, pixels row-major within a patch) as
+    global (row, col) positions on the grid, as `write_image_export` places its patches."""
+    patch, within = np.divmod(pixels, patch_size * patch_size)
+    prow, pcol = np.divmod(patch, per_row)
+    r, c = np.divmod(within, patch_size)
+    return prow * patch_size + r, pcol * patch_size + c

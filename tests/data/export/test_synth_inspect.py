@@ -103,3 +103,34 @@ def test_inspect_shows_patches_only_for_features_of_the_patch_size(tmp_path, cap
     patches = {f["name"]: f["patch"] for f in rep["features"]}
     assert patches == {"B1": "8x8", "B2": "8x8", "landcover": "8x8", "tile_id": "", "quality": ""}
     assert rep["config"]["data"]["kind"] == "image" and rep["config"]["data"]["bands"] == ["B1", "B2"]
+
+
+def test_the_scenes_points_are_pixels_of_its_image_under_one_class_rule(tmp_path, capsys):
+    """`harness synth --scene` (the README's no-data block): every point of every split is a distinct pixel of the
+    image export (its 8 band values found at one pixel of the mosaic the mixer lays out), in the ACES layout."""
+    assert cli.main(["synth", "--scene", str(tmp_path / "data"), "--seed", "3"]) == 0
+    printed = capsys.readouterr().out.split()
+    points, image = tmp_path / "data" / "gee-aces-points", tmp_path / "data" / "gee-aces-image"
+    assert printed == [str(points / f"{s}.tfrecord.gz") for s in ("training", "validation", "testing")] + [
+        str(image / "image_2021.tfrecord.gz"), str(image / "image_2021.json")]
+    mixer = json.loads((image / "image_2021.json").read_text())
+    side, per_row = mixer["patchDimensions"][0], mixer["patchesPerRow"]
+    mosaic = np.zeros((per_row * side, per_row * side, len(synth.ACES_BANDS)), np.float32)
+    for i, raw in enumerate(tf.data.TFRecordDataset(str(image / "image_2021.tfrecord.gz"), "GZIP")):
+        f = tf.train.Example.FromString(raw.numpy()).features.feature
+        r, c = divmod(i, per_row)
+        mosaic[r * side:(r + 1) * side, c * side:(c + 1) * side] = np.stack(
+            [np.reshape(f[b].float_list.value, (side, side)) for b in synth.ACES_BANDS], -1)
+    at = {tuple(v): n for n, v in enumerate(mosaic.reshape(-1, mosaic.shape[-1]))}
+    seen, counts = set(), {}
+    for split in ("training", "validation", "testing"):
+        rows = [tf.train.Example.FromString(raw.numpy()).features.feature
+                for raw in tf.data.TFRecordDataset(str(points / f"{split}.tfrecord.gz"), "GZIP")]
+        pixels = [at[tuple(np.float32([f[b].float_list.value[0] for b in synth.ACES_BANDS]))] for f in rows]
+        seen |= set(pixels)
+        counts[split] = (len(rows), len(set(pixels)), {int(f["class"].float_list.value[0]) for f in rows})
+    assert {k: v[:2] for k, v in counts.items()} == {k: (n, n) for k, n in synth.SCENE_SPLITS.items()}
+    assert len(seen) == sum(synth.SCENE_SPLITS.values())           # the splits share no pixel
+    assert counts["training"][2] == set(range(5))                   # every class drawn
+    with pytest.raises(ConfigError, match="40001 points asked of 4 patch"):
+        synth.write_scene(str(tmp_path / "big"), splits={"training": 40001})

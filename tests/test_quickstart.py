@@ -142,6 +142,7 @@ def test_the_quick_start_runs_as_printed_and_ends_on_a_map(quick_start_run):
     assert (counts > 0).sum() > 1, counts                       # a map of several classes, not one
     assert (root / "preds" / "image_2021.tif").stat().st_size > 0 and (root / "preds" / "image_2021.png").is_file()
     assert "pixels per class" in done.stdout                      # `harness inspect preds`
+    assert re.search(r"; nodata \(value \d+, declared in the map\): 0 pixels$", done.stdout, re.M), done.stdout
     assert "report: runs/points/report.html" in done.stdout
     assert "earthengine upload image" in done.stdout
     # what ran, in summary.json: the data, the model file, the optimizer, when, on what

@@ -20,7 +20,8 @@ def describe(paths: Sequence[str]) -> Optional[dict]:
       {"folder", "model_sha256", "source": [[input shard name, records], ...], "bands": the model's input bands,
        "options": the predict options that name the run, "outputs": the TFRecord/CSV files, "maps": [one dict per
        GeoTIFF: "file", "width", "height" (pixels), "crs", "bands" (band descriptions), "dtype", "overviews"
-       (decimation factors), and for a class map "class_counts" {class name: pixels} and "nodata_pixels"]}.
+       (decimation factors), and for a class map "class_counts" {class name: pixels}, "nodata" (the value the map
+       declares) and "nodata_pixels" (pixels holding it)]}.
     """
     if len(paths) != 1:
         return None
@@ -49,5 +50,5 @@ def format_text(pred: dict) -> str:
             total = sum(m["class_counts"].values()) or 1
             lines.append("    pixels per class: " + ", ".join(f"{n} {c} ({100 * c / total:.1f}%)"
                                                               for n, c in m["class_counts"].items()) +
-                         f"; nodata {m['nodata_pixels']}")
+                         f"; nodata (value {m['nodata']}, declared in the map): {m['nodata_pixels']} pixels")
     return "\n".join(lines)

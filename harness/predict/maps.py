@@ -313,7 +313,7 @@ def describe_map(path: str) -> dict:
                 for _, window in src.block_windows(1):
                     counts += np.bincount(src.read(1, window=window).ravel(), minlength=len(counts))
                 out["class_counts"] = {n: int(c) for n, c in zip(names, counts)}
-                out["nodata_pixels"] = int(counts[int(src.nodata)])
+                out["nodata_pixels"], out["nodata"] = int(counts[int(src.nodata)]), int(src.nodata)
         return out
     finally:
         if folder:

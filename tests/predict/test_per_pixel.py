@@ -71,7 +71,8 @@ def test_every_pixel_is_the_table_model_applied_to_its_bands(points_and_scene, t
     counts = np.bincount(got.ravel(), minlength=3)
     assert predictions["maps"][0]["class_counts"] == {f"class {i}": int(counts[i]) for i in range(3)}
     assert predictions["maps"][0]["nodata_pixels"] == P * P and predictions["bands"] == list(BANDS)
-    assert f"nodata {P * P}" in describe.format_text(predictions)
+    assert predictions["maps"][0]["nodata"] == 255   # a uint8 class map's (harness.predict.maps)
+    assert f"; nodata (value 255, declared in the map): {P * P} pixels" in describe.format_text(predictions)
 
 
 

@@ -131,7 +131,9 @@ def check_map(folder: pathlib.Path, prefix: str, *, band: str = "class", probabi
     i % patchesPerRow, every pixel equal to `band`'s values, the slots with no patch nodata, a valid
     Cloud-Optimized GeoTIFF (rio-cogeo's validator, GDAL's rules), overviews when larger than one tile. With
     `probabilities` (the class names), `<prefix>-probabilities.tif` likewise, one band per class. Returns
-    {"profile", "colormap", "overviews"} of the class map."""
+    {"profile", "colormap", "overviews"} of the class map, and for a class map its "categories" and
+    "attribute_table" as GDAL reads them (tests/gdal_info.py), the table's colours checked against the colour
+    table's."""
     import rasterio
     from rio_cogeo.cogeo import cog_validate
 
@@ -169,4 +171,11 @@ def check_map(folder: pathlib.Path, prefix: str, *, band: str = "class", probabi
                          "colormap": src.colormap(1) if src.dtypes[0] == "uint8" else None}
             else:
                 assert src.descriptions == tuple(probabilities)
+    if found.get("colormap") is not None:   # a class map: its names as GDAL reads them (gdalinfo), and its RAT's
+        from gdal_info import attribute_table, categories, gdalinfo
+        info = gdalinfo(str(folder / f"{prefix}.tif"), "-noct")
+        found["categories"], found["attribute_table"] = categories(info), attribute_table(info)
+        assert found["categories"] and str(folder / f"{prefix}.tif.aux.xml") in info, info[:2000]
+        rgb = [list(found["colormap"][i][:3]) for i in range(len(found["categories"]))]
+        assert [[int(v) for v in row[2:]] for row in found["attribute_table"]] == rgb   # the colour table's colours
     return found

@@ -143,6 +143,15 @@ def test_the_quick_start_runs_as_printed_and_ends_on_a_map(quick_start_run):
     assert (root / "preds" / "image_2021.tif").stat().st_size > 0 and (root / "preds" / "image_2021.png").is_file()
     assert "pixels per class" in done.stdout                      # `harness inspect preds`
     assert re.search(r"; nodata \(value \d+, declared in the map\): 0 pixels$", done.stdout, re.M), done.stdout
+    # the class names where GDAL finds them (and QGIS, through GDAL): gdalinfo's categories and attribute table
+    from gdal_info import attribute_table, categories, gdalinfo
+    info = gdalinfo(str(root / "preds" / "image_2021.tif"), "-noct")
+    assert str(root / "preds" / "image_2021.tif.aux.xml") in info
+    names = [f"class {i}" for i in range(5)]     # the run named none: predict's names, as the legend shows them
+    assert categories(info) == names
+    assert [row[:2] for row in attribute_table(info)] == [[str(i), n] for i, n in enumerate(names)]
+    assert re.findall(r"<Row index=\"\d+\">\s*<F>(\d+)</F>\s*<F>([^<]+)</F>", info) == [(str(i), n)
+                                                                                 for i, n in enumerate(names)]
     assert "report: runs/points/report.html" in done.stdout
     assert "earthengine upload image" in done.stdout
     # what ran, in summary.json: the data, the model file, the optimizer, when, on what

@@ -154,6 +154,7 @@ def prepare(options: PredictOptions) -> Job:
     maps = None
     if spec.kind == spec_lib.IMAGE and shards.mixer is not None:
         maps_lib.Grid.from_mixer(shards.mixer, geometry.patch)   # a mixer without a projection fails here, first
-        maps = maps_lib.MapPaths.under(options.output, prefix, task == CLASSIFICATION and len(names) > 1)
+        maps = maps_lib.MapPaths.under(options.output, prefix, task == CLASSIFICATION and len(names) > 1,
+                                       classification=task == CLASSIFICATION)
     return Job(options=options, loaded=loaded, shards=shards, spec=spec, geometry=geometry, task=task,
                band_names=names, kept=kept, truth=truth, prefix=prefix, outputs=outputs, maps=maps)

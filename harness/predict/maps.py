@@ -38,6 +38,7 @@ from harness.predict.options import CLASSIFICATION
 BLOCK = 256              # COG tile side, pixels (GDAL's COG driver default is 512; 256 is what web maps tile by)
 QUICKLOOK_PIXELS = 1024  # the PNG's long side at most, pixels
 SUFFIX, PROBABILITIES_SUFFIX, QUICKLOOK_SUFFIX = ".tif", "-probabilities.tif", ".png"
+PAM_SUFFIX = ".aux.xml"   # GDAL's sidecar of a GeoTIFF (its Persistent Auxiliary Metadata)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,21 +98,54 @@ class MapPaths:
     map: str
     quicklook: str
     probabilities: Optional[str]
+    categories: Optional[str] = None   # a class map's names for GDAL and QGIS: `<map>.tif.aux.xml` (`categories_xml`)
 
     @classmethod
-    def under(cls, folder: str, prefix: str, probabilities: bool) -> "MapPaths":
+    def under(cls, folder: str, prefix: str, probabilities: bool, classification: bool = False) -> "MapPaths":
         join = os.path.join
         return cls(join(folder, prefix + SUFFIX), join(folder, prefix + QUICKLOOK_SUFFIX),
-                   join(folder, prefix + PROBABILITIES_SUFFIX) if probabilities else None)
+                   join(folder, prefix + PROBABILITIES_SUFFIX) if probabilities else None,
+                   join(folder, prefix + SUFFIX + PAM_SUFFIX) if classification else None)
 
     def all(self) -> list[str]:
-        return [p for p in (self.map, self.probabilities, self.quicklook) if p]
+        return [p for p in (self.map, self.probabilities, self.categories, self.quicklook) if p]
 
 
 def colours(n: int) -> list[tuple[int, int, int]]:
     """n distinct RGB colours (0-255), the same for every run: hues spaced by the golden ratio."""
     return [tuple(round(255 * v) for v in colorsys.hsv_to_rgb((0.6 + i * 0.618034) % 1.0, 0.65, 0.9))
             for i in range(n)]
+
+
+def categories_xml(classes: Sequence[str]) -> str:
+    """A GDAL PAM sidecar (`<map>.tif.aux.xml`, the file GDAL opens beside a GeoTIFF: gdalinfo, QGIS, rasterio) of
+    a class map's band 1: the class names as its category names (GDALGetRasterCategoryNames: gdalinfo's
+    "Categories", QGIS's paletted legend) and a thematic raster attribute table of value, class name and the colour
+    table's RGB (GDALGetDefaultRAT; QGIS 3.30+ classifies by it). GeoTIFF keeps neither inside the file (GDAL's
+    GTiff driver writes both to this sidecar; https://gdal.org/en/stable/drivers/raster/gtiff.html).
+
+    Field types and usages are GDAL's enums (gdal.h: GFT_Integer 0, GFT_String 2; GFU_Name 2, GFU_MinMax 5,
+    GFU_Red 6, GFU_Green 7, GFU_Blue 8)."""
+    from xml.etree import ElementTree as ET
+
+    root = ET.Element("PAMDataset")
+    band = ET.SubElement(root, "PAMRasterBand", band="1")
+    names = ET.SubElement(band, "CategoryNames")
+    for name in classes:
+        ET.SubElement(names, "Category").text = name
+    rat = ET.SubElement(band, "GDALRasterAttributeTable", tableType="thematic")
+    fields = (("value", 0, 5), ("class", 2, 2), ("red", 0, 6), ("green", 0, 7), ("blue", 0, 8))
+    for i, (name, kind, usage) in enumerate(fields):
+        defn = ET.SubElement(rat, "FieldDefn", index=str(i))
+        ET.SubElement(defn, "Name").text = name
+        ET.SubElement(defn, "Type").text = str(kind)
+        ET.SubElement(defn, "Usage").text = str(usage)
+    for i, (name, rgb) in enumerate(zip(classes, colours(len(classes)))):
+        row = ET.SubElement(rat, "Row", index=str(i))
+        for value in (i, name, *rgb):
+            ET.SubElement(row, "F").text = str(value)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode") + "\n"
 
 
 def class_dtype(classes: int) -> tuple[str, int]:
@@ -210,6 +244,12 @@ def write(paths: Sequence[str], grid: Grid, out: MapPaths, *, classification: bo
         for (path, _, dt, _), target in zip(maps, targets):
             _write_cog(path, target, "MODE" if dt.startswith("uint") else "AVERAGE")
             written.append(target)
+        if classification and out.categories:   # the class names where GDAL and QGIS look for them
+            pam = os.path.join(folder, "categories.aux.xml")
+            with open(pam, "w") as f:
+                f.write(categories_xml(classes))
+            _put(pam, out.categories)
+            written.append(out.categories)
         png = os.path.join(folder, "quicklook.png")
         if quicklook(maps[0][0], png, classes=classes if classification else (), title=os.path.basename(out.map)):
             _put(png, out.quicklook)
@@ -273,6 +313,8 @@ def write_maps(job) -> list[str]:
     lines = []
     for path in written:
         what = ("PNG quick-look" if path == job.maps.quicklook else
+                "the class names for GDAL and QGIS (category names and a raster attribute table)"
+                if path == job.maps.categories else
                 f"Cloud-Optimized GeoTIFF, {grid.width} x {grid.height} pixels, {grid.crs}, " +
                 ("class ids with a colour table" if classification and path == job.maps.map else
                  "one float32 band per " + ("class" if classification else "output")))

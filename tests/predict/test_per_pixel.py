@@ -65,6 +65,7 @@ def test_every_pixel_is_the_table_model_applied_to_its_bands(points_and_scene, t
     found = check_map(tmp_path / "preds", "scene", probabilities=names)
     assert found["overviews"] == [2] and found["profile"]["dtype"] == "uint8" and found["profile"]["nodata"] == 255
     assert len({found["colormap"][i] for i in range(3)}) == 3 and found["colormap"][255] == (0, 0, 0, 0)
+    assert found["categories"] == ["class 0", "class 1", "class 2"]   # where GDAL and QGIS find the names
     assert (tmp_path / "preds" / "scene.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # `harness inspect` of the folder reads it as predictions: the map's pixels per class, the empty slot nodata
     predictions = describe.describe([str(tmp_path / "preds")])

@@ -40,7 +40,8 @@ def test_the_real_aces_patch(tmp_path, shared_data):
     out = tmp_path / "pred"
     r = cli_in_process("predict", "--model", run_dir, "--data", aces, "--output", out)
     assert sorted(p.name for p in out.iterdir()) == ["image_2021-00000.tfrecord", "image_2021-mixer.json",
-                                                     "image_2021.png", "image_2021.tif", "predict.json"]
+                                                     "image_2021.png", "image_2021.tif", "image_2021.tif.aux.xml",
+                                                     "predict.json"]
     # the real export's georeference: EPSG:4326, 8.98e-5 degrees per pixel from (89.39, 27.448), every pixel
     found = check_map(out, "image_2021")
     assert found["profile"]["crs"].to_epsg() == 4326 and found["profile"]["transform"].c == 89.39005136557161

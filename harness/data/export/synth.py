@@ -321,7 +321,7 @@ def _write_rows(out_dir: str, prefix: str, values: np.ndarray, cls: np.ndarray, 
     return paths
 
 
-# The ACES exports' layout (../shared/data, the README's quick start): 8 bands of a dry- and a wet-season composite,
+# The ACES exports' layout (the README's quick start reads them): 8 bands of a dry- and a wet-season composite,
 # 5 land-cover classes; points in three splits, one file each as Earth Engine names a table export; the image as one
 # file whose mixer is `<prefix>.json` (as the ACES authors renamed it).
 ACES_BANDS = ("blue_before", "blue_during", "green_before", "green_during", "nir_before", "nir_during", "red_before",

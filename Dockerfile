@@ -35,7 +35,7 @@ RUN printf 'tensorflow==%s\ntf-keras==%s\n' "$TF_VERSION" "$TF_KERAS_VERSION" > 
 # HARNESS_HOROVOD_GPU=1: a GPU build even though no GPU is visible while building (nvcc is what matters).
 ENV PIP_CONSTRAINT=/opt/constraints.txt HARNESS_HOROVOD_GPU=1 HOROVOD_GPU_OPERATIONS=NCCL PYTHON=python3.11 \
     HOROVOD_BUILD_CUDA_CC_LIST=${CUDA_CC_LIST}
-RUN bash tools/install.sh /opt/venv gpu \
+RUN bash tools/install.sh /opt/venv gpu,mlflow \
  && /opt/venv/bin/python -c "import horovod.tensorflow as hvd; assert hvd.nccl_built(), 'Horovod without NCCL'"
 
 # --- final: CUDA runtime (libcudart, NCCL), Open MPI, ssh, the venv; no compilers -------------------------------------

@@ -1,7 +1,7 @@
 # make install | demo | test | bench   (see README.md)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= cpu,profile,test
+EXTRAS ?= cpu,profile,mlflow,test
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install demo test bench clean

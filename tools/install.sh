@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One install path for `make install`, CI and the Dockerfile.
-#   tools/install.sh VENV [EXTRAS]     e.g. tools/install.sh .venv cpu,profile,test
+#   tools/install.sh VENV [EXTRAS]     e.g. tools/install.sh .venv cpu,profile,mlflow,test
 # PYTHON: the interpreter that makes VENV (default python3; it must be one setup.cfg's python_requires allows).
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 VENV=${1:-.venv}
-EXTRAS=${2:-cpu,profile,test}
+EXTRAS=${2:-cpu,profile,mlflow,test}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 
 # System packages: OpenMPI (mpirun, and headers for mpi4py and Horovod's MPI controller).

@@ -132,6 +132,11 @@ def train_args(p: argparse.ArgumentParser) -> dict:
                      help="where the output is not a terminal (a pod's log, nohup, a pipe), the chief prints the "
                           "epoch's progress (steps, examples/s, input stall, ETA) every SECONDS; 0: none "
                           f"(default {D['progress_every']:g}; a terminal gets a bar)")
+    out.add_argument("--mlflow", default=S, metavar="URI",
+                     help="send the run's parameters and per-epoch metrics to this MLflow tracking server (the "
+                          "chief; default: MLFLOW_TRACKING_URI where set, else none)")
+    out.add_argument("--mlflow-experiment", default=S, metavar="NAME",
+                     help=f"the MLflow experiment of the run (default {D['mlflow_experiment']})")
     out.add_argument("--profile", action="store_true", default=S,
                      help="write report.json, timeline.png and the input-bound table (every worker's steps, GPU/CPU "
                           "utilization, a tf.profiler trace window)")

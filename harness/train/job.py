@@ -56,6 +56,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     from harness.train.loop import keras_callbacks
     from harness.train.loop.controller import StopTraining
     from harness.train.model.parts import RunParts
+    from harness.train.report import tracking
 
     started = time.time()
     backend, resources, peer_timeout_s = _start(options, distribution)
@@ -103,35 +104,40 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     print(inputs.pipeline_plan(True, context.rank).describe(), flush=True)
     if val_ds is not None:   # its cache decided on the memory the training cache leaves
         print("validation " + inputs.pipeline_plan(False, context.rank).describe(), flush=True)
+    model_name = _model_name(options, model_fn, inputs.spec.kind)
+    tracker = _tracker(options, backend, inputs, policy=policy, started=started, cluster=cluster,
+                       model_name=model_name, initial_step=initial_step)   # an MLflow run, where one is named
     loop, guard, profiler = _loop(options, backend, parts, inputs, built, backup, loop_args, validating=val_ds is not None,
                                   initial_step=initial_step, cluster=cluster, stopper=stopper,
-                                  peer_timeout_s=peer_timeout_s, callbacks=callbacks)
-    controller = loop.controller
-    try:
-        with interrupt.handling():  # Ctrl-C ends the run within one call, also when TensorFlow swallows it
-            history = controller.fit(iter(train_ds), validation=(lambda: val_ds) if val_ds else None,
-                                     initial_step=initial_step)
-    except StopTraining as stop:
-        say(str(stop))
-        history = stop.history
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:   # bad input met mid-run
-        raise inputs.named_error(e) from e
-    except Exception as e:   # storage, a lost peer, a repeated fault: one named line (lifecycle.faults)
-        fault = faults.translate(e, cluster=cluster, step=controller.step, backup=backup, context=context,
-                                 optimizer=optimizer, last_fault=last_fault, initial_step=initial_step)
-        if fault is None:
-            raise
-        raise fault from None
-    finally:
-        guard.close()
-        backup.close()   # a non-chief's copy: no backup is written after the last epoch, nor after a fault
-    controller.end()
-    if last_fault is not None:
-        repeats.clear(backup, context)
-    return _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed, policy=policy,
-                   schedule=built.schedule, preemption=guard.preemption, stopper=stopper, tuned=tuned, started=started,
-                   cluster=cluster, model_name=_model_name(options, model_fn, inputs.spec.kind),
-                   profiler=profiler, probe_run=probe_run)
+                                  peer_timeout_s=peer_timeout_s, callbacks=callbacks, tracker=tracker)
+    with tracking.ended(tracker):   # FINISHED after the summary; FAILED where anything raised
+        controller = loop.controller
+        try:
+            with interrupt.handling():  # Ctrl-C ends the run within one call, also when TensorFlow swallows it
+                history = controller.fit(iter(train_ds), validation=(lambda: val_ds) if val_ds else None,
+                                         initial_step=initial_step)
+        except StopTraining as stop:
+            say(str(stop))
+            history = stop.history
+        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:   # bad input met mid-run
+            raise inputs.named_error(e) from e
+        except Exception as e:   # storage, a lost peer, a repeated fault: one named line (lifecycle.faults)
+            fault = faults.translate(e, cluster=cluster, step=controller.step, backup=backup, context=context,
+                                     optimizer=optimizer, last_fault=last_fault, initial_step=initial_step)
+            if fault is None:
+                raise
+            raise fault from None
+        finally:
+            guard.close()
+            backup.close()   # a non-chief's copy: no backup is written after the last epoch, nor after a fault
+        controller.end()
+        if last_fault is not None:
+            repeats.clear(backup, context)
+        summary = _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed,
+                          policy=policy, schedule=built.schedule, preemption=guard.preemption, stopper=stopper,
+                          tuned=tuned, started=started, cluster=cluster, model_name=model_name, profiler=profiler,
+                          probe_run=probe_run)
+    return summary
 
 
 def _loop_args(options: TrainOptions, parts, inputs) -> dict:
@@ -213,10 +219,10 @@ def _start(options: TrainOptions, distribution) -> tuple:
 
 
 def _loop(options, backend, parts, inputs, built, backup, loop_args: dict, *, validating: bool, initial_step: int,
-          cluster, stopper, peer_timeout_s, callbacks) -> tuple:
+          cluster, stopper, peer_timeout_s, callbacks, tracker=None) -> tuple:
     """`(Run, Guard, profiler or None)`: the run's loop (`build_run`) with its protections (`Guard`: backups,
     preemption, the step-progress watchdog, early stopping), the profiler's hooks under `--profile`, TensorBoard's
-    epoch summaries and the user's callbacks; the profiler started."""
+    epoch summaries, the MLflow run's (`tracker`) and the user's callbacks; the profiler started."""
     from harness.train.lifecycle.guard import Guard
     from harness.train.loop import keras_callbacks
     from harness.train.loop.controller import Schedule
@@ -234,7 +240,8 @@ def _loop(options, backend, parts, inputs, built, backup, loop_args: dict, *, va
                   peer_timeout_s=peer_timeout_s, data_service=options.data_service or "")
     loop = build_run(backend, built.model, built.optimizer, plan, run_schedule, guard=guard, backup=backup,
                      metrics=parts.build_metrics(inputs.num_classes, inputs.spec.task) if validating else None,
-                     actions=(*(profiler.hooks if profiler else ()), epoch_summaries),
+                     actions=(*(profiler.hooks if profiler else ()), epoch_summaries,
+                              *((tracker,) if tracker is not None else ())),
                      timer=profiler.timer if profiler else None,
                      callbacks=keras_callbacks.KerasCallbacks(callbacks, built.model, context, built.optimizer)
                      if callbacks else None, progress_s=options.progress_every, **loop_args)
@@ -293,6 +300,37 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
     if context.is_chief:
         run_summary.write_summary(summary, options.output)
     return summary
+
+
+def _tracker(options: TrainOptions, backend, inputs, *, policy, started: float, cluster, model_name: str,
+             initial_step: int):
+    """The run's MLflow run (`harness.train.report.tracking`), opened by the chief where a tracking server is
+    named (`--mlflow`, else MLFLOW_TRACKING_URI), before any step; None where none is. Every worker learns the
+    chief's outcome (one allgather): a server the chief cannot reach stops every worker, named.
+
+    Raises:
+      ConfigError: the chief could not open the MLflow run (its message on the chief).
+    """
+    from harness.train.report import provenance, tracking
+
+    context = backend.context
+    uri = tracking.tracking_uri(options.mlflow)
+    tracker, error = None, None
+    if uri and context.is_chief:
+        tracker = tracking.MLflowRun(uri, context, backend.say, experiment=options.mlflow_experiment,
+                                     class_names=inputs.spec.class_names)
+        run = provenance.provenance(options, context, started=started, ended=started, model=model_name,
+                                    hosts=list(cluster.hosts))
+        try:
+            tracker.start(options.output, tracking.params_of(run, inputs.plan.to_dict(), policy),
+                          {"harness.output": options.output, "harness.initial_step": str(initial_step)})
+        except ConfigError as e:
+            error = e
+    if context.num_workers > 1 and int(backend.allgather([1.0 if error else 0.0])[0, 0]) and error is None:
+        raise ConfigError("the chief could not open its MLflow run (its line names the tracking server)")
+    if error is not None:
+        raise error
+    return tracker
 
 
 def _model_name(options: TrainOptions, model_fn, kind: str) -> str:

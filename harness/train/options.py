@@ -106,6 +106,8 @@ class TrainOptions:
     prefetch: int | None = None         # batches; None: AUTOTUNE
     tune: bool = False                  # the four levers and the cache decided before training (measure.tune)
     progress_every: float = DEFAULT_INTERVAL_S  # seconds between progress lines off a terminal; 0: none
+    mlflow: str | None = None           # an MLflow tracking server's URI (else MLFLOW_TRACKING_URI; report.tracking)
+    mlflow_experiment: str = "harness"  # the MLflow experiment the run goes into
 
     def __post_init__(self):
         from harness.train.model import optim

@@ -73,7 +73,7 @@ def test_parses_into_a_build_and_a_small_final_stage():
 def test_installs_through_the_makefile_script():
     build, _ = stages()
     runs = " ".join(rest for w, rest in build if w == "RUN")
-    assert "bash tools/install.sh /opt/venv gpu" in runs
+    assert "bash tools/install.sh /opt/venv gpu,mlflow" in runs   # the image sends runs to MLflow (--mlflow)
     assert "bash tools/install.sh $(VENV) $(EXTRAS)" in (ROOT / "Makefile").read_text()
     copied = " ".join(rest for w, rest in build if w == "COPY")
     for path in ("setup.cfg", "pyproject.toml", "tools/", "harness/"):

@@ -42,6 +42,9 @@ def non_default(options) -> dict:
         default = field.default if field.default is not dataclasses.MISSING else (
             field.default_factory() if field.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
         if value != default:
+            if field.name == "mlflow":   # a URI may carry a user and password: never written
+                from harness.train.report.tracking import shown
+                value = shown(value)
             out[field.name] = list(value) if isinstance(value, tuple) else value
     return out
 

@@ -168,8 +168,9 @@ def test_a_record_corrupted_after_the_counts_is_named_by_file_and_record(exports
 
 
 def test_the_readme_time_series_commands_run_as_printed(tmp_path):
-    """The fenced block of docs/data.md's "Time series" section, word for word, in an empty folder: `harness
-    train` a process of its own, as printed; synth, inspect and predict, which train nothing, in this process
+    """The fenced block of docs/data.md's "Time series" section, word for word, in a folder holding only the
+    project's examples/: `harness train` a process of its own, as printed (the second with a time axis, from the
+    examples' YAML and model); synth, inspect and predict, which train nothing, in this process
     (`predict_support.cli_in_process`: each saves a process that imports TensorFlow)."""
     import contextlib
     import re
@@ -181,7 +182,9 @@ def test_the_readme_time_series_commands_run_as_printed(tmp_path):
     block = re.search(r"^```\n(.*?)^```$", section, re.S | re.M).group(1)
     lines = [line for line in block.replace("\\\n", "").splitlines() if line.strip()]
     assert [shlex.split(line, comments=True)[:2] for line in lines] == [
-        ["harness", "synth"], ["harness", "inspect"], ["harness", "train"], ["harness", "predict"]]
+        ["harness", "synth"], ["harness", "inspect"], ["harness", "train"], ["harness", "predict"],
+        ["harness", "train"]]
+    (tmp_path / "examples").symlink_to(pathlib.Path(__file__).resolve().parents[2] / "examples")   # the root's
     env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
     out = []
     for line in lines:
@@ -198,6 +201,15 @@ def test_the_readme_time_series_commands_run_as_printed(tmp_path):
     assert summary["spec"]["depths"] == {"ndvi": 6} and summary["plan"]["steps_per_epoch"] == 8
     assert summary["plan"]["workers"] == 1 and "delivered as one channel per plane" in out[2]   # as the layouts' runs
     assert len(read_outputs(sorted((tmp_path / "series-preds").glob("*.tfrecord")))) == 64
+    # the planes as a time axis: the model example's input [time, height, width, bands], and it learns
+    timed = json.loads((tmp_path / "runs" / "series-time" / "summary.json").read_text())
+    assert timed["spec"]["group_delivery"] == "time" and timed["spec"]["depths"] == {"ndvi": 6}
+    assert timed["spec"]["band_groups"] == {f"t{i}": [f"ndvi[{i}]"] for i in range(6)}   # a step per plane
+    assert timed["run"]["model_file"] == "examples/temporal_patch.py:build"
+    import keras
+    model = keras.models.load_model(tmp_path / "runs" / "series-time" / "model.keras", compile=False)
+    assert tuple(model.input_shape) == (None, 6, 16, 16, 1) and tuple(model.output_shape) == (None, 16, 16, 4)
+    assert timed["history"][-1]["loss"] < timed["history"][0]["loss"], timed["history"]
 
 
 def test_input_nodata_reaches_the_run_and_its_predictions(tmp_path, capsys):

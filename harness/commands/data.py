@@ -22,8 +22,38 @@ def inspect(args) -> int:
     if predictions is not None:
         rep["predictions"] = predictions
     text = inspect_lib.format_text(rep) + (f"\n{describe.format_text(predictions)}" if predictions else "")
+    if args.quicklook:
+        from harness.predict import maps
+
+        rep["quicklook"] = _quicklook(args, rep)
+        text += "\n" + maps.describe_quicklook(rep["quicklook"])
     print(json.dumps(rep, indent=2) if args.json else text)
     return 0
+
+
+def _quicklook(args, rep: dict) -> dict:
+    """`inspect --quicklook PNG`: the image export drawn (`harness.predict.maps.export_quicklook`: the one home of
+    the map formats).
+
+    Raises:
+      ConfigError: not an image export of patches with its mixer.
+    """
+    from harness.data.export import shards as shards_lib
+    from harness.data.spec.dataspec import DataSpec
+    from harness.predict import maps
+
+    data = (rep.get("config") or {}).get("data") or {}
+    if data.get("kind") != "image" or rep.get("mixer") is None or data.get("sequence") or data.get("collapsed"):
+        raise ConfigError(f"--quicklook draws an image export of patches with its mixer; {' '.join(args.paths)} "
+                          f"is {'a table' if data.get('kind') == 'table' else 'not one'} (kind "
+                          f"{data.get('kind')}, mixer {'found' if rep.get('mixer') else 'none'}"
+                          f"{', per-pixel sequences' if data.get('sequence') else ''}"
+                          f"{', collapsed bands' if data.get('collapsed') else ''})")
+    spec = DataSpec.from_config(data)
+    shards = shards_lib.discover_shards(args.paths)
+    mixer = shards_lib.find_mixer(shards, args.mixer)
+    bands = args.quicklook_bands or maps.quicklook_bands(spec.channels)
+    return maps.export_quicklook(shards, mixer, bands, args.quicklook, kernel_margin=spec.kernel_margin)
 
 
 def synth(args) -> int:
@@ -110,6 +140,12 @@ def add_parsers(sub) -> None:
                         "else 0")
     p.add_argument("--records", type=POSITIVE, default=8, help="records read per shard to infer the schema")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--quicklook", metavar="OUT.png",
+                   help="draw an image export as one picture (its patches placed by the mixer, at most 1024 pixels "
+                        "a side) into OUT.png")
+    p.add_argument("--quicklook-bands", nargs="+", metavar="BAND",
+                   help="1 band (grey) or 3 (red, green, blue) to draw; default B4 B3 B2 or the bands named red, "
+                        "green, blue, else the first three")
 
     p = command(sub, "synth", synth,
                 "Write a synthetic export laid out exactly as Earth Engine writes it",

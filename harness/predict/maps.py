@@ -16,6 +16,8 @@ Files (under the output folder, named after the prefix):
   the class (the run's `class_names`, else `class <i>`), nodata NaN.
 - `<prefix>.png`: the map at most QUICKLOOK_PIXELS on its long side, classes in the GeoTIFF's colours with a
   legend (or the first regression output with a colour bar).
+- `<prefix>.tif.aux.xml` (classification): the class names where GDAL reads them (`categories_xml`).
+An input image export is drawn the same way, from its records (`export_quicklook`: `harness inspect --quicklook`).
 Each GeoTIFF is written with GDAL's COG driver (gdal.org/drivers/raster/cog.html: tiles of BLOCK pixels, DEFLATE,
 overviews down to one tile; class ids resampled by their mode, values by their mean) into a local temporary
 folder, then copied to its place (a local folder or gs://) under a temporary name and renamed whole.
@@ -26,18 +28,21 @@ import colorsys
 import dataclasses
 import math
 import os
+import re
 import shutil
 import tempfile
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from harness.errors import ConfigError
 from harness.predict import writer
 from harness.predict.options import CLASSIFICATION
 
 BLOCK = 256              # COG tile side, pixels (GDAL's COG driver default is 512; 256 is what web maps tile by)
 QUICKLOOK_PIXELS = 1024  # the PNG's long side at most, pixels
 SUFFIX, PROBABILITIES_SUFFIX, QUICKLOOK_SUFFIX = ".tif", "-probabilities.tif", ".png"
+STRETCH_PERCENTILES = (2.0, 98.0)   # an export's quick-look: each band stretched between these percentiles
 PAM_SUFFIX = ".aux.xml"   # GDAL's sidecar of a GeoTIFF (its Persistent Auxiliary Metadata)
 
 
@@ -360,3 +365,114 @@ def describe_map(path: str) -> dict:
     finally:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- an input export drawn (`harness inspect --quicklook`) ---------------------------------------------------
+def _export_plane(name: str) -> tuple[str, int]:
+    """`ndvi[3]` -> ("ndvi", 3) (a plane of an array band); `B4` -> ("B4", 0)."""
+    m = re.fullmatch(r"(.+)\[(\d+)\]", name)
+    return (m.group(1), int(m.group(2))) if m else (name, 0)
+
+
+def _export_values(feature, dtype_bytes: bool) -> np.ndarray:
+    """A feature's values as float32 (a bytes band: its uint8 values)."""
+    if dtype_bytes:
+        return np.frombuffer(feature.bytes_list.value[0], np.uint8).astype(np.float32)
+    if feature.float_list.value:
+        return np.asarray(feature.float_list.value, np.float32)
+    return np.asarray(feature.int64_list.value, np.float32)
+
+
+def export_quicklook(shards, mixer, bands: Sequence[str], out_png: str, *, kernel_margin: int = 0,
+                     max_pixels: int = QUICKLOOK_PIXELS) -> dict:
+    """Draw the image export of `shards` (in order) and its `mixer` into `out_png` (local or gs://): its patches
+    placed by the mixer (patch i at grid row i // patchesPerRow, column i % patchesPerRow, each cropped to its
+    central P x P as the map is), three bands as red, green and blue (or one as grey), each stretched between its
+    2nd and 98th percentile (STRETCH_PERCENTILES), at most `max_pixels` on the long side (`harness inspect EXPORT
+    --quicklook OUT.png`). Memory: the picture alone (at most max_pixels^2 x 3 float32, 12 MiB at 1024), whatever
+    the export's size: each patch is read once, subsampled onto it, and dropped; time grows with its bytes.
+
+    Args:
+      bands: one or three channel names as the export's spec names them (`B4`, or `ndvi[3]`: a plane of an array
+        band), drawn as grey or as red, green, blue.
+      kernel_margin: k: each stored band holds (P+k)^2 values per plane; the central P x P is drawn.
+    Returns:
+      {"path", "width", "height" (the picture's pixels), "scale" (export pixels per picture pixel), "bands",
+       "patches", "stretch": {band: [low, high]}}.
+    Raises:
+      ConfigError: not 1 or 3 bands; a band the records lack (naming the record); values of the wrong length.
+    """
+    import tensorflow as tf
+    import matplotlib
+
+    if len(bands) not in (1, 3):
+        raise ConfigError(f"a quick-look draws 1 band (grey) or 3 (red, green, blue), got {list(bands)}")
+    width_p, height_p = mixer.patch_dimensions
+    per_row, total = mixer.patches_per_row, mixer.total_patches
+    rows = math.ceil(total / per_row)
+    width, height = per_row * width_p, rows * height_p
+    scale = max(1, math.ceil(max(width, height) / max_pixels))
+    canvas = np.full((math.ceil(height / scale), math.ceil(width / scale), len(bands)), np.nan, np.float32)
+    side_w, side_h, half = width_p + kernel_margin, height_p + kernel_margin, kernel_margin // 2
+    planes = [_export_plane(b) for b in bands]
+    i = -1
+    for shard in shards:
+        for raw in tf.data.TFRecordDataset(shard.path, compression_type=shard.compression):
+            i += 1
+            if i >= total:
+                raise ConfigError(f"{shard.path}: more records than the mixer's totalPatches {total} "
+                                  f"({mixer.path})")
+            feature = tf.train.Example.FromString(raw.numpy()).features.feature
+            r0, c0 = (i // per_row) * height_p, (i % per_row) * width_p
+            ys = np.arange(math.ceil(r0 / scale), math.ceil((r0 + height_p) / scale))
+            xs = np.arange(math.ceil(c0 / scale), math.ceil((c0 + width_p) / scale))
+            for j, (name, plane) in enumerate(planes):
+                if name not in feature:
+                    raise ConfigError(f"{shard.path}, record {i}: no band {name!r} (the export has "
+                                      f"{sorted(feature)[:12]})")
+                values = _export_values(feature[name], bool(feature[name].bytes_list.value))
+                if values.size % (side_w * side_h) or plane >= values.size // (side_w * side_h):
+                    raise ConfigError(f"{shard.path}, record {i}: band {name!r} holds {values.size} values, not "
+                                      f"a multiple of {side_h}x{side_w} with plane {plane}")
+                patch = values.reshape(-1, side_h, side_w)[plane, half:half + height_p, half:half + width_p]
+                canvas[np.ix_(ys, xs, [j])] = patch[np.ix_(ys * scale - r0, xs * scale - c0)][..., None]
+    stretch = {}
+    for j, name in enumerate(bands):
+        low, high = (np.nanpercentile(canvas[..., j], STRETCH_PERCENTILES) if np.isfinite(canvas[..., j]).any()
+                     else (0.0, 1.0))
+        stretch[name] = [float(low), float(high)]
+        canvas[..., j] = np.clip((canvas[..., j] - low) / max(high - low, 1e-12), 0, 1)
+    picture = np.nan_to_num(canvas, nan=1.0)   # where no patch was written: white
+    matplotlib.use("Agg")  # files only, no display
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    plt.imsave(buffer, np.repeat(picture, 3, axis=-1) if len(bands) == 1 else picture, format="png")   # 8-bit, RGB
+    with tf.io.gfile.GFile(out_png, "wb") as f:
+        f.write(buffer.getvalue())
+    return {"path": out_png, "width": picture.shape[1], "height": picture.shape[0], "scale": scale,
+            "bands": list(bands), "patches": i + 1, "stretch": stretch}
+
+
+def quicklook_bands(channels: Sequence[str]) -> list[str]:
+    """The bands a quick-look draws when none are named: red, green, blue by Earth Engine's usual names
+    (Sentinel-2 B4, B3, B2; Landsat SR_B4, SR_B3, SR_B2; `red`, `green`, `blue` in a name) where all three are
+    there, else the first three channels, else the first."""
+    lower = {c.lower(): c for c in channels}
+    for trio in (("b4", "b3", "b2"), ("sr_b4", "sr_b3", "sr_b2")):
+        if all(t in lower for t in trio):
+            return [lower[t] for t in trio]
+    named = [next((c for c in channels if colour in c.lower()), None) for colour in ("red", "green", "blue")]
+    if all(named):
+        return named
+    return list(channels[:3]) if len(channels) >= 3 else list(channels[:1])
+
+
+def describe_quicklook(result: dict) -> str:
+    """The line `harness inspect` prints of a quick-look."""
+    stretch = ", ".join(f"{b} {lo:.4g}..{hi:.4g}" for b, (lo, hi) in result["stretch"].items())
+    return (f"quick-look: {result['path']}: {result['width']} x {result['height']} pixels ({result['scale']} export "
+            f"pixel(s) per pixel, {result['patches']} patches), {', '.join(result['bands'])} "
+            f"{'as red, green, blue' if len(result['bands']) == 3 else 'as grey'}, stretched 2-98% ({stretch})")

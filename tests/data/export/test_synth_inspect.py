@@ -134,3 +134,42 @@ def test_the_scenes_points_are_pixels_of_its_image_under_one_class_rule(tmp_path
     assert counts["training"][2] == set(range(5))                   # every class drawn
     with pytest.raises(ConfigError, match="40001 points asked of 4 patch"):
         synth.write_scene(str(tmp_path / "big"), splits={"training": 40001})
+
+
+def test_the_quicklook_draws_the_mosaic_the_mixer_lays_out(tmp_path, capsys):
+    """`harness inspect EXPORT --quicklook OUT.png`: each pixel of the picture is the export's pixel at (scale *
+    row, scale * column) of the mosaic (each patch cropped of its kernel margin, placed by the mixer), the band
+    stretched between its 2nd and 98th percentile; the slot no patch fills is white; a table has no picture."""
+    import matplotlib.image
+
+    from harness.predict import maps
+
+    synth.write_image_export(str(tmp_path / "img"), prefix="img", shards=2, records=5, patch_size=12,
+                             kernel_size=4, bands=["B2", "B3", "B4"], seed=2)   # a 3 x 2 grid, the last slot empty
+    assert cli.main(["inspect", str(tmp_path / "img"), "--quicklook", str(tmp_path / "q.png"),
+                     "--quicklook-bands", "B3"]) == 0
+    assert "quick-look: " + str(tmp_path / "q.png") + ": 36 x 24 pixels (1 export pixel(s) per pixel, 5 patches), " \
+           "B3 as grey" in capsys.readouterr().out
+    mosaic = np.full((24, 36), np.nan)
+    for i, raw in enumerate(tf.data.TFRecordDataset(sorted(str(p) for p in (tmp_path / "img").glob("*.gz")),
+                                                    "GZIP")):
+        values = np.reshape(tf.train.Example.FromString(raw.numpy()).features.feature["B3"].float_list.value, (16, 16))
+        r, c = divmod(i, 3)
+        mosaic[r * 12:(r + 1) * 12, c * 12:(c + 1) * 12] = values[2:14, 2:14]   # the central P x P
+    shards = S.discover_shards([str(tmp_path / "img")])
+    mixer = S.find_mixer(shards)
+    for max_pixels, scale in ((36, 1), (18, 2)):
+        out = maps.export_quicklook(shards, mixer, ["B3"], str(tmp_path / f"q{scale}.png"), kernel_margin=4,
+                                    max_pixels=max_pixels)
+        want = mosaic[::scale, ::scale]
+        low, high = np.nanpercentile(want, (2, 98))
+        want = np.nan_to_num(np.clip((want - low) / (high - low), 0, 1), nan=1.0)
+        got = matplotlib.image.imread(tmp_path / f"q{scale}.png")[..., 0]
+        assert (out["scale"], got.shape) == (scale, want.shape)
+        np.testing.assert_allclose(got, want, atol=1 / 255 + 1e-6)
+        assert (got[12 // scale:, 24 // scale:] == 1.0).all()   # the sixth slot: no patch, white
+    synth.write_table_export(str(tmp_path / "pts"), records=8)
+    capsys.readouterr()
+    assert cli.main(["inspect", str(tmp_path / "pts"), "--quicklook", str(tmp_path / "t.png")]) == 2
+    assert "--quicklook draws an image export of patches with its mixer; " + str(tmp_path / "pts") + " is a table" \
+        in capsys.readouterr().err and not (tmp_path / "t.png").exists()

@@ -342,8 +342,9 @@ def write_scene(out_dir: str, *, bands: Sequence[str] = ACES_BANDS, classes: int
     Returns:
       {"points": {split: path}, "image": [shard path, mixer path]}.
     Raises:
-      ConfigError: before writing anything, as `write_image_export` and `write_table_export` do, or when the
-        splits ask for more points than the image has pixels.
+      ConfigError: before writing anything, as `write_image_export` and `write_table_export` do, when the
+        splits ask for more points than the image has pixels, or when any file it would write exists (the real
+        exports it stands in for are never overwritten).
     """
     total, pixels_in_image = sum(splits.values()), patches * patch_size * patch_size
     _check(shards=1, records=1, bands=bands, label="class", classes=classes, dtypes=(FLOAT,), dtype=FLOAT)
@@ -352,10 +353,16 @@ def write_scene(out_dir: str, *, bands: Sequence[str] = ACES_BANDS, classes: int
     if patch_size < 1 or patches < 1 or total > pixels_in_image:
         raise ConfigError(f"{total} points asked of {patches} patch(es) of {patch_size}x{patch_size} pixels "
                           f"({pixels_in_image} pixels)")
+    image_dir = os.path.join(out_dir, image_folder)
+    targets = [os.path.join(out_dir, points_folder, f"{split}.tfrecord.gz") for split in splits]
+    targets += [os.path.join(image_dir, f"{image_prefix}.tfrecord.gz"), os.path.join(image_dir, f"{image_prefix}.json")]
+    found = [t for t in targets if tf.io.gfile.exists(t)]
+    if found:   # the stand-ins go where the real exports are read from: never over them
+        raise ConfigError(f"{found[0]} exists{f' (and {len(found) - 1} more)' if len(found) > 1 else ''}: the "
+                          "stand-ins never overwrite an export; write them into another folder, or remove these")
     per_row = max(1, math.ceil(math.sqrt(patches)))
     rng = np.random.default_rng(seed)
     field = _Field(rng, len(bands), classes, wavelength=max(8.0, patch_size / 2))
-    image_dir = os.path.join(out_dir, image_folder)
     image = write_image_export(image_dir, prefix=image_prefix, shards=1, records=patches, bands=bands, label=None,
                                classes=classes, patch_size=patch_size, field=field)
     named = [os.path.join(image_dir, f"{image_prefix}.tfrecord.gz"), os.path.join(image_dir, f"{image_prefix}.json")]

@@ -134,6 +134,10 @@ def test_the_scenes_points_are_pixels_of_its_image_under_one_class_rule(tmp_path
     assert counts["training"][2] == set(range(5))                   # every class drawn
     with pytest.raises(ConfigError, match="40001 points asked of 4 patch"):
         synth.write_scene(str(tmp_path / "big"), splits={"training": 40001})
+    before = (points / "training.tfrecord.gz").read_bytes()   # where the real exports are: never over them
+    assert cli.main(["synth", "--scene", str(tmp_path / "data")]) == 2
+    assert f"{points / 'training.tfrecord.gz'} exists (and 4 more): the stand-ins never overwrite an export" in \
+        capsys.readouterr().err and (points / "training.tfrecord.gz").read_bytes() == before
 
 
 def test_the_quicklook_draws_the_mosaic_the_mixer_lays_out(tmp_path, capsys):

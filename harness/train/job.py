@@ -323,7 +323,8 @@ def _tracker(options: TrainOptions, backend, inputs, *, policy, started: float, 
                                     hosts=list(cluster.hosts))
         try:
             tracker.start(options.output, tracking.params_of(run, inputs.plan.to_dict(), policy),
-                          {"harness.output": options.output, "harness.initial_step": str(initial_step)})
+                          {"harness.output": options.output, "harness.initial_step": str(initial_step)},
+                          output=options.output, resuming=initial_step > 0)
         except ConfigError as e:
             error = e
     if context.num_workers > 1 and int(backend.allgather([1.0 if error else 0.0])[0, 0]) and error is None:

@@ -6,7 +6,8 @@ train` run in the experiment `--mlflow-experiment` (default "harness"), holding
   per epoch), the data and model file, the precision, and the harness, TensorFlow and Keras versions;
 - metrics: every number of each epoch's logs (loss, val_*, examples/s, input stall, ...) at step = the epoch
   (1-based), each class's validation scores as `val_iou/<class>` ...;
-- its end: FINISHED, or FAILED where training raised (KILLED on SIGTERM or Ctrl-C).
+- its end: FINISHED, or FAILED where training raised (KILLED on SIGTERM or Ctrl-C);
+- a run resumed from its backup continues the same MLflow run (`output/mlflow_run.json`): one history per run.
 
 With the MLflow client (`mlflow-skinny`, the `mlflow` extra) and the server's own REST API; every request bounded
 (MLFLOW_HTTP_REQUEST_TIMEOUT and MAX_RETRIES, set here unless the user set them: MLflow's defaults retry for minutes).
@@ -31,6 +32,7 @@ DEFAULT_EXPERIMENT = "harness"
 # MLflow's client retries a failed request 7 times with backoff (minutes) by default: bounded here
 REQUEST_TIMEOUT_S, REQUEST_RETRIES = 20, 2
 MAX_PARAM_CHARS = 6000   # MLflow's limit on a parameter's value (mlflow.utils.validation)
+RUN_RECORD = "mlflow_run.json"   # in the run's output: the MLflow run a resumed run continues
 
 
 def tracking_uri(option: Optional[str]) -> Optional[str]:
@@ -98,8 +100,12 @@ class MLflowRun:
         self.chief, self.class_names = context.is_chief, tuple(class_names)
         self.client, self.run_id, self.failed, self.unsent = None, None, None, 0
 
-    def start(self, run_name: str, params: dict, tags: dict) -> None:
-        """Open the MLflow run (the experiment created where missing) and send `params`."""
+    def start(self, run_name: str, params: dict, tags: dict, *, output: Optional[str] = None,
+              resuming: bool = False) -> None:
+        """Open the MLflow run (the experiment created where missing) and send `params`; its id is kept in
+        `output/mlflow_run.json`. `resuming` (the run restored a backup): the MLflow run of that record is continued
+        (RUNNING again, its metrics at the next epochs, its parameters as first sent) where it is on the same
+        server and experiment and still there; else a new one is opened."""
         if not self.chief:
             return
         for name, value in (("MLFLOW_HTTP_REQUEST_TIMEOUT", REQUEST_TIMEOUT_S),
@@ -116,6 +122,12 @@ class MLflowRun:
             self.client = MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(self.experiment)
             experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+            self.run_id = self._continued(output, experiment_id) if resuming and output else None
+            if self.run_id is not None:
+                self.client.update_run(self.run_id, status="RUNNING")
+                self.say(f"MLflow: run {self.run_id} continued (the backup's) in experiment {self.experiment!r} at "
+                         f"{shown(self.uri)}")
+                return
             run = self.client.create_run(experiment_id, run_name=run_name, tags=tags)
             self.run_id = run.info.run_id
             items = [Param(k, v) for k, v in params.items()]
@@ -124,7 +136,38 @@ class MLflowRun:
         except Exception as e:   # the server's error, or the connection's: named, before training
             raise ConfigError(f"MLflow tracking server {shown(self.uri)} ({ENV} or --mlflow): "
                               f"{type(e).__name__}: {str(e)[:300]}") from None
+        if output:
+            self._record(output, experiment_id)
         self.say(f"MLflow: run {self.run_id} in experiment {self.experiment!r} at {shown(self.uri)}")
+
+    def _record(self, output: str, experiment_id: str) -> None:
+        """`output/mlflow_run.json`: the run's id, experiment and server (without credentials): what a resumed run
+        continues."""
+        import json
+
+        import tensorflow as tf
+
+        tf.io.gfile.makedirs(output)
+        with tf.io.gfile.GFile(os.path.join(output, RUN_RECORD), "w") as f:
+            json.dump({"run_id": self.run_id, "experiment_id": experiment_id, "uri": shown(self.uri)}, f)
+
+    def _continued(self, output: str, experiment_id: str) -> Optional[str]:
+        """The recorded run's id where it belongs to this server and experiment and the server still has it."""
+        import json
+
+        import tensorflow as tf
+
+        path = os.path.join(output, RUN_RECORD)
+        if not tf.io.gfile.exists(path):
+            return None
+        with tf.io.gfile.GFile(path) as f:
+            record = json.load(f)
+        if record.get("uri") != shown(self.uri) or record.get("experiment_id") != experiment_id:
+            return None
+        try:
+            return self.client.get_run(record["run_id"]).info.run_id
+        except Exception:   # deleted on the server since: a new run
+            return None
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         if self.run_id is None:

@@ -1,6 +1,7 @@
 """`harness train --mlflow URI` against a real MLflow tracking server the test starts on loopback (`mlflow server`,
 a SQLite store in a temporary folder, one worker): the run's parameters and per-epoch metrics reach it, its end is
-recorded, and no credential of the URI is written or printed; a server that cannot be reached stops the run
+recorded, a run trained on from its backup continues the same MLflow run, and no credential of the URI is written
+or printed; a server that cannot be reached stops the run
 before training, named. `harness train` runs in this process (`harness.cli.main`): the server is the process of
 its own here."""
 import contextlib
@@ -69,10 +70,11 @@ def test_the_run_reaches_the_tracking_server_with_its_parameters_and_epochs(serv
 
     synth.write_table_export(str(tmp_path / "points"), prefix="points", shards=2, records=256, seed=7)
     with_user = server.replace("http://", "http://alice:s3cr3t-pass@")   # a URI that carries a password
-    code, out = _main(capsys, "train", "--data", tmp_path / "points" / "points-00000.tfrecord.gz", "--validation-data",
-                      tmp_path / "points" / "points-00001.tfrecord.gz", "--label", "class", "--epochs", 2,
-                      "--global-batch-size", 32, "--mlflow", with_user, "--mlflow-experiment", "points-test",
-                      "--output", tmp_path / "run")
+    args = ["train", "--data", tmp_path / "points" / "points-00000.tfrecord.gz", "--validation-data",
+            tmp_path / "points" / "points-00001.tfrecord.gz", "--label", "class", "--epochs", 2,
+            "--global-batch-size", 32, "--mlflow", with_user, "--mlflow-experiment", "points-test",
+            "--output", tmp_path / "run"]
+    code, out = _main(capsys, *args)
     assert code == 0, out[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     written = (tmp_path / "run" / "summary.json").read_text()
@@ -98,6 +100,16 @@ def test_the_run_reaches_the_tracking_server_with_its_parameters_and_epochs(serv
     assert [m.step for m in per_class] == [1, 2]
     assert per_class[-1].value == pytest.approx(summary["per_class"]["0"]["iou"], rel=1e-6)
     assert run.data.tags["harness.initial_step"] == "0"
+    assert json.loads((tmp_path / "run" / "mlflow_run.json").read_text()) == {
+        "run_id": run.info.run_id, "experiment_id": experiment.experiment_id, "uri": server}
+
+    # Trained on from its backup (one more epoch): the same MLflow run goes on, one history for the run
+    code, out = _main(capsys, *args[:args.index("--epochs") + 1], 3, *args[args.index("--epochs") + 2:])
+    assert code == 0, out[-3000:]
+    assert f"MLflow: run {run.info.run_id} continued" in out and "s3cr3t-pass" not in out
+    again, = client.search_runs([experiment.experiment_id])
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [1, 2, 3]
 
 
 def test_a_server_that_cannot_be_reached_stops_the_run_before_training(tmp_path, capsys):

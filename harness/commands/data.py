@@ -43,17 +43,16 @@ def _quicklook(args, rep: dict) -> dict:
     from harness.predict import maps
 
     data = (rep.get("config") or {}).get("data") or {}
-    if data.get("kind") != "image" or rep.get("mixer") is None or data.get("sequence") or data.get("collapsed"):
+    if data.get("kind") != "image" or rep.get("mixer") is None or data.get("sequence"):
         raise ConfigError(f"--quicklook draws an image export of patches with its mixer; {' '.join(args.paths)} "
                           f"is {'a table' if data.get('kind') == 'table' else 'not one'} (kind "
                           f"{data.get('kind')}, mixer {'found' if rep.get('mixer') else 'none'}"
-                          f"{', per-pixel sequences' if data.get('sequence') else ''}"
-                          f"{', collapsed bands' if data.get('collapsed') else ''})")
+                          f"{', per-pixel sequences' if data.get('sequence') else ''})")
     spec = DataSpec.from_config(data)
     shards = shards_lib.discover_shards(args.paths)
     mixer = shards_lib.find_mixer(shards, args.mixer)
     bands = args.quicklook_bands or maps.quicklook_bands(spec.channels)
-    return maps.export_quicklook(shards, mixer, bands, args.quicklook, kernel_margin=spec.kernel_margin)
+    return maps.export_quicklook(shards, mixer, spec, bands, args.quicklook)
 
 
 def synth(args) -> int:

@@ -28,7 +28,6 @@ import colorsys
 import dataclasses
 import math
 import os
-import re
 import shutil
 import tempfile
 from typing import Iterator, Optional, Sequence
@@ -368,12 +367,6 @@ def describe_map(path: str) -> dict:
 
 
 # --- an input export drawn (`harness inspect --quicklook`) ---------------------------------------------------
-def _export_plane(name: str) -> tuple[str, int]:
-    """`ndvi[3]` -> ("ndvi", 3) (a plane of an array band); `B4` -> ("B4", 0)."""
-    m = re.fullmatch(r"(.+)\[(\d+)\]", name)
-    return (m.group(1), int(m.group(2))) if m else (name, 0)
-
-
 def _export_values(feature, dtype_bytes: bool) -> np.ndarray:
     """A feature's values as float32 (a bytes band: its uint8 values)."""
     if dtype_bytes:
@@ -383,7 +376,7 @@ def _export_values(feature, dtype_bytes: bool) -> np.ndarray:
     return np.asarray(feature.int64_list.value, np.float32)
 
 
-def export_quicklook(shards, mixer, bands: Sequence[str], out_png: str, *, kernel_margin: int = 0,
+def export_quicklook(shards, mixer, spec, bands: Sequence[str], out_png: str, *,
                      max_pixels: int = QUICKLOOK_PIXELS) -> dict:
     """Draw the image export of `shards` (in order) and its `mixer` into `out_png` (local or gs://): its patches
     placed by the mixer (patch i at grid row i // patchesPerRow, column i % patchesPerRow, each cropped to its
@@ -393,9 +386,10 @@ def export_quicklook(shards, mixer, bands: Sequence[str], out_png: str, *, kerne
     the export's size: each patch is read once, subsampled onto it, and dropped; time grows with its bytes.
 
     Args:
-      bands: one or three channel names as the export's spec names them (`B4`, or `ndvi[3]`: a plane of an array
-        band), drawn as grey or as red, green, blue.
-      kernel_margin: k: each stored band holds (P+k)^2 values per plane; the central P x P is drawn.
+      spec: the export's `DataSpec` (where each channel is stored: `channel_source`, array bands and collapsed
+        bands alike; its kernel margin k: each stored plane holds (P+k)^2 values, the central P x P is drawn).
+      bands: one or three channel names as the spec names them (`B4`, or `ndvi[3]`: a plane of an array band),
+        drawn as grey or as red, green, blue.
     Returns:
       {"path", "width", "height" (the picture's pixels), "scale" (export pixels per picture pixel), "bands",
        "patches", "stretch": {band: [low, high]}}.
@@ -413,8 +407,9 @@ def export_quicklook(shards, mixer, bands: Sequence[str], out_png: str, *, kerne
     width, height = per_row * width_p, rows * height_p
     scale = max(1, math.ceil(max(width, height) / max_pixels))
     canvas = np.full((math.ceil(height / scale), math.ceil(width / scale), len(bands)), np.nan, np.float32)
-    side_w, side_h, half = width_p + kernel_margin, height_p + kernel_margin, kernel_margin // 2
-    planes = [_export_plane(b) for b in bands]
+    k = spec.kernel_margin
+    side_w, side_h, half = width_p + k, height_p + k, k // 2
+    planes = [spec.channel_source(b) for b in bands]
     i = -1
     for shard in shards:
         for raw in tf.data.TFRecordDataset(shard.path, compression_type=shard.compression):
@@ -428,8 +423,8 @@ def export_quicklook(shards, mixer, bands: Sequence[str], out_png: str, *, kerne
             xs = np.arange(math.ceil(c0 / scale), math.ceil((c0 + width_p) / scale))
             for j, (name, plane) in enumerate(planes):
                 if name not in feature:
-                    raise ConfigError(f"{shard.path}, record {i}: no band {name!r} (the export has "
-                                      f"{sorted(feature)[:12]})")
+                    raise ConfigError(f"{shard.path}, record {i}: no feature {name!r} for {bands[j]!r} (the "
+                                      f"export has {sorted(feature)[:12]})")
                 values = _export_values(feature[name], bool(feature[name].bytes_list.value))
                 if values.size % (side_w * side_h) or plane >= values.size // (side_w * side_h):
                     raise ConfigError(f"{shard.path}, record {i}: band {name!r} holds {values.size} values, not "

@@ -162,8 +162,9 @@ def test_the_quicklook_draws_the_mosaic_the_mixer_lays_out(tmp_path, capsys):
         mosaic[r * 12:(r + 1) * 12, c * 12:(c + 1) * 12] = values[2:14, 2:14]   # the central P x P
     shards = S.discover_shards([str(tmp_path / "img")])
     mixer = S.find_mixer(shards)
+    spec = infer.infer_spec(shards, mixer=mixer)
     for max_pixels, scale in ((36, 1), (18, 2)):
-        out = maps.export_quicklook(shards, mixer, ["B3"], str(tmp_path / f"q{scale}.png"), kernel_margin=4,
+        out = maps.export_quicklook(shards, mixer, spec, ["B3"], str(tmp_path / f"q{scale}.png"),
                                     max_pixels=max_pixels)
         want = mosaic[::scale, ::scale]
         low, high = np.nanpercentile(want, (2, 98))
@@ -172,6 +173,13 @@ def test_the_quicklook_draws_the_mosaic_the_mixer_lays_out(tmp_path, capsys):
         assert (out["scale"], got.shape) == (scale, want.shape)
         np.testing.assert_allclose(got, want, atol=1 / 255 + 1e-6)
         assert (got[12 // scale:, 24 // scale:] == 1.0).all()   # the sixth slot: no patch, white
+    # the same export with collapsed bands (one feature B2 of 3 planes, inferred as an array band): its plane 1,
+    # B3's values, draws the same picture
+    synth.write_image_export(str(tmp_path / "col"), prefix="col", shards=2, records=5, patch_size=12,
+                             kernel_size=4, bands=["B2", "B3", "B4"], seed=2, collapse=True, label=None)
+    assert cli.main(["inspect", str(tmp_path / "col"), "--quicklook", str(tmp_path / "c.png"),
+                     "--quicklook-bands", "B2[1]"]) == 0
+    assert (matplotlib.image.imread(tmp_path / "c.png") == matplotlib.image.imread(tmp_path / "q.png")).all()
     synth.write_table_export(str(tmp_path / "pts"), records=8)
     capsys.readouterr()
     assert cli.main(["inspect", str(tmp_path / "pts"), "--quicklook", str(tmp_path / "t.png")]) == 2

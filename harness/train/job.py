@@ -56,7 +56,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     from harness.train.loop import keras_callbacks
     from harness.train.loop.controller import StopTraining
     from harness.train.model.parts import RunParts
-    from harness.train.report import tracking
+    from harness.train.report import provenance, tracking
 
     started = time.time()
     backend, resources, peer_timeout_s = _start(options, distribution)
@@ -104,9 +104,9 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     print(inputs.pipeline_plan(True, context.rank).describe(), flush=True)
     if val_ds is not None:   # its cache decided on the memory the training cache leaves
         print("validation " + inputs.pipeline_plan(False, context.rank).describe(), flush=True)
-    model_name = _model_name(options, model_fn, inputs.spec.kind)
-    tracker = _tracker(options, backend, inputs, policy=policy, started=started, cluster=cluster,
-                       model_name=model_name, initial_step=initial_step)   # an MLflow run, where one is named
+    ran = provenance.provenance(options, context, started=started, hosts=list(cluster.hosts),   # what runs
+                                model=_model_name(options, model_fn, inputs.spec.kind))
+    tracker = _tracker(options, backend, inputs, ran, policy=policy, initial_step=initial_step)   # MLflow, if named
     loop, guard, profiler = _loop(options, backend, parts, inputs, built, backup, loop_args, validating=val_ds is not None,
                                   initial_step=initial_step, cluster=cluster, stopper=stopper,
                                   peer_timeout_s=peer_timeout_s, callbacks=callbacks, tracker=tracker)
@@ -135,7 +135,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
             repeats.clear(backup, context)
         summary = _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed,
                           policy=policy, schedule=built.schedule, preemption=guard.preemption, stopper=stopper,
-                          tuned=tuned, started=started, cluster=cluster, model_name=model_name, profiler=profiler,
+                          tuned=tuned, ran=provenance.finished(ran, started, time.time()), profiler=profiler,
                           probe_run=probe_run)
     return summary
 
@@ -251,13 +251,13 @@ def _loop(options, backend, parts, inputs, built, backup, loop_args: dict, *, va
 
 
 def _finish(options, backend, inputs, loop, history, *, initial_step, seed, policy, schedule, preemption, stopper,
-            tuned, profiler, probe_run, started, cluster, model_name) -> dict:
+            tuned, profiler, probe_run, ran) -> dict:
     """After the last epoch (or an early stop): the weights checked equal on every worker, the final model saved,
     and the summary (`summary.json`, the chief's) with the profile report under `--profile`."""
     from harness.train.lifecycle import backup as backups
     from harness.train.measure import profiling
     from harness.train.model import metrics
-    from harness.train.report import provenance, run_summary
+    from harness.train.report import run_summary
 
     context, plan, spec = backend.context, inputs.plan, inputs.spec
     model, optimizer, controller = loop.trainer.model, loop.trainer.optimizer, loop.controller
@@ -276,9 +276,7 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
                "evaluation": _evaluation_counts(history, inputs.validation_plan),
                "spec": spec.replace(num_classes=inputs.num_classes).to_config(),  # what `harness predict` reads
                "facts": inputs.worker_facts(context.rank)}  # this worker's CPUs, memory and pipeline
-    summary["run"] = provenance.provenance(   # what ran: data, model file, optimizer, times, versions
-        options, context, started=started, ended=time.time(), hosts=list(cluster.hosts),
-        model=model_name)
+    summary["run"] = ran   # what ran: data, model file, optimizer, times, versions (report.provenance)
     if tuned is not None:
         summary["tune"] = tuned
         from harness.train.measure import tune as tune_measure
@@ -302,16 +300,16 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
     return summary
 
 
-def _tracker(options: TrainOptions, backend, inputs, *, policy, started: float, cluster, model_name: str,
-             initial_step: int):
+def _tracker(options: TrainOptions, backend, inputs, ran: dict, *, policy, initial_step: int):
     """The run's MLflow run (`harness.train.report.tracking`), opened by the chief where a tracking server is
-    named (`--mlflow`, else MLFLOW_TRACKING_URI), before any step; None where none is. Every worker learns the
+    named (`--mlflow`, else MLFLOW_TRACKING_URI), before any step, with the run's provenance `ran` as its
+    parameters; None where none is. Every worker learns the
     chief's outcome (one allgather): a server the chief cannot reach stops every worker, named.
 
     Raises:
       ConfigError: the chief could not open the MLflow run (its message on the chief).
     """
-    from harness.train.report import provenance, tracking
+    from harness.train.report import tracking
 
     context = backend.context
     uri = tracking.tracking_uri(options.mlflow)
@@ -319,10 +317,8 @@ def _tracker(options: TrainOptions, backend, inputs, *, policy, started: float, 
     if uri and context.is_chief:
         tracker = tracking.MLflowRun(uri, context, backend.say, experiment=options.mlflow_experiment,
                                      class_names=inputs.spec.class_names)
-        run = provenance.provenance(options, context, started=started, ended=started, model=model_name,
-                                    hosts=list(cluster.hosts))
         try:
-            tracker.start(options.output, tracking.params_of(run, inputs.plan.to_dict(), policy),
+            tracker.start(options.output, tracking.params_of(ran, inputs.plan.to_dict(), policy),
                           {"harness.output": options.output, "harness.initial_step": str(initial_step)},
                           output=options.output, resuming=initial_step > 0)
         except ConfigError as e:

@@ -49,13 +49,14 @@ def non_default(options) -> dict:
     return out
 
 
-def provenance(options, context, *, started: float, ended: float, model: str, hosts: Optional[list] = None) -> dict:
-    """The run's "run" entry of `summary.json`.
+def provenance(options, context, *, started: float, model: str, hosts: Optional[list] = None) -> dict:
+    """The run's "run" entry of `summary.json` as known at its start (`finished` adds its end): built once per run,
+    sent to MLflow as parameters (`tracking.params_of`) and written with the summary.
 
     Args:
       options: the run's `TrainOptions`.
       context: its `WorkerContext` (workers, replicas).
-      started, ended: Unix seconds at the start of `harness.train.job.run` and after its last epoch.
+      started: Unix seconds at the start of `harness.train.job.run`.
       model: what built the model: `options.model` (FILE.py:FUNCTION) or the built-in model's name.
       hosts: every worker's host name in rank order, where known.
     """
@@ -63,9 +64,13 @@ def provenance(options, context, *, started: float, ended: float, model: str, ho
 
     return {"data": list(options.data), "validation_data": list(options.validation_data or ()),
             "model_file": model, "init_from": options.init_from, "optimizer": optimizer(options),
-            "started": utc(started), "ended": utc(ended), "duration_s": round(ended - started, 3),
-            "workers": context.num_workers, "replicas_in_sync": context.replicas_in_sync,
+            "started": utc(started), "workers": context.num_workers, "replicas_in_sync": context.replicas_in_sync,
             **({"hosts": hosts} if hosts else {}), "options": non_default(options), "versions": versions()}
+
+
+def finished(run: dict, started: float, ended: float) -> dict:
+    """`provenance`'s entry with the run's end: "ended" (UTC) and "duration_s" (seconds from `started`)."""
+    return {**run, "ended": utc(ended), "duration_s": round(ended - started, 3)}
 
 
 def rows(run: dict) -> list[list]:

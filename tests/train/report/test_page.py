@@ -21,8 +21,8 @@ def test_the_optimizer_as_built_and_the_options_not_at_their_defaults():
 def test_the_page_shows_what_ran_and_only_evaluate_reports_as_scores(tmp_path):
     options = TrainOptions(data=("gs://bucket/train",), validation_data=("gs://bucket/val",), model="m.py:build")
     context = types.SimpleNamespace(num_workers=2, replicas_in_sync=2)
-    run = provenance.provenance(options, context, started=1_800_000_000, ended=1_800_000_061.5, model="m.py:build",
-                                hosts=["host0", "host1"])
+    run = provenance.finished(provenance.provenance(options, context, started=1_800_000_000, model="m.py:build",
+                                                    hosts=["host0", "host1"]), 1_800_000_000, 1_800_000_061.5)
     assert (run["started"], run["ended"], run["duration_s"]) == ("2027-01-15T08:00:00Z", "2027-01-15T08:01:01Z",
                                                                  61.5)
     (tmp_path / "summary.json").write_text(json.dumps({"context": "2 workers", "run": run}))

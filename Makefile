@@ -29,6 +29,7 @@ bench: install
 	$(PY) benchmarks/tune.py
 	$(PY) benchmarks/profile_overhead.py
 	$(PY) benchmarks/predict.py
+	$(PY) benchmarks/quicklook.py
 	$(PY) benchmarks/per_pixel.py
 	$(PY) benchmarks/step_loop.py
 	$(PY) benchmarks/cluster.py

@@ -91,6 +91,11 @@ RUNS = {
         **{f"row {data} {pipe}": rf"^  {data}\s+{pipe}\s+{NUM}\s+[0-9.]+%\s+{NUM}$"
            for data in ("GZIP export", "resharded") for pipe in ("read limit", "harness")},
         "gain": rf"^  gain, harness: {NUM}x"})],
+    "quicklook.py": [([], {
+        "title": r"^quick-look of image exports of N patches of 32x32x3 float \(GZIP, 4 shards\), at most 1024 pixels",
+        **{f"row {n}": rf"^\s+{n}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+\(\d+x\d+ px, scale 1\)$"
+           for n in (4, 16)},
+        "growth": rf"^peak memory at 16 patches against 4: {NUM}x \(4x the area\)$"})],
     # the points alone, their job included (harness train naive then tuned): the patch cases run the same code on
     # another export (their smoke took ~25 s of the suite's budget)
     "startup.py": [([], {
@@ -148,7 +153,7 @@ RUNS = {
 # hand their output back to the script (step_loop.py's horovodrun, tune.py's harness train runs): each saves a
 # process that imports TensorFlow (step_loop.py, tune.py and fit_ratio.py: 100 -> 92 CPU-s when they joined).
 SHARED = ("published_scaling.py", "reshard.py", "input_pipeline.py", "profile_overhead.py", "per_pixel.py",
-          "predict.py", "step_loop.py", "tune.py", "fit_ratio.py", "startup.py")
+          "predict.py", "quicklook.py", "step_loop.py", "tune.py", "fit_ratio.py", "startup.py")
 # argv: benchmarks/, the JSON list of [script, args, temporary folder], the JSON file of {script: {code, stdout}}
 _SHARED_RUNNER = r"""
 import contextlib, gc, io, json, os, runpy, sys, tempfile, time, traceback

@@ -40,3 +40,12 @@ $PIP install -q -e "$HERE[${EXTRAS:+$EXTRAS,}mpi]"
 $PIP install -q --no-deps "tf-keras>=2.21,<2.22"
 # Horovod 0.28.1 built from its sdist against this TF, with MPI and Gloo; cached wheel (see the script).
 bash "$HERE/tools/install_horovod.sh" "$VENV"
+# The MLflow tracking server the tests start (tests/train/report/test_tracking.py): the full `mlflow` package, in a
+# venv of its own under VENV, so that its scikit-learn never enters VENV. Keras 3 imports scikit-learn at
+# `import tensorflow` wherever it is installed: 6.3-6.9 CPU-s a TF import with it, 3.7-4.1 without (this machine,
+# `python -c "import tensorflow"` timed with time.process_time, 3 runs each), in every process of the suite.
+case ",$EXTRAS," in
+  *,test,*)
+    [ -x "$VENV/services/bin/python" ] || "$VENV/bin/python" -m venv "$VENV/services"
+    "$VENV/services/bin/python" -m pip install -q "mlflow>=3,<4" ;;
+esac

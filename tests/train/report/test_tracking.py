@@ -21,7 +21,8 @@ from harness.data.export import synth
 from harness.launch.local import free_ports
 from harness.train.report import tracking
 
-BIN = pathlib.Path(sys.executable).parent
+# the server's venv (tools/install.sh: the full `mlflow` package kept out of the harness's venv)
+MLFLOW = pathlib.Path(sys.prefix) / "services" / "bin" / "mlflow"
 START_TIMEOUT_S = 120
 
 
@@ -32,7 +33,7 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mlflow")
     port, = free_ports(1)
     log = open(folder / "server.log", "w")
-    proc = subprocess.Popen([BIN / "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    proc = subprocess.Popen([MLFLOW, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
                              "--default-artifact-root", str(folder / "artifacts")],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -49,6 +49,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "waits(reason): the test mostly waits (a peer timeout, a grace period): on "
                                        "parallel workers its file runs in the one stream of such files, beside "
                                        f"{CPU_SLOTS} tests that keep a core busy (tests/README.md)")
+    if not hasattr(config, "workerinput"):   # the process that prints the summary
+        config.stash[_IMPORT_CPU] = _start_import_probe()
     if _xdist_controller(config):   # the folder of the workers' lock files (_Turns); they inherit the environment
         folder = tempfile.mkdtemp(prefix="harness-pytest-turns-")
         os.environ["HARNESS_TEST_TURNS"] = folder
@@ -244,6 +246,35 @@ _WORKERS_OF_FILE: dict = {}   # on the xdist controller: test file -> the worker
 
 
 _TIME_OF_FOLDER: dict = {}   # test folder -> [tests, wall seconds, CPU seconds] (setup, call and teardown)
+_IMPORT_CPU = pytest.StashKey()
+# The machine's speed in the unit every process the suite starts pays: the CPU seconds of `import harness,
+# tensorflow` in a fresh interpreter, measured once while the suite runs (the same machine gave 1.5-1.6 one day and
+# 3.0-3.8 another: runs are compared in this unit, tests/README.md)
+_IMPORT_PROBE = ("import time; t = time.process_time(); import harness, tensorflow; "
+                 "print(f'{time.process_time() - t:.2f}')")
+
+
+def _start_import_probe():
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-c", _IMPORT_PROBE], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+
+
+def _import_cpu(config) -> str:
+    """The probe's CPU seconds as text, or why there is none (waits at most 60 s for it)."""
+    import subprocess
+
+    probe = config.stash.get(_IMPORT_CPU, None)
+    if probe is None:
+        return "not measured"
+    try:
+        out, _ = probe.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        probe.kill()
+        probe.communicate()
+        return "not measured (over 60 s)"
+    return f"{out.strip()} CPU-s" if probe.returncode == 0 and out.strip() else f"failed (exit {probe.returncode})"
 
 
 def pytest_runtest_logreport(report):
@@ -275,6 +306,7 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{folder:<28} {tests:>6} {wall:>9.1f} {cpu:>9.1f}")
         total = [total[0] + tests, total[1] + wall, total[2] + cpu]
     write(f"{'all':<28} {total[0]:>6} {total[1]:>9.1f} {total[2]:>9.1f}")
+    write(f"this machine: `import harness, tensorflow` in a fresh process, {_import_cpu(terminalreporter.config)}")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -2,12 +2,13 @@
 before its first step, first run and second, beside TensorFlow's own read of the same records.
 
 For each shard count N (`--shards`, the same `--records` records split over N GZIP shards of a table export,
-`harness.data.export.synth`), in a child process of its own (a fresh TensorFlow, its own peak memory), with a fresh
-`HARNESS_CACHE_DIR` (the record index):
+`harness.data.export.synth`), `--runs` runs, each a child process of its own (a fresh TensorFlow, its own peak
+memory: as each `harness train` is) on one `HARNESS_CACHE_DIR` (the record index), fresh for the first run:
   open      `open_shards`: discovery, the record counts (`index.record_stats`: counted on the first run, from the
-            index on the second), the mixer;
+            index on the later ones), the mixer;
   checks    the spec inferred from the first shard, then every shard's record 0 checked against it and its label
-            (`validate.validate_shards`: one parallel pass, `ShardSet.heads`);
+            (`validate.validate_shards`: one parallel pass, `ShardSet.heads`; on a later run only the shards whose
+            identity did not pass the same checks before: `heads read`);
   per shard the same checks as they ran before issue 62 (`validate_spec` with one `records.first_examples` per
             shard, then `check_first_labels`): a dataset built and drained per shard;
   read all  one interleaved `TFRecordDataset` over every shard, drained inside TensorFlow: what reading the whole
@@ -15,7 +16,7 @@ For each shard count N (`--shards`, the same `--records` records split over N GZ
 Printed per N: seconds of each (first run: counting; second run: from the index), per-shard ratio, and the
 child's peak resident memory. A cost that grows with N beyond the read's is what this benchmark exists to show.
 
-  python benchmarks/startup.py [--shards 10,100,1000] [--records 4000] [--runs 2]
+  python benchmarks/startup.py [--shards 10,100,1000] [--records 4000] [--runs 2] [--per-shard-max 1000]
 """
 from __future__ import annotations
 
@@ -32,11 +33,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
-SMOKE = dict(shards="2,8", records=64, runs=1)
+SMOKE = dict(shards="2,8", records=64, runs=2)
 
 
-def _child(folder: str, runs: int) -> dict:
-    """In a fresh process: the phases timed on the export in `folder`, `runs` times (the first counts)."""
+def _child(folder: str, last: bool, per_shard: bool) -> dict:
+    """In a fresh process: open and checks timed on the export in `folder` (a run of `harness train` would do
+    both); with `last`, also the read of every record and, with `per_shard`, the checks one shard at a time."""
     import harness  # noqa: F401  (environment defaults before TensorFlow)
     import tensorflow as tf
 
@@ -45,27 +47,27 @@ def _child(folder: str, runs: int) -> dict:
     from harness.data.spec import labels, validate
     from harness.train.inputs import resolve_spec
 
-    out = {"runs": []}
-    for _ in range(runs):
-        row = {}
-        t = time.perf_counter()
-        train = open_shards([folder])
-        row["open"] = time.perf_counter() - t
-        t = time.perf_counter()
-        spec = resolve_spec({"label": "class"}, train)
-        validate.validate_shards(spec, train, labels=True)
-        row["checks"] = time.perf_counter() - t
-        out["runs"].append(row)
+    out = {}
+    t = time.perf_counter()
+    train = open_shards([folder])
+    out["open"] = time.perf_counter() - t
+    t = time.perf_counter()
+    spec = resolve_spec({"label": "class"}, train)
+    report = validate.validate_shards(spec, train, labels=True)
+    out["checks"] = time.perf_counter() - t
+    out["read_heads"] = len(report.checked) + len(report.empty)
     shards = list(train.shards)
-    t = time.perf_counter()
-    validate.validate_spec(spec, shards, read=first_examples)
-    labels.check_first_labels(spec, shards, read=first_examples)
-    out["per_shard"] = time.perf_counter() - t
-    ds = tf.data.TFRecordDataset([s.path for s in shards], compression_type="GZIP",
-                                 num_parallel_reads=min(16, len(shards))).batch(4096)
-    t = time.perf_counter()
-    ds.reduce(tf.constant(0, tf.int64), lambda n, b: n + tf.size(b, out_type=tf.int64))
-    out["read_all"] = time.perf_counter() - t
+    if last and per_shard:
+        t = time.perf_counter()
+        validate.validate_spec(spec, shards, read=first_examples)
+        labels.check_first_labels(spec, shards, read=first_examples)
+        out["per_shard"] = time.perf_counter() - t
+    if last:
+        ds = tf.data.TFRecordDataset([s.path for s in shards], compression_type="GZIP",
+                                     num_parallel_reads=min(16, len(shards))).batch(4096)
+        t = time.perf_counter()
+        ds.reduce(tf.constant(0, tf.int64), lambda n, b: n + tf.size(b, out_type=tf.int64))
+        out["read_all"] = time.perf_counter() - t
     out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["shards"], out["records"] = len(shards), train.records
     return out
@@ -75,18 +77,25 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shards", default="10,100,1000", help="shard counts, comma-separated")
     p.add_argument("--records", type=int, default=4000, help="records of the export, split over its shards")
-    p.add_argument("--runs", type=int, default=2, help="runs per child: the first counts, the later read the index")
+    p.add_argument("--runs", type=int, default=2,
+                   help="runs per N, each a fresh process on the same record index: the first counts and checks, "
+                        "the later read the index")
+    p.add_argument("--per-shard-max", type=int, default=1000,
+                   help="the checks one shard at a time only up to this many shards (20 ms a shard)")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--last", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--per-shard", action="store_true", help=argparse.SUPPRESS)
     args = smoke.parse(p, argv, SMOKE)
     if args.child:
-        print(json.dumps(_child(args.child, args.runs)))
+        print(json.dumps(_child(args.child, args.last, args.per_shard)))
         return 0
     from harness.data.export import synth
 
     print(f"{args.records} records of a table export (4 float bands, a class), GZIP, split over N shards; "
-          f"{args.runs} run(s) per N, each N in its own process with a fresh record index", flush=True)
-    print(f"  {'N':>6} {'run':>4} {'open s':>8} {'checks s':>9} {'ms/shard':>9}   {'per shard s':>11} "
-          f"{'read all s':>10} {'checks/read':>11} {'peak MiB':>9}")
+          f"{args.runs} run(s) per N, each a process of its own on the N's record index (fresh for its first run)",
+          flush=True)
+    print(f"  {'N':>6} {'run':>4} {'open s':>8} {'checks s':>9} {'ms/shard':>9} {'heads read':>10}   "
+          f"{'per shard s':>11} {'read all s':>10} {'checks/read':>11} {'peak MiB':>9}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="harness-startup-") as tmp:
         for n in map(int, args.shards.split(",")):
@@ -94,29 +103,34 @@ def main(argv=None) -> int:
             synth.write_table_export(folder, prefix="points", shards=n, records=max(args.records, n), seed=1)
             env = dict(os.environ, HARNESS_CACHE_DIR=os.path.join(tmp, f"cache{n}"), CUDA_VISIBLE_DEVICES="",
                        TF_CPP_MIN_LOG_LEVEL="2")
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", folder, "--runs",
-                                   str(args.runs)], capture_output=True, text=True, env=env, timeout=3600)
-            if done.returncode != 0:
-                print(done.stdout[-2000:] + done.stderr[-3000:], file=sys.stderr)
-                return done.returncode
-            got = json.loads(done.stdout.strip().splitlines()[-1])
-            rows.append(got)
-            for r, run in enumerate(got["runs"]):
-                last = r == len(got["runs"]) - 1
-                print(f"  {n:>6} {r + 1:>4} {run['open']:>8.2f} {run['checks']:>9.2f} "
-                      f"{1e3 * run['checks'] / n:>9.2f}   "
-                      + (f"{got['per_shard']:>11.2f} {got['read_all']:>10.2f} "
-                         f"{run['checks'] / max(got['read_all'], 1e-9):>11.2f} {got['peak_mib']:>9.0f}" if last
-                         else ""), flush=True)
+            runs = []
+            for r in range(args.runs):
+                last = r == args.runs - 1
+                flags = (["--last"] if last else []) + (["--per-shard"] if last and n <= args.per_shard_max else [])
+                done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", folder, *flags],
+                                      capture_output=True, text=True, env=env, timeout=3600)
+                if done.returncode != 0:
+                    print(done.stdout[-2000:] + done.stderr[-3000:], file=sys.stderr)
+                    return done.returncode
+                run = json.loads(done.stdout.strip().splitlines()[-1])
+                runs.append(run)
+                per_shard = f"{run['per_shard']:>11.2f}" if "per_shard" in run else f"{'-':>11}"
+                print((f"  {n:>6} {r + 1:>4} {run['open']:>8.2f} {run['checks']:>9.2f} "
+                       f"{1e3 * run['checks'] / n:>9.2f} {run['read_heads']:>10}   "
+                       + (f"{per_shard} {run['read_all']:>10.2f} "
+                          f"{run['checks'] / max(run['read_all'], 1e-9):>11.2f} {run['peak_mib']:>9.0f}" if last
+                          else "")).rstrip(), flush=True)
+            rows.append({"shards": n, "runs": runs, **runs[-1]})
     first, last = rows[0], rows[-1]
     which = "second run (the record index read)" if args.runs > 1 else "first run (counting)"
     grow = (last["runs"][-1]["open"] + last["runs"][-1]["checks"]) - (first["runs"][-1]["open"] +
                                                                       first["runs"][-1]["checks"])
     print(f"{which}, open + checks at {last['shards']} shards against {first['shards']}: {grow:+.2f} s "
           f"(target for the second run: within 5 s)")
-    print(f"checks at {last['shards']} shards: one pass {last['runs'][-1]['checks']:.2f} s against "
-          f"{last['per_shard']:.2f} s one shard at a time "
-          f"({last['per_shard'] / max(last['runs'][-1]['checks'], 1e-9):.1f}x)")
+    if "per_shard" in last:
+        print(f"checks at {last['shards']} shards: one pass {last['runs'][0]['checks']:.2f} s (first run) against "
+              f"{last['per_shard']:.2f} s one shard at a time "
+              f"({last['per_shard'] / max(last['runs'][0]['checks'], 1e-9):.1f}x)")
     return 0
 
 

@@ -33,10 +33,17 @@ def shared_data() -> pathlib.Path:
         pytest.skip(str(e))
 
 
-@pytest.fixture(autouse=True)
-def _isolated_index(tmp_path_factory, monkeypatch):
-    """Each test session gets its own record index (HARNESS_CACHE_DIR), never the user's ~/.cache."""
-    monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "harness-cache"))
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_index(tmp_path_factory):
+    """Each test session gets its own record index (HARNESS_CACHE_DIR), never the user's ~/.cache: set for the
+    whole session, before any module fixture starts a process (a function's monkeypatch came after them)."""
+    saved = os.environ.get("HARNESS_CACHE_DIR")
+    os.environ["HARNESS_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "harness-cache")
+    yield
+    if saved is None:
+        os.environ.pop("HARNESS_CACHE_DIR", None)
+    else:
+        os.environ["HARNESS_CACHE_DIR"] = saved
 
 
 def pytest_configure(config):

@@ -214,7 +214,7 @@ def plan(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = 
     say(f"spec: {json.dumps(spec.to_config())}")
     for line in spec_lib.layout_notes(spec, infer.read_schema(list(train.shards), read=train.first_examples)):
         say(line)
-    validate.validate_shards(spec, train, labels=True)   # every shard's first record, one parallel pass
+    check_first_records(spec, train, "training data", say, labels=True)
     _check_mixer(train, options, per_pixel=spec.sequence)
     context = backend.context
     epoch_plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
@@ -241,6 +241,19 @@ def open_counted(sources, backend, what: str, say: Callable[..., None], *, mixer
         f"{tally['cached']} from the record index ({os.path.join(index.cache_dir(), index.INDEX_NAME)}){others}; "
         f"{tally['seconds']:.1f} s")
     return data
+
+
+def check_first_records(spec, data: ShardSet, what: str, say: Callable[..., None], *, labels: bool = False) -> None:
+    """`validate.validate_shards` (every shard's first record against the spec, one parallel pass; with `labels`
+    the label rule), then one line of what it read: `training data: first records of 40 shard(s) checked here,
+    0 passed the same checks in an earlier run (record index); 0.3 s`."""
+    import time
+
+    start = time.perf_counter()
+    report = validate.validate_shards(spec, data, labels=labels)
+    say(f"{what}: first records of {len(report.checked) + len(report.empty)} shard(s) checked here, "
+        f"{report.passed_before} passed the same checks in an earlier run (record index); "
+        f"{time.perf_counter() - start:.1f} s")
 
 
 def finish(planned: Planned, backend, *, say: Callable[..., None] = lambda *a, **k: None,
@@ -270,7 +283,7 @@ def _validation(options, train: ShardSet, spec, plan, backend, say):
     if shared:
         raise ConfigError(f"{len(shared)} file(s) are both training and validation data (e.g. {shared[0]}): "
                           "validation would score records the model trained on")
-    validate.validate_shards(spec, validation)
+    check_first_records(spec, validation, "validation data", say)
     try:
         val_plan = plan_lib.make_plan(validation.counts, workers=plan.batch.workers,
                                       replicas_per_worker=plan.batch.replicas_per_worker,

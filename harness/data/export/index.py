@@ -60,6 +60,46 @@ def _key(shard: Shard) -> str:
     return file_identity(shard.path)
 
 
+def identities(shards: Sequence[Shard]) -> list[str]:
+    """`file_identity` of each shard, in order: the keys of the index (one stat per file: a request on gs://,
+    so a caller computes them once per run and hands them on)."""
+    return [_key(s) for s in shards]
+
+
+def _stats(entry: dict) -> ShardStats:
+    return ShardStats(records=entry["records"], bytes=entry["bytes"])
+
+
+# Checks passed, per shard: the digests of the checks (`harness.data.spec.validate.check_digest`: the spec and the
+# checking code's version) that the shard's first record passed, the last CHECKED_KEPT of them, so that a later run
+# with the same spec reads no shard whose identity is unchanged. A rewritten shard has another identity: no entry.
+CHECKED, CHECKED_KEPT = "checked", 4
+
+
+def passed(keys: Sequence[str], digest: str, *, index_path: Optional[str] = None) -> list[bool]:
+    """For each identity in `keys`: whether its shard passed the checks of `digest` in an earlier run (its index
+    entry lists the digest)."""
+    entries = _load(index_path or os.path.join(cache_dir(), INDEX_NAME))
+    return [digest in (entries.get(k) or {}).get(CHECKED, ()) for k in keys]
+
+
+def mark_passed(keys: Sequence[str], digests: Sequence[str], *, index_path: Optional[str] = None) -> None:
+    """Record that the shards of `keys` (counted: in the index) passed the checks of each of `digests`.
+
+    The index is read, merged and replaced as one file (`_save`); a concurrent writer may drop a mark, which costs
+    only that shard's check again. Keys not in the index are left out (nothing to attach the mark to)."""
+    path = index_path or os.path.join(cache_dir(), INDEX_NAME)
+    entries, new = _load(path), {}
+    for k in keys:
+        entry = entries.get(k)
+        if not isinstance(entry, dict) or "records" not in entry:
+            continue
+        have = [d for d in entry.get(CHECKED, ()) if d not in digests]
+        new[k] = {**entry, CHECKED: (have + list(digests))[-CHECKED_KEPT:]}
+    if new:
+        _save(path, new)
+
+
 def _load(path: str) -> dict:
     try:
         with open(path) as f:
@@ -186,7 +226,8 @@ _FAILED, _PAD = -1.0, -2.0   # a gathered row's records: this worker's count of 
 
 
 def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path: Optional[str] = None,
-                 split: Optional[Split] = None, tally: Optional[dict] = None) -> list[ShardStats]:
+                 split: Optional[Split] = None, tally: Optional[dict] = None,
+                 keys: Optional[Sequence[str]] = None) -> list[ShardStats]:
     """ShardStats for each shard, in order, from the cached index or by counting (count_shards: one pipeline).
 
     With `split`, each worker reads only its share (the shards `rank::workers`: from its index, else counted) and
@@ -194,7 +235,8 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path:
     worker then holds every count and caches them. A shard that fails to count on its worker fails on every
     worker, with the same named error (each reads that shard again to name it), so no worker waits for a worker
     that stopped. `tally` (a dict), when given, is filled with what was done: {"shards", "counted", "cached",
-    "gathered"} (gathered: counted or cached by the other workers).
+    "gathered"} (gathered: counted or cached by the other workers). `keys`: the shards' `identities`, when the
+    caller has them (else stat'ed here).
 
     Zero-record shards are valid: they are counted and logged, not an error.
 
@@ -203,7 +245,7 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path:
     """
     index_path = index_path or os.path.join(cache_dir(), INDEX_NAME)
     cached = _load(index_path) if use_cache else {}
-    keys = [_key(s) for s in shards]
+    keys = list(keys) if keys is not None else identities(shards)
     mine = list(range(len(shards))) if split is None or split.workers == 1 else \
         list(range(split.rank, len(shards), split.workers))
     todo = [i for i in mine if keys[i] not in cached]
@@ -247,7 +289,7 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path:
     if tally is not None:
         tally.update(shards=len(shards), counted=len(todo), cached=sum(keys[i] in cached for i in mine),
                      gathered=len(shards) - len(mine))
-    out = [ShardStats(**(new.get(k) or cached[k])) for k in keys]
+    out = [_stats(new.get(k) or cached[k]) for k in keys]
     empty = [s.path for s, st in zip(shards, out) if st.records == 0]
     if empty:
         log.warning("%d shard(s) hold zero records (counted, not an error): %s", len(empty), ", ".join(empty))

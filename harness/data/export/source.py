@@ -28,12 +28,15 @@ class ShardSet:
       stats: `index.ShardStats` per shard (records; serialized bytes, uncompressed).
       mixer: the export's mixer.json, or None (tables, mixer-less exports).
       sources: the folders, globs or paths as given.
+      identities: `index.file_identity` per shard (path, size, modification time), taken once at discovery: the
+        keys of the record index and of the checks passed (`index.passed`); empty when not known.
     """
 
     shards: tuple[Shard, ...]
     stats: tuple[index.ShardStats, ...]
     mixer: Optional[Mixer]
     sources: tuple[str, ...]
+    identities: tuple[str, ...] = ()
     _heads: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -67,21 +70,25 @@ class ShardSet:
         self._heads[shard.path] = (examples, asked)
         return examples[:n]
 
-    def heads(self) -> Iterator[tuple[Shard, Optional[object]]]:
+    def heads(self, skip: Sequence[bool] = ()) -> Iterator[tuple[Shard, Optional[object]]]:
         """`(shard, its record 0 as a tf.train.Example or SequenceExample)` for every shard in order, None for a
         zero-record shard (known from the counts: not read): what `validate_spec` and the label check read of
         each shard. Read in one parallel pass (`records.first_records`), one record held at a time; the first
-        shard holding records from `first_examples` (read once).
+        shard holding records from `first_examples` (read once). `skip[i]` true: shard i is neither read nor
+        yielded (its checks passed in an earlier run: `index.passed`).
 
         Raises:
           the errors of `records.first_records` and `records.decode_example`, naming the shard and record 0.
         """
         from harness.data.export import records
 
+        skip = list(skip) or [False] * len(self.shards)
         first = next((i for i, st in enumerate(self.stats) if st.records > 0), None)
-        rest = [i for i, st in enumerate(self.stats) if st.records > 0 and i != first]
+        rest = [i for i, st in enumerate(self.stats) if st.records > 0 and i != first and not skip[i]]
         read = records.first_records([self.shards[i] for i in rest])
         for i, (shard, st) in enumerate(zip(self.shards, self.stats)):
+            if skip[i]:
+                continue
             if st.records == 0:
                 yield shard, None
             elif i == first:
@@ -118,7 +125,9 @@ def open_shards(sources: Sequence[str], *, mixer: Optional[str] = None, split: O
 
     shards = discover_shards(list(sources))
     start = time.perf_counter()
-    stats = index.record_stats(shards, split=split, tally=tally)
+    keys = index.identities(shards)
+    stats = index.record_stats(shards, split=split, tally=tally, keys=keys)
     if tally is not None:
         tally["seconds"] = time.perf_counter() - start
-    return ShardSet(shards=tuple(shards), stats=tuple(stats), mixer=find_mixer(shards, mixer), sources=tuple(sources))
+    return ShardSet(shards=tuple(shards), stats=tuple(stats), mixer=find_mixer(shards, mixer), sources=tuple(sources),
+                    identities=tuple(keys))

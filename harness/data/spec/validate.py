@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from typing import Mapping, Optional, Sequence
 
@@ -17,12 +19,29 @@ from harness.errors import (EmptyFeatureError, FeatureDtypeError, FeatureLengthE
 log = logging.getLogger(__name__)
 
 
+# The version of the checks below: part of every `check_digest`, so that a change to what they check makes every
+# shard's first record read and checked again, whatever the record index remembers.
+CHECKS_VERSION = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class ValidationReport:
-    """Result of validate_spec: shards checked (first record) and zero-record shards skipped (not an error)."""
+    """Result of validate_spec: shards checked (first record), zero-record shards skipped (not an error), and
+    shards not read because they passed the same checks in an earlier run (`passed_before`: their identity in the
+    record index with this `check_digest`)."""
 
     checked: tuple[str, ...]
     empty: tuple[str, ...]
+    passed_before: int = 0
+
+
+def check_digest(spec: DataSpec, labels: bool) -> str:
+    """16 hex digits naming the checks of `validate_shards`: CHECKS_VERSION, the spec (`to_config`: features,
+    dtypes, sizes, label rule) and whether the label rule is checked. A shard whose identity (path, size,
+    modification time) passed a digest's checks passes them again without a read (`index.passed`)."""
+    text = json.dumps({"checks": CHECKS_VERSION, "spec": spec.to_config(), "labels": labels}, sort_keys=True,
+                      default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def _side_text(n: int) -> str:
@@ -95,14 +114,16 @@ def _check_steps(spec: DataSpec, name: str, info: FeatureInfo, where: str) -> Op
     return None
 
 
-def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None, heads=None, each=None) -> ValidationReport:
+def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None, heads=None, each=None,
+                  passed: Sequence[Shard] = ()) -> ValidationReport:
     """Check the spec against the first record of every shard, before any training.
 
     Also a cheap framing check of each shard (its first record is read with its compression). `read`: the first
     records' reader, as infer_spec's, one shard at a time; `heads`: instead, `(shard, record 0 or None)` for every
     shard in order (`ShardSet.heads`: one parallel pass, one record held at a time; what every caller with a
     `ShardSet` gives); `each`: `fn(shard, record 0)` called on each shard's record as it is checked (the label
-    check: `labels.check_record`), so that the records are read once.
+    check: `labels.check_record`), so that the records are read once. `passed`: shards not in `heads` because
+    they passed these checks before (they count as matching shards: a shard that differs is schema drift).
 
     Returns:
       a ValidationReport; zero-record shards are listed there and logged, not an error.
@@ -140,18 +161,18 @@ def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None, heads=N
             each(shard, example)
     if empty:
         log.warning("%d zero-record shard(s) skipped (counted, not an error): %s", len(empty), ", ".join(empty))
-    if not checked:
+    if not checked and not passed:
         raise SpecError(f"all {len(shards)} shard(s) hold zero records")
     for f in spec.features:
         if not problems[f]:
             continue
         shard, err = problems[f][0]
-        if not good[f]:
+        matched = [s for s, _ in good[f]] + list(passed)
+        if not matched:
             raise err
-        ok = good[f][0][0]
-        raise SchemaDriftError(f"shards differ for feature {f!r}: {len(good[f])} shard(s) match the spec (e.g. "
-                               f"{ok.path}) but {len(problems[f])} do not; first: {err}")
-    return ValidationReport(tuple(checked), tuple(empty))
+        raise SchemaDriftError(f"shards differ for feature {f!r}: {len(matched)} shard(s) match the spec (e.g. "
+                               f"{matched[0].path}) but {len(problems[f])} do not; first: {err}")
+    return ValidationReport(tuple(checked), tuple(empty), len(passed))
 
 
 def validate_shards(spec: DataSpec, shards, *, labels: bool = False) -> ValidationReport:
@@ -159,15 +180,28 @@ def validate_shards(spec: DataSpec, shards, *, labels: bool = False) -> Validati
     `labels` the label rule checked on each shard's record 0 as it passes and on the first 16 records of the first
     shard holding any (`labels.check_first_labels`): every check of the first records in one read of them.
 
+    A shard whose identity (`ShardSet.identities`: path, size, modification time) passed the same checks in an
+    earlier run (`check_digest`, remembered in the record index: `index.passed`) is not read again: a second run
+    of 10,000 unchanged shards reads one (the first, which the spec's inference reads anyway). The shards that
+    pass here are remembered (with `labels`, for the checks without the label rule too).
+
     Raises:
       the errors of `validate_spec` and, with `labels`, LabelValueError naming the shard and record.
     """
+    from harness.data.export import index
     from harness.data.spec import labels as labels_lib
 
     each = (lambda shard, ex: labels_lib.check_record(spec, f"{shard.path}: record 0", ex)) if labels else None
-    report = validate_spec(spec, list(shards.shards), heads=shards.heads(), each=each)
+    digest, keys = check_digest(spec, labels), list(shards.identities)
+    skip = index.passed(keys, digest) if keys else []
+    report = validate_spec(spec, list(shards.shards), heads=shards.heads(skip), each=each,
+                           passed=[s for s, st, done in zip(shards.shards, shards.stats, skip) if done and st.records])
+    report = dataclasses.replace(report, passed_before=sum(skip))   # zero-record shards among them
     if labels:
         first = next(s for s, st in zip(shards.shards, shards.stats) if st.records > 0)   # validate_spec: one exists
         labels_lib.check_first_labels(spec, [first], read=shards.first_examples)
+    if keys and not all(skip):
+        index.mark_passed([k for k, done in zip(keys, skip or [False] * len(keys)) if not done],
+                          [digest] + ([check_digest(spec, False)] if labels else []))
     return report
 

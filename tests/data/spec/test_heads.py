@@ -76,3 +76,49 @@ def test_a_shard_damaged_after_it_was_counted_is_named_by_the_one_pass(tmp_path,
         assert "record 0 could not be read, yet the shard was counted with 3 record(s)" in str(raised.value)
     else:
         assert seen and seen[-1] == path and path not in seen[:-1], seen
+
+
+def _read_heads(monkeypatch) -> list:
+    """The shards each later `records.first_records` pass is asked to read (their paths, in order)."""
+    asked = []
+    monkeypatch.setattr(records, "first_records", lambda shards, _real=records.first_records: (
+        asked.extend(s.path for s in shards), _real(shards))[1])
+    return asked
+
+
+def test_a_second_run_reads_no_first_record_of_an_unchanged_shard_and_reads_a_rewritten_one(tmp_path,
+                                                                                            monkeypatch):
+    """The checks passed are remembered per shard identity (path, size, mtime) and spec in the record index: a
+    second run (the shards opened again, as a new process does) reads none of them; a shard rewritten since is read
+    and its drift named; another spec, or the label rule asked for the first time, reads every shard again."""
+    folder = tmp_path / "r"
+    first = _export(folder)
+    spec = infer.infer_spec(list(first.shards), label="cls", read=first.first_examples)
+    asked = _read_heads(monkeypatch)
+    report = validate.validate_shards(spec, first, labels=True)
+    assert (len(report.checked), len(report.empty), report.passed_before) == (SHARDS - 1, 1, 0)
+    assert len(asked) == SHARDS - 2   # the first shard from the spec's read, the empty one not read
+
+    asked.clear()
+    again = open_shards([str(folder)])
+    assert again.identities == first.identities
+    report = validate.validate_shards(spec, again, labels=True)
+    assert (report.checked, report.empty, report.passed_before, asked) == ((), (), SHARDS, [])
+    assert validate.validate_shards(spec, again).passed_before == SHARDS   # the label rule's pass covers this one
+
+    rewritten = again.shards[31].path   # B1 stored as int64 now: a new identity (size, mtime)
+    write(rewritten, [example(B1=[1], B2=[1.0], cls=[0.0]) for _ in range(3)], gz=True)
+    changed = open_shards([str(folder)])
+    assert changed.identities[31] != again.identities[31] and changed.identities[30] == again.identities[30]
+    with pytest.raises(SchemaDriftError, match=r"shards differ for feature 'B1': 38 shard\(s\) match the spec .*"
+                                               r"pts-00031\.tfrecord\.gz: record 0: band 'B1': expected dtype float, "
+                                               r"found int64"):
+        validate.validate_shards(spec, changed, labels=True)
+    assert asked == [rewritten]
+
+    asked.clear()
+    narrower = spec.replace(bands=("B1",))   # another spec: another digest, every shard read
+    assert validate.check_digest(narrower, True) != validate.check_digest(spec, True)
+    with pytest.raises(SchemaDriftError):
+        validate.validate_shards(narrower, changed)
+    assert len(asked) == SHARDS - 2

@@ -5,7 +5,9 @@ Earth Engine and the tools around it do not record how many Examples a shard hol
 so the harness counts. Counting reads the whole shard once inside TensorFlow (batched, no per-record Python); the
 result is cached under `$HARNESS_CACHE_DIR` (default `~/.cache/harness/`) in `record_index.json`, keyed by path,
 size in bytes and modification time (`file_identity`), so a later run, or another worker sharing the home folder,
-does not read the data again. A rewritten shard changes size or mtime and is counted again.
+does not read the data again. A rewritten shard changes size or mtime and is counted again; the entries of
+rewritten and deleted (local) files leave the index at its next write. Each entry also lists the checks its
+shard's first record passed (`passed`, `mark_passed`), so a later run with the same spec reads no first record.
 """
 from __future__ import annotations
 
@@ -109,12 +111,29 @@ def _load(path: str) -> dict:
         return {}
 
 
+def _path_of(key: str) -> str:
+    return key.rsplit("|", 2)[0]
+
+
+def _stale(key: str, new_key_of: dict) -> bool:
+    """Whether an index entry names a file that is gone or was rewritten: another identity of its path is being
+    written now, or its path is local and no longer exists (a `gs://` path is not checked: a request each)."""
+    path = _path_of(key)
+    if new_key_of.get(path, key) != key:
+        return True
+    return "://" not in path and not os.path.exists(path)
+
+
 def _save(path: str, new: dict) -> None:
-    """Merge `new` into the index file atomically (write a temporary file, then rename); failures only log."""
+    """Merge `new` into the index file atomically (write a temporary file, then rename); failures only log.
+
+    Entries of files rewritten since (another identity of the same path in `new`) or gone (local paths) are
+    dropped as the file is written, so the index holds the files that exist, not every file ever opened."""
     tmp = None
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        merged = {**_load(path), **new}
+        new_key_of = {_path_of(k): k for k in new}
+        merged = {k: v for k, v in {**_load(path), **new}.items() if k in new or not _stale(k, new_key_of)}
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".record_index.")
         with os.fdopen(fd, "w") as f:
             json.dump(merged, f, indent=0, sort_keys=True)

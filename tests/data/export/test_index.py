@@ -67,15 +67,25 @@ def test_a_bad_shard_among_many_is_named_in_order(tmp_path):
         index.record_counts(found, use_cache=False)
 
 
-def test_cache_keyed_by_size_and_mtime(tmp_path):
+def test_cache_keyed_by_size_and_mtime_and_holds_only_the_files_that_exist(tmp_path):
+    import json
+
     from harness.data.export import synth
     out = tmp_path / "t"
     synth.write_table_export(str(out), records=5, seed=0)
     found = S.discover_shards(str(out))
     path = str(tmp_path / "idx.json")
     assert index.record_counts(found, index_path=path) == [5]
+    old_key = index.identities(found)[0]
     synth.write_table_export(str(out), records=7, seed=0)  # rewritten in place: new size and mtime
     assert index.record_counts(found, index_path=path) == [7]
+    entries = json.load(open(path))
+    assert list(entries) == index.identities(found) and old_key not in entries   # the rewritten file's entry gone
+    other = tmp_path / "o"
+    synth.write_table_export(str(other), records=3, seed=1)
+    os.remove(found[0].path)   # an export deleted: its entry leaves at the next write
+    assert index.record_counts(S.discover_shards(str(other)), index_path=path) == [3]
+    assert [k.split("|")[0] for k in json.load(open(path))] == [str(other / "export.tfrecord.gz")]
 
 
 def test_default_location_follows_env(monkeypatch, tmp_path):

@@ -68,6 +68,13 @@ def identities(shards: Sequence[Shard]) -> list[str]:
     return [_key(s) for s in shards]
 
 
+def remember(paths: Sequence[str], stats: Sequence[ShardStats], *, index_path: Optional[str] = None) -> None:
+    """Put the known `stats` of the files at `paths` (just written by the harness: `harness reshard`) in the index
+    under their identities, so that no run counts them."""
+    _save(index_path or os.path.join(cache_dir(), INDEX_NAME),
+          {file_identity(p): {"records": st.records, "bytes": st.bytes} for p, st in zip(paths, stats)})
+
+
 def _stats(entry: dict) -> ShardStats:
     return ShardStats(records=entry["records"], bytes=entry["bytes"])
 

@@ -10,7 +10,10 @@ Output (`OUT/<prefix>-00000.tfrecord` ...): record r of the concatenated source 
 r of the concatenated outputs; output shard i holds `records // n` records, plus one for the first `records % n`.
 Beside them: `<prefix>-index.json` (source files, per output shard its path, first record and count) and, for an
 image export, the source's mixer copied as `<prefix>-mixer.json` (same patch grid and order). The harness record
-index (`harness.data.export.index`) is filled for the new shards, so the first run does not count them again.
+index (`harness.data.export.index`) is filled for the new shards with what was written (records and bytes, no read
+of them), so the first run does not count them. Records are read in batches of at most READ_BATCH records and
+about READ_BATCH_BYTES (the source's mean record size from its counts): memory does not grow with the records'
+size.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from harness.errors import ConfigError
 log = logging.getLogger(__name__)
 
 READ_BATCH = 1024
+READ_BATCH_BYTES = 32 << 20   # a read batch's serialized records, about (2 MB patches: 16 a batch, not 1024)
 
 
 def balanced_sizes(records: int, shards: int) -> list[int]:
@@ -51,15 +55,16 @@ def reshard(sources: Sequence[str], output: str, *, workers: int, shards_per_wor
     if workers < 1 or shards_per_worker < 1:
         raise ConfigError(f"--workers and --shards-per-worker must be >= 1, got {workers} and {shards_per_worker}")
     shards = discover_shards(list(sources))
-    counts = index.record_counts(shards)
-    total, n_out = sum(counts), workers * shards_per_worker
+    stats = index.record_stats(shards)
+    total, n_out = sum(st.records for st in stats), workers * shards_per_worker
     if total < n_out:
         raise ConfigError(f"{total} records cannot fill {n_out} shards ({workers} workers x {shards_per_worker})")
     prefix = prefix or posixpath.basename(shards[0].prefix)
     tf.io.gfile.makedirs(output)
     sizes = balanced_sizes(total, n_out)
     paths = [posixpath.join(output, f"{prefix}-{i:05d}.tfrecord") for i in range(n_out)]
-    _copy_in_order(shards, paths, sizes)
+    mean_bytes = sum(st.bytes for st in stats) / total
+    written = _copy_in_order(shards, paths, sizes, batch=max(1, min(READ_BATCH, int(READ_BATCH_BYTES // mean_bytes))))
     entries, first = [], 0
     for path, n in zip(paths, sizes):
         entries.append({"path": path, "first_record": first, "records": n})
@@ -73,12 +78,13 @@ def reshard(sources: Sequence[str], output: str, *, workers: int, shards_per_wor
               "shards_per_worker": shards_per_worker, "shards": entries, "mixer": mixer_out}
     with tf.io.gfile.GFile(posixpath.join(output, f"{prefix}-index.json"), "w") as f:
         json.dump(result, f, indent=1)
-    index.record_counts(discover_shards(paths))  # fill the harness record index for the new shards
+    index.remember(paths, [index.ShardStats(n, nbytes) for n, nbytes in zip(sizes, written)])
     return result
 
 
-def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int]) -> None:
-    """Stream the records of `shards` in order into `paths`, `sizes[i]` records into `paths[i]`."""
+def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int], batch: int = READ_BATCH) -> list[int]:
+    """Stream the records of `shards` in order into `paths`, `sizes[i]` records into `paths[i]`, read `batch`
+    records at a time; returns the serialized bytes written to each (the record index's `bytes`)."""
     if len({s.compression for s in shards}) == 1:
         comp = shards[0].compression
         records = tf.data.TFRecordDataset([s.path for s in shards], compression_type=comp,
@@ -89,9 +95,11 @@ def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int]) -> None:
             one = tf.data.TFRecordDataset(s.path, compression_type=s.compression,
                                           buffer_size=read_buffer_bytes(s.path))
             records = one if records is None else records.concatenate(one)
-    batches = records.batch(READ_BATCH).prefetch(2).as_numpy_iterator()
+    batches = records.batch(batch).prefetch(2).as_numpy_iterator()
     pending: list[bytes] = []
+    out_bytes = []
     for path, size in zip(paths, sizes):
+        nbytes = 0
         with tf.io.TFRecordWriter(path) as writer:
             written = 0
             while written < size:
@@ -100,6 +108,9 @@ def _copy_in_order(shards, paths: Sequence[str], sizes: Sequence[int]) -> None:
                 take = min(size - written, len(pending))
                 for record in pending[:take]:
                     writer.write(record)
+                    nbytes += len(record)
                 pending = pending[take:]
                 written += take
+        out_bytes.append(nbytes)
         log.info("wrote %s: %d records", path, size)
+    return out_bytes

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from harness.cli import main as cli_main
+from harness.data.export import index as index_lib
 from harness.data.export import reshard
 from harness.data.export.shards import discover_shards, find_mixer
 from harness.distribute.plan import make_plan
@@ -19,11 +20,18 @@ def _records(shards):
     return out
 
 
-def test_reshard_balances_and_keeps_order(image_export, tmp_path, capsys):
+def test_reshard_balances_and_keeps_order(image_export, tmp_path, capsys, monkeypatch):
     out = tmp_path / "resharded"
+    index_lib.record_stats(discover_shards(str(image_export)))   # the source counted (as a run before would)
+    counted = []
+    monkeypatch.setattr(index_lib, "count_shards", lambda shards, _real=index_lib.count_shards: (
+        counted.extend(s.path for s in shards), _real(shards))[1])
+    monkeypatch.setattr(reshard, "READ_BATCH_BYTES", 5000)   # 12x12 patches of 3 bands and a label: 2 a batch
     assert cli_main(["reshard", str(image_export), "--output", str(out), "--workers", "2",
                      "--shards-per-worker", "2"]) == 0
     src, new = discover_shards(str(image_export)), discover_shards(str(out))
+    # the new shards' counts and bytes put in the record index as written: none read, and what counting would say
+    assert counted == [] and index_lib.record_stats(new) == index_lib.count_shards(new)
     assert [s.compression for s in new] == [""] * 4 and all(p.path.endswith(".tfrecord") for p in new)
     assert _records(new) == _records(src)                         # same records, same order
     index = json.loads((out / "tiny-index.json").read_text())

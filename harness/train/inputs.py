@@ -214,7 +214,7 @@ def plan(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = 
     say(f"spec: {json.dumps(spec.to_config())}")
     for line in spec_lib.layout_notes(spec, infer.read_schema(list(train.shards), read=train.first_examples)):
         say(line)
-    check_first_records(spec, train, "training data", say, labels=True)
+    check_first_records(spec, train, "training data", say, backend, labels=True)
     _check_mixer(train, options, per_pixel=spec.sequence)
     context = backend.context
     epoch_plan = plan_lib.make_plan(train.counts, workers=context.num_workers,
@@ -243,16 +243,23 @@ def open_counted(sources, backend, what: str, say: Callable[..., None], *, mixer
     return data
 
 
-def check_first_records(spec, data: ShardSet, what: str, say: Callable[..., None], *, labels: bool = False) -> None:
+def check_first_records(spec, data: ShardSet, what: str, say: Callable[..., None], backend, *,
+                        labels: bool = False) -> None:
     """`validate.validate_shards` (every shard's first record against the spec, one parallel pass; with `labels`
-    the label rule), then one line of what it read: `training data: first records of 40 shard(s) checked here,
-    0 passed the same checks in an earlier run (record index); 0.3 s`."""
+    the label rule), the shards split across the job's workers (every worker calls this at the same point), then
+    one line of what it read: `training data: first records of 20 shard(s) checked here, 0 passed the same checks
+    in an earlier run (record index), 20 by the other workers; 0.3 s`."""
     import time
 
+    from harness.data.export import index
+
+    context = backend.context
+    split = index.Split(context.rank, context.num_workers, backend.allgather) if context.num_workers > 1 else None
     start = time.perf_counter()
-    report = validate.validate_shards(spec, data, labels=labels)
+    report = validate.validate_shards(spec, data, labels=labels, split=split)
+    others = f", {report.by_other_workers} by the other workers" if split else ""
     say(f"{what}: first records of {len(report.checked) + len(report.empty)} shard(s) checked here, "
-        f"{report.passed_before} passed the same checks in an earlier run (record index); "
+        f"{report.passed_before} passed the same checks in an earlier run (record index){others}; "
         f"{time.perf_counter() - start:.1f} s")
 
 
@@ -283,7 +290,7 @@ def _validation(options, train: ShardSet, spec, plan, backend, say):
     if shared:
         raise ConfigError(f"{len(shared)} file(s) are both training and validation data (e.g. {shared[0]}): "
                           "validation would score records the model trained on")
-    check_first_records(spec, validation, "validation data", say)
+    check_first_records(spec, validation, "validation data", say, backend)
     try:
         val_plan = plan_lib.make_plan(validation.counts, workers=plan.batch.workers,
                                       replicas_per_worker=plan.batch.replicas_per_worker,

@@ -28,14 +28,17 @@ def test_classes_and_statistics_are_the_same_on_every_worker(tmp_path):
 
     synth.write_table_export(str(tmp_path), prefix="t", shards=2, records=400, classes=3, seed=1)
     first, second = (index.count_shard(s) for s in shards_lib.discover_shards([str(tmp_path)]))
-    # the record counts: rank 0 counted shard 0, this worker shard 1 (issue 62); then rank 0's sample saw class 3
-    backend = _TwoWorkers(lambda n: [first.records, first.bytes],
+    # the record counts: rank 0 counted shard 0, this worker shard 1 (issue 62); each checked the first record of
+    # its shard and passed; then rank 0's sample saw class 3
+    backend = _TwoWorkers(lambda n: [first.records, first.bytes], lambda n: [1.0],
                           lambda n: [3.0] + [10.0] * ((n - 1) // 2) + [4.0] * ((n - 1) // 2))
     said = []
     prepared = inputs.prepare(TrainOptions(data=(str(tmp_path),), per_replica_batch_size=8), backend,
                               say=said.append)
-    counted, mine = backend.gathered
-    assert counted == [second.records, second.bytes] and prepared.train.records == 400
+    counted, checked, mine = backend.gathered
+    assert counted == [second.records, second.bytes] and checked == [1.0] and prepared.train.records == 400
+    assert ("training data: first records of 1 shard(s) checked here, 0 passed the same checks in an earlier run "
+            "(record index), 1 by the other workers") in "\n".join(said)
     assert mine[0] == 2  # this worker's sample: classes 0-2
     assert prepared.num_classes == 4  # rank 0 saw class 3
     assert np.all(prepared.mean == 10.0) and np.all(prepared.variance == 4.0)  # the chief's statistics

@@ -8,6 +8,8 @@ import json
 import logging
 from typing import Mapping, Optional, Sequence
 
+import numpy as np
+
 from harness.data.export import records
 from harness.data.export.records import BYTES, EMPTY, FLOAT, INT64, FeatureInfo
 from harness.data.export.shards import Shard
@@ -33,6 +35,7 @@ class ValidationReport:
     checked: tuple[str, ...]
     empty: tuple[str, ...]
     passed_before: int = 0
+    by_other_workers: int = 0
 
 
 def check_digest(spec: DataSpec, labels: bool) -> str:
@@ -175,7 +178,7 @@ def validate_spec(spec: DataSpec, shards: Sequence[Shard], *, read=None, heads=N
     return ValidationReport(tuple(checked), tuple(empty), len(passed))
 
 
-def validate_shards(spec: DataSpec, shards, *, labels: bool = False) -> ValidationReport:
+def validate_shards(spec: DataSpec, shards, *, labels: bool = False, split=None) -> ValidationReport:
     """`validate_spec` over a `ShardSet`'s first records, read in one parallel pass (`ShardSet.heads`), with
     `labels` the label rule checked on each shard's record 0 as it passes and on the first 16 records of the first
     shard holding any (`labels.check_first_labels`): every check of the first records in one read of them.
@@ -185,6 +188,11 @@ def validate_shards(spec: DataSpec, shards, *, labels: bool = False) -> Validati
     of 10,000 unchanged shards reads one (the first, which the spec's inference reads anyway). The shards that
     pass here are remembered (with `labels`, for the checks without the label rule too).
 
+    `split` (`index.Split`, every worker calling this at the same point): worker r reads the first records of the
+    shards r::N not passed before, and the workers' verdicts are gathered (one value each), so a job of N workers
+    reads each head once, not N times. When any worker's share fails, every worker checks every shard, so each
+    raises the same named error (the data are the same) rather than waiting for one that stopped.
+
     Raises:
       the errors of `validate_spec` and, with `labels`, LabelValueError naming the shard and record.
     """
@@ -193,15 +201,36 @@ def validate_shards(spec: DataSpec, shards, *, labels: bool = False) -> Validati
 
     each = (lambda shard, ex: labels_lib.check_record(spec, f"{shard.path}: record 0", ex)) if labels else None
     digest, keys = check_digest(spec, labels), list(shards.identities)
-    skip = index.passed(keys, digest) if keys else []
-    report = validate_spec(spec, list(shards.shards), heads=shards.heads(skip), each=each,
-                           passed=[s for s, st, done in zip(shards.shards, shards.stats, skip) if done and st.records])
-    report = dataclasses.replace(report, passed_before=sum(skip))   # zero-record shards among them
+    n = len(shards.shards)
+    skip = index.passed(keys, digest) if keys else [False] * n
+    others = [False] * n
+    if split is not None and split.workers > 1:
+        others = [not skip[i] and i % split.workers != split.rank for i in range(n)]
+    local = [a or b for a, b in zip(skip, others)]
+    assumed = [s for s, st, a in zip(shards.shards, shards.stats, local) if a and st.records]
+
+    def check(skipped, passed):
+        return validate_spec(spec, list(shards.shards), heads=shards.heads(skipped), each=each, passed=passed)
+
+    if not any(others):
+        report = check(skip, assumed)
+    else:
+        try:
+            report, failed = check(local, assumed), None
+        except Exception as e:   # noqa: BLE001  (told to the others, then raised by every worker alike)
+            report, failed = None, e
+        verdicts = split.gather([0.0 if failed is not None else 1.0])
+        if failed is not None or float(np.min(verdicts)) < 1.0:
+            check(skip, [s for s, st, done in zip(shards.shards, shards.stats, skip) if done and st.records])
+            if failed is not None:
+                raise failed
+            raise SpecError("another worker's check of the first records failed (see its log); every shard "
+                            "passed here")
+    report = dataclasses.replace(report, passed_before=sum(skip), by_other_workers=sum(others))
     if labels:
         first = next(s for s, st in zip(shards.shards, shards.stats) if st.records > 0)   # validate_spec: one exists
         labels_lib.check_first_labels(spec, [first], read=shards.first_examples)
     if keys and not all(skip):
-        index.mark_passed([k for k, done in zip(keys, skip or [False] * len(keys)) if not done],
+        index.mark_passed([k for k, done in zip(keys, skip) if not done],
                           [digest] + ([check_digest(spec, False)] if labels else []))
     return report
-

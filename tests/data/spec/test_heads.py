@@ -2,6 +2,7 @@
 the same verdicts and the same named errors as one read per shard, the shard and record named."""
 import os
 
+import numpy as np
 import pytest
 
 from example_records import example, write
@@ -122,3 +123,36 @@ def test_a_second_run_reads_no_first_record_of_an_unchanged_shard_and_reads_a_re
     with pytest.raises(SchemaDriftError):
         validate.validate_shards(narrower, changed)
     assert len(asked) == SHARDS - 2
+
+
+@pytest.mark.parametrize("bad", [None, 30, 31])   # none; in the other worker's share (even); in this one's (odd)
+def test_split_across_workers_each_reads_its_share_and_a_bad_shard_is_named_on_every_worker(tmp_path, monkeypatch,
+                                                                                              bad):
+    """Worker 1 of 2 reads the first records of the odd shards and gathers one verdict per worker (the other
+    worker's given here as it would arrive); all passed: every shard is remembered as passed. A failure on either
+    worker makes this one check every shard and raise the same named error as a check of its own would."""
+    from harness.data.export import index
+
+    train = _export(tmp_path / "s", None if bad is None else {bad: example(B1=[1], B2=[1.0], cls=[0.0])})
+    spec = infer.infer_spec(list(train.shards), label="cls", read=train.first_examples)
+    sent = []
+
+    def gather(values):   # rank 0's verdict: it fails only where the bad shard is in its share (even)
+        sent.append(list(values))
+        return np.array([[0.0 if bad is not None and bad % 2 == 0 else 1.0], values])
+
+    asked = _read_heads(monkeypatch)
+    split = index.Split(rank=1, workers=2, gather=gather)
+    if bad is None:
+        report = validate.validate_shards(spec, train, labels=True, split=split)
+        assert sent == [[1.0]] and report.by_other_workers == 20 and report.passed_before == 0
+        assert asked == [s.path for i, s in enumerate(train.shards) if i % 2 == 1 and i != 7]
+        assert len(report.checked) == 19 and report.empty == (train.shards[7].path,)   # shard 7: no record
+        asked.clear()
+        again = open_shards([str(tmp_path / "s")])   # every shard remembered, the other worker's share too
+        assert validate.validate_shards(spec, again, labels=True).passed_before == SHARDS and asked == []
+        return
+    with pytest.raises(SchemaDriftError, match=rf"pts-{bad:05d}\.tfrecord\.gz: record 0: band 'B1': expected dtype "
+                                               "float, found int64"):
+        validate.validate_shards(spec, train, split=split)
+    assert sent == [[0.0 if bad % 2 else 1.0]]

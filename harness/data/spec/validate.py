@@ -190,7 +190,9 @@ def validate_shards(spec: DataSpec, shards, *, labels: bool = False, split=None)
 
     `split` (`index.Split`, every worker calling this at the same point): worker r reads the first records of the
     shards r::N not passed before, and the workers' verdicts are gathered (one value each), so a job of N workers
-    reads each head once, not N times. When any worker's share fails, every worker checks every shard, so each
+    reads each head once, not N times. Every worker gathers exactly once, whatever its own record index holds
+    (workers that read their indexes at other moments may skip other shards: the collectives may not depend on
+    it). When any worker's share fails, every worker checks every shard, so each
     raises the same named error (the data are the same) rather than waiting for one that stopped.
 
     Raises:
@@ -203,8 +205,9 @@ def validate_shards(spec: DataSpec, shards, *, labels: bool = False, split=None)
     digest, keys = check_digest(spec, labels), list(shards.identities)
     n = len(shards.shards)
     skip = index.passed(keys, digest) if keys else [False] * n
-    others = [False] * n
-    if split is not None and split.workers > 1:
+    gathered = split is not None and split.workers > 1   # then every worker gathers, whatever its index holds:
+    others = [False] * n                                 # the collectives may not depend on a worker's own files
+    if gathered:
         others = [not skip[i] and i % split.workers != split.rank for i in range(n)]
     local = [a or b for a, b in zip(skip, others)]
     assumed = [s for s, st, a in zip(shards.shards, shards.stats, local) if a and st.records]
@@ -212,7 +215,7 @@ def validate_shards(spec: DataSpec, shards, *, labels: bool = False, split=None)
     def check(skipped, passed):
         return validate_spec(spec, list(shards.shards), heads=shards.heads(skipped), each=each, passed=passed)
 
-    if not any(others):
+    if not gathered:
         report = check(skip, assumed)
     else:
         try:

@@ -225,6 +225,14 @@ def plan(options: TrainOptions, backend, *, spec: Optional[spec_lib.DataSpec] = 
     return Planned(options=options, train=train, spec=spec, plan=epoch_plan)
 
 
+def _split(backend):
+    """The job's workers as an `index.Split` (this worker's rank, the all-gather), or None on one worker."""
+    from harness.data.export import index
+
+    context = backend.context
+    return index.Split(context.rank, context.num_workers, backend.allgather) if context.num_workers > 1 else None
+
+
 def open_counted(sources, backend, what: str, say: Callable[..., None], *, mixer: Optional[str] = None) -> ShardSet:
     """`open_shards` with the record counts split across the job's workers (each counts, or takes from its record
     index, its share of the shards; `index.record_stats`: every worker calls this at the same point), then one
@@ -232,8 +240,7 @@ def open_counted(sources, backend, what: str, say: Callable[..., None], *, mixer
     index (PATH), 20 by the other workers; 0.4 s`."""
     from harness.data.export import index
 
-    context = backend.context
-    split = index.Split(context.rank, context.num_workers, backend.allgather) if context.num_workers > 1 else None
+    split = _split(backend)
     tally: dict = {}
     data = open_shards(sources, mixer=mixer, split=split, tally=tally)
     others = f", {tally['gathered']} by the other workers" if split else ""
@@ -251,10 +258,7 @@ def check_first_records(spec, data: ShardSet, what: str, say: Callable[..., None
     in an earlier run (record index), 20 by the other workers; 0.3 s`."""
     import time
 
-    from harness.data.export import index
-
-    context = backend.context
-    split = index.Split(context.rank, context.num_workers, backend.allgather) if context.num_workers > 1 else None
+    split = _split(backend)
     start = time.perf_counter()
     report = validate.validate_shards(spec, data, labels=labels, split=split)
     others = f", {report.by_other_workers} by the other workers" if split else ""

@@ -17,15 +17,27 @@ before a traceback, a path whose bucket cannot be reached, does not exist or ref
 With a token at hand (`GOOGLE_AUTH_TOKEN_FOR_TESTING`, or the metadata server's) the request carries it, so a
 missing bucket (404) and a refused account (401, 403) are named; with a key file (whose token TensorFlow signs
 itself) it goes anonymous and checks reachability only (any HTTP answer: 401 is what a private bucket gives).
+
+Discovery lists a folder or prefix through the same JSON API (`list_objects`, `stat_object`): one request per 1000
+objects, carrying each object's size, `updated` time and generation, so no object is stat'ed one by one (issue 62).
+Where no token is at hand (a key file or gcloud's file: TensorFlow signs or refreshes those itself) or the API does
+not answer, `ListingUnavailable` sends the caller back to TensorFlow's own listing and stats, counted
+(`counts()["fallbacks"]`) and logged once per process.
 """
 from __future__ import annotations
 
+import calendar
+import dataclasses
 import json
+import logging
 import os
+import re
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from fractions import Fraction
 from typing import Iterable, Optional
 
 from harness.distribute import environment
@@ -35,6 +47,11 @@ STORAGE_API = "https://www.googleapis.com/storage/v1/b/"   # gcs_file_system.cc'
 PROBE_S = 3.0                       # seconds the metadata server gets to answer (HARNESS_GCS_PROBE_S)
 METADATA_HOST = "metadata.google.internal"
 _checked: dict = {}                  # one probe per process: {"source": ...} once it passed
+LIST_PAGE = 1000                    # objects per listing page: the JSON API's most (objects.list maxResults)
+LIST_S = 30.0                       # seconds one listing page (or object lookup) may take before TensorFlow's way
+_LIST_FIELDS = "items(name,size,updated,generation),prefixes,nextPageToken"
+_OBJECT_FIELDS = "name,size,updated,generation"
+log = logging.getLogger(__name__)
 
 
 class CredentialsError(HarnessError):
@@ -151,19 +168,26 @@ def _bucket(path: str) -> str:
 def _token(source: str, environ, timeout: float) -> Optional[str]:
     """The access token the probe sends: GOOGLE_AUTH_TOKEN_FOR_TESTING's, or one from the metadata server (its
     default service account's, as TensorFlow asks for it); None for key files (TensorFlow signs its own JWT)."""
+    return _token_expiring(source, environ, timeout)[0]
+
+
+def _token_expiring(source: str, environ, timeout: float) -> tuple[Optional[str], float]:
+    """(`_token`'s token, its lifetime in seconds as the metadata server states it: `expires_in`; inf for
+    GOOGLE_AUTH_TOKEN_FOR_TESTING's)."""
     if source == "GOOGLE_AUTH_TOKEN_FOR_TESTING":
-        return environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"]
+        return environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"], float("inf")
     if not source.startswith("the metadata server"):
-        return None
+        return None, 0.0
     host = environ.get("GCE_METADATA_HOST") or METADATA_HOST
     request = urllib.request.Request(
         f"http://{host}/computeMetadata/v1/instance/service-accounts/default/token",
         headers={"Metadata-Flavor": "Google"})
     try:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=timeout) as answer:
-            return json.loads(answer.read()).get("access_token")
-    except (urllib.error.URLError, OSError, ValueError):
-        return None     # no token: the probe goes anonymous (reachability only)
+            got = json.loads(answer.read())
+            return got.get("access_token"), float(got.get("expires_in") or 0)
+    except (urllib.error.URLError, OSError, ValueError, TypeError, AttributeError):
+        return None, 0.0     # no token: the probe goes anonymous (reachability only)
 
 
 def _proxies(environ) -> dict:
@@ -180,13 +204,19 @@ def _proxies(environ) -> dict:
     return {k: v for k, v in proxies.items() if k == "https"}
 
 
+def _opener(environ) -> urllib.request.OpenerDirector:
+    """urllib's way to www.googleapis.com as TensorFlow's libcurl goes: through `_proxies`, trusting the CA file
+    `CURL_CA_BUNDLE` names (else the system's)."""
+    context = ssl.create_default_context(cafile=environ.get("CURL_CA_BUNDLE") or None)
+    return urllib.request.build_opener(urllib.request.ProxyHandler(_proxies(environ)),
+                                       urllib.request.HTTPSHandler(context=context))
+
+
 def probe_bucket(bucket: str, token: Optional[str], environ, timeout: float) -> Optional[str]:
     """None when the JSON API answers for `bucket` within `timeout` seconds (with `token`: 200; without: any
     answer), else what happened."""
     proxies = _proxies(environ)
-    context = ssl.create_default_context(cafile=environ.get("CURL_CA_BUNDLE") or None)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies),
-                                         urllib.request.HTTPSHandler(context=context))
+    opener = _opener(environ)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(f"{STORAGE_API}{urllib.parse.quote(bucket, safe='')}?fields=name",
                                      headers=headers)
@@ -235,6 +265,218 @@ def check(paths: Iterable, environ=None) -> None:
         seen.add(bucket)
 
 
+# --- listings: a page per 1000 objects instead of a stat per object (issue 62) -----------------------------------
+_counts: dict = {}                  # "pages", "lookups", "fallbacks": requests made and refusals, this process
+_warned: dict = {}                  # the fallback logged once per process
+
+
+class ListingUnavailable(Exception):
+    """The JSON API cannot list here (no token at hand, an HTTP error, no answer within LIST_S seconds, an answer
+    not understood): the caller goes TensorFlow's way (`tf.io.gfile`). Counted in `counts()` and logged (a
+    warning the first time in a process) before it is raised."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """One object as the JSON API lists it (objects resource: https://cloud.google.com/storage/docs/json_api/v1/
+    objects#resource).
+
+    Attributes:
+      path: `gs://BUCKET/NAME`.
+      size: its length in bytes (`size`).
+      mtime_ns: its `updated` time in nanoseconds since the epoch, converted as TensorFlow's stat converts it
+        (`rfc3339_ns`): equal to `tf.io.gfile.stat(path).mtime_nsec`.
+      generation: its `generation` (a new one each time the object is written).
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    generation: int
+
+
+@dataclasses.dataclass
+class Listings:
+    """What the listings of one discovery found: `objects` ({gs:// URL: Listed}) and the prefixes they covered, so
+    that an object's absence from `objects` is known without asking (`covers`)."""
+
+    objects: dict = dataclasses.field(default_factory=dict)
+    covered: list = dataclasses.field(default_factory=list)   # (gs:// prefix, recursive)
+
+    def add(self, url_prefix: str, recursive: bool, objects: Iterable["Listed"]) -> None:
+        self.covered.append((url_prefix, recursive))
+        self.objects.update((o.path, o) for o in objects)
+
+    def covers(self, path: str) -> bool:
+        """Whether a listing here would have named an object at `path` (its prefix listed, and, for a listing of one
+        folder level, no `/` after it): then `path` not in `objects` means no such object."""
+        return any(path.startswith(p) and (whole or "/" not in path[len(p):]) for p, whole in self.covered)
+
+
+def _f32(x: Fraction) -> Fraction:
+    """`x` (>= 0) rounded to the nearest IEEE 754 single, ties to even, as a C `float` holds it."""
+    if x == 0:
+        return x
+    e = x.numerator.bit_length() - x.denominator.bit_length()     # 2**e <= x < 2**(e+1), after the adjustments
+    if Fraction(2) ** e > x:
+        e -= 1
+    elif Fraction(2) ** (e + 1) <= x:
+        e += 1
+    ulp = Fraction(2) ** (e - 23)
+    return round(x / ulp) * ulp
+
+
+_RFC3339 = re.compile(r"^\s*(\d{1,4})-(\d{1,2})-(\d{1,2})T(\d{1,2}):(\d{1,2}):(\d+(?:\.\d*)?)")
+
+
+def rfc3339_ns(text: str) -> int:
+    """An object's `updated` time (`2016-04-29T23:15:24.896Z`) in nanoseconds since the epoch, exactly as
+    TensorFlow's GCS stat converts it (`ParseRfc3339Time`, tsl/platform/cloud/time_util.cc, TF 2.18): the seconds
+    are read by sscanf's `%f` into a C `float` (so 24.896 is 24.8959999084...), the whole seconds taken with
+    `floor`, and the fraction `floor((seconds - whole) * 1e9)` computed in single precision; then
+    `timegm(...) * 1e9 + fraction`. Each single-precision step is rounded here as IEEE does (`_f32`).
+
+    Raises:
+      ValueError: `text` is not of that form (TensorFlow's stat fails on it too).
+    """
+    m = _RFC3339.match(text)
+    if not m:
+        raise ValueError(f"not an RFC 3339 time as Cloud Storage writes it: {text!r}")
+    year, month, day, hour, minute = (int(v) for v in m.groups()[:5])
+    seconds = _f32(Fraction(m.group(6)))
+    whole = int(seconds)                                              # floor: seconds >= 0
+    fraction = int(_f32(_f32(seconds - whole) * 1_000_000_000))      # float * int64 -> float; floor
+    return calendar.timegm((year, month, day, hour, minute, whole)) * 1_000_000_000 + fraction
+
+
+def _split(url: str) -> tuple[str, str]:
+    bucket, _, name = url[len("gs://"):].partition("/")
+    return bucket, name
+
+
+def _unavailable(why: str) -> ListingUnavailable:
+    _counts["fallbacks"] = _counts.get("fallbacks", 0) + 1
+    if not _warned:
+        _warned["why"] = why
+        log.warning("gs:// discovery through TensorFlow's listing and a stat per object (a request each): the JSON "
+                    "API's listing is unavailable: %s", why)
+    else:
+        log.debug("gs:// listing unavailable: %s", why)
+    return ListingUnavailable(why)
+
+
+def _api_token(url: str, environ) -> str:
+    """The bearer token for the JSON API: GOOGLE_AUTH_TOKEN_FOR_TESTING's, or the metadata server's, reused until
+    60 s before it expires (TensorFlow's own margin, kExpirationTimeMarginSec, google_auth_provider.cc).
+
+    Raises:
+      ListingUnavailable: the credentials are a key file or gcloud's file (TensorFlow signs or refreshes those
+        itself), or the metadata server gave no token."""
+    source = check_access([url], environ)
+    held = _checked.get("token")
+    if held and held[0] == source and time.monotonic() < held[2]:
+        return held[1]
+    token, lifetime = _token_expiring(source, environ, _probe_seconds(environ))
+    if not token:
+        raise _unavailable(f"no access token at hand (credentials: {source}; TensorFlow makes its own)")
+    _checked["token"] = (source, token, time.monotonic() + lifetime - 60.0)
+    return token
+
+
+def _get_json(url: str, api_url: str, environ) -> Optional[dict]:
+    """The JSON answer of GET `api_url`, None for HTTP 404.
+
+    Raises:
+      ListingUnavailable: any other HTTP error (401 forgets the held token), no answer within LIST_S seconds,
+        not JSON."""
+    request = urllib.request.Request(api_url, headers={"Authorization": f"Bearer {_api_token(url, environ)}"})
+    try:
+        with _opener(environ).open(request, timeout=LIST_S) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        if e.code == 401:
+            _checked.pop("token", None)
+        raise _unavailable(f"HTTP {e.code} from {api_url.split('?')[0]}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise _unavailable(f"{api_url.split('?')[0]}: {getattr(e, 'reason', e)}") from None
+    except ValueError as e:
+        raise _unavailable(f"{api_url.split('?')[0]}: not JSON ({e})") from None
+
+
+def _listed(bucket: str, item: dict) -> Listed:
+    return Listed(f"gs://{bucket}/{item['name']}", int(item["size"]), rfc3339_ns(item["updated"]),
+                  int(item.get("generation") or 0))
+
+
+def list_objects(url: str, *, recursive: bool = False, environ=None) -> tuple[list[Listed], list[str]]:
+    """The objects whose names start with `url`'s name (`gs://BUCKET/PREFIX`; a folder is `gs://BUCKET/DIR/`), with
+    their sizes and times, in name order, and the folders below it (`gs://BUCKET/DIR/SUB/`; none when
+    `recursive`: then every object under the prefix is listed, at any depth).
+
+    One request per LIST_PAGE (1000) objects: `GET https://www.googleapis.com/storage/v1/b/BUCKET/o?prefix=PREFIX
+    &delimiter=/&maxResults=1000&fields=items(name,size,updated,generation),prefixes,nextPageToken`, then again
+    with `pageToken` while the answer has a `nextPageToken` (https://cloud.google.com/storage/docs/json_api/v1/
+    objects/list), through the proxy and CA file TensorFlow's libcurl uses (`_opener`), each within LIST_S seconds.
+
+    Raises:
+      ListingUnavailable: no token at hand, an HTTP error (a missing bucket included), no answer, or an answer not
+        understood (`_get_json`, `rfc3339_ns`).
+    """
+    environ = os.environ if environ is None else environ
+    bucket, prefix = _split(url)
+    query = {"prefix": prefix, "fields": _LIST_FIELDS, "maxResults": str(LIST_PAGE)}
+    if not recursive:
+        query["delimiter"] = "/"
+    objects, folders, token = [], [], None
+    while True:
+        page_query = dict(query, pageToken=token) if token else query
+        api_url = f"{STORAGE_API}{urllib.parse.quote(bucket, safe='')}/o?{urllib.parse.urlencode(page_query)}"
+        _counts["pages"] = _counts.get("pages", 0) + 1
+        page = _get_json(url, api_url, environ)
+        if page is None:
+            raise _unavailable(f"HTTP 404 listing gs://{bucket}/ (no such bucket?)")
+        try:
+            objects += [_listed(bucket, item) for item in page.get("items", ())]
+        except (KeyError, TypeError, ValueError) as e:
+            raise _unavailable(f"a listing of {url} not understood ({e!r})") from None
+        folders += [f"gs://{bucket}/{p}" for p in page.get("prefixes", ())]
+        token = page.get("nextPageToken")
+        if not token:
+            return objects, folders
+
+
+def stat_object(url: str, environ=None) -> Optional[Listed]:
+    """The object `url` (`gs://BUCKET/NAME`) as `list_objects` gives it, or None when there is none: one request,
+    `GET https://www.googleapis.com/storage/v1/b/BUCKET/o/NAME?fields=name,size,updated,generation`
+    (https://cloud.google.com/storage/docs/json_api/v1/objects/get).
+
+    Raises:
+      ListingUnavailable: as `list_objects`.
+    """
+    environ = os.environ if environ is None else environ
+    bucket, name = _split(url)
+    api_url = (f"{STORAGE_API}{urllib.parse.quote(bucket, safe='')}/o/{urllib.parse.quote(name, safe='')}?"
+               f"{urllib.parse.urlencode({'fields': _OBJECT_FIELDS})}")
+    _counts["lookups"] = _counts.get("lookups", 0) + 1
+    item = _get_json(url, api_url, environ)
+    if item is None:
+        return None
+    try:
+        return _listed(bucket, item)
+    except (KeyError, TypeError, ValueError) as e:
+        raise _unavailable(f"{url}: an object resource not understood ({e!r})") from None
+
+
+def counts() -> dict:
+    """What the listings cost in this process: {"pages": listing requests, "lookups": object requests,
+    "fallbacks": times TensorFlow's way was taken instead (`ListingUnavailable`)}."""
+    return {k: _counts.get(k, 0) for k in ("pages", "lookups", "fallbacks")}
+
+
 def reset() -> None:
-    """Forget the probe's outcome (tests)."""
+    """Forget the probe's outcome, the held token and the listings' counts (tests)."""
     _checked.clear()
+    _counts.clear()
+    _warned.clear()

@@ -7,7 +7,9 @@ result is cached under `$HARNESS_CACHE_DIR` (default `~/.cache/harness/`) in `re
 size in bytes and modification time (`file_identity`), so a later run, or another worker sharing the home folder,
 does not read the data again. A rewritten shard changes size or mtime and is counted again; the entries of
 rewritten and deleted (local) files leave the index at its next write. Each entry also lists the checks its
-shard's first record passed (`passed`, `mark_passed`), so a later run with the same spec reads no first record.
+shard's first record passed (`passed`, `mark_passed`), so a later run with the same spec reads no first record, and
+the shard's compression (`compressions`), so a later run sniffs no first bytes. On gs:// the identities come from
+the discovery's listing (`identities(listed=)`), not from a stat per object.
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from harness.data.export import records
+from harness.data.export import gcs, records
 from harness.distribute import environment
-from harness.data.export.shards import GZIP, Shard, read_buffer_bytes
+from harness.data.export.shards import GZIP, NONE, Shard, read_buffer_bytes
 from harness.tracing import graph_fn
 from harness.errors import HarnessError, NotTFRecordError, TruncatedShardError
 
@@ -50,7 +52,8 @@ def cache_dir() -> str:
 def file_identity(path: str) -> str:
     """`path|size in bytes|modification time in nanoseconds`: what tells a file from a rewritten one here (the
     record index, the pipeline's file cache). Local files are stat'ed by the OS (`os.stat`: nanoseconds);
-    `tf.io.gfile.stat` rounds local mtimes to whole seconds, so it is used only for other file systems (`gs://`)."""
+    `tf.io.gfile.stat` rounds local mtimes to whole seconds, so it is used only for other file systems (`gs://`:
+    a request each; `identities` takes them from the discovery's listing instead)."""
     if "://" not in path:
         st = os.stat(path)
         return f"{path}|{st.st_size}|{st.st_mtime_ns}"
@@ -58,14 +61,30 @@ def file_identity(path: str) -> str:
     return f"{path}|{st.length}|{st.mtime_nsec}"
 
 
-def _key(shard: Shard) -> str:
-    return file_identity(shard.path)
+def listed_identity(obj: gcs.Listed) -> str:
+    """`file_identity` of a gs:// object from a listing (`gcs.Listed`: its size, and `updated` converted as
+    TensorFlow's stat converts it), with no request: equal to `file_identity(obj.path)` for the same object."""
+    return f"{obj.path}|{obj.size}|{obj.mtime_ns}"
 
 
-def identities(shards: Sequence[Shard]) -> list[str]:
-    """`file_identity` of each shard, in order: the keys of the index (one stat per file: a request on gs://,
-    so a caller computes them once per run and hands them on)."""
-    return [_key(s) for s in shards]
+def identities(shards: Sequence[Shard], *, listed: Optional[gcs.Listings] = None) -> list[str]:
+    """`file_identity` of each shard, in order: the keys of the index. A shard that the discovery's listings
+    found (`listed`, `shards.find_shards`: gs://) takes its identity from there (`listed_identity`); any other is
+    stat'ed (a request each on gs://), so a caller computes them once per run and hands them on."""
+    objects = listed.objects if listed is not None else {}
+    return [listed_identity(objects[s.path]) if s.path in objects else file_identity(s.path) for s in shards]
+
+
+def _size_of(key: str) -> int:
+    return int(key.rsplit("|", 2)[1])
+
+
+def compressions(keys: Sequence[str], *, index_path: Optional[str] = None) -> list[Optional[str]]:
+    """For each identity in `keys`: the compression ("GZIP" or "") its file was found to have in an earlier run
+    (sniffed from its first bytes, then remembered in its index entry by `record_stats`), or None when not known."""
+    entries = _load(index_path or os.path.join(cache_dir(), INDEX_NAME))
+    known = [(entries.get(k) or {}).get(COMPRESSION) if isinstance(entries.get(k), dict) else None for k in keys]
+    return [c if c in (GZIP, NONE) else None for c in known]
 
 
 def remember(paths: Sequence[str], stats: Sequence[ShardStats], *, index_path: Optional[str] = None) -> None:
@@ -83,6 +102,7 @@ def _stats(entry: dict) -> ShardStats:
 # checking code's version) that the shard's first record passed, the last CHECKED_KEPT of them, so that a later run
 # with the same spec reads no shard whose identity is unchanged. A rewritten shard has another identity: no entry.
 CHECKED, CHECKED_KEPT = "checked", 4
+COMPRESSION = "compression"   # an entry's compression: "GZIP" or "" (`compressions`)
 
 
 def passed(keys: Sequence[str], digest: str, *, index_path: Optional[str] = None) -> list[bool]:
@@ -187,12 +207,13 @@ def _read_sizes(shards: Sequence[Shard]) -> np.ndarray:
     return sizes
 
 
-def _checked(shard: Shard, n: int, nbytes: int) -> ShardStats:
-    """ShardStats of `shard` from its counted `n` records of `nbytes`, after the checks TF's read does not make."""
+def _checked(shard: Shard, n: int, nbytes: int, size: Optional[int] = None) -> ShardStats:
+    """ShardStats of `shard` from its counted `n` records of `nbytes`, after the checks TF's read does not make
+    (`size`: the file's bytes where known, from its identity; else stat'ed)."""
     if n == 0 and records.has_payload(shard):
         raise NotTFRecordError(f"{shard.path}: not a TFRecord file (it has bytes but no complete record)")
     if shard.compression != GZIP:
-        size = tf.io.gfile.stat(shard.path).length
+        size = tf.io.gfile.stat(shard.path).length if size is None else size
         if size != nbytes + records.FRAMING_BYTES * n:
             raise TruncatedShardError(f"{shard.path}: shard truncated after {n} records (last good record index "
                                       f"{n - 1}): {size - nbytes - records.FRAMING_BYTES * n} trailing bytes "
@@ -213,15 +234,16 @@ def count_shard(shard: Shard) -> ShardStats:
     return count_shards([shard])[0]
 
 
-def count_shards(shards: Sequence[Shard]) -> list[ShardStats]:
+def count_shards(shards: Sequence[Shard], *, sizes: Optional[Sequence[int]] = None) -> list[ShardStats]:
     """ShardStats of each shard, in order, read in one pipeline (no cache). When a read fails, the shards are
     read again one by one, so that the error names the first bad shard in order and its last good record.
+    `sizes`: each file's bytes, when known (from its identity), so an uncompressed one's framing check stats none.
 
     Raises:
       the errors of count_shard, for the first bad shard.
     """
     try:
-        sizes = _read_sizes(shards)
+        counted = _read_sizes(shards)
     except tf.errors.DataLossError as e:
         if len(shards) == 1:
             good = records.count_until_error(shards[0].path, shards[0].compression)
@@ -229,7 +251,8 @@ def count_shards(shards: Sequence[Shard]) -> list[ShardStats]:
         for shard in shards:
             count_shard(shard)
         raise  # no shard failed alone: not expected; TensorFlow's own error, unnamed
-    return [_checked(s, n, nbytes) for s, (n, nbytes) in zip(shards, sizes)]
+    known = list(sizes) if sizes is not None else [None] * len(shards)
+    return [_checked(s, n, nbytes, size) for s, (n, nbytes), size in zip(shards, counted, known)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,8 +302,9 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path:
     if todo:
         log.info("counting records of %d shard(s) (cached in %s)", len(todo), index_path)
         try:
-            for i, stats in zip(todo, count_shards([shards[i] for i in todo])):
-                new[keys[i]] = {"records": stats.records, "bytes": stats.bytes}
+            for i, stats in zip(todo, count_shards([shards[i] for i in todo],
+                                                   sizes=[_size_of(keys[i]) for i in todo])):
+                new[keys[i]] = {"records": stats.records, "bytes": stats.bytes, COMPRESSION: shards[i].compression}
         except HarnessError:
             if split is None or split.workers == 1:
                 raise
@@ -290,7 +314,7 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path:
                 except HarnessError:
                     failed = i
                     break
-                new[keys[i]] = {"records": stats.records, "bytes": stats.bytes}
+                new[keys[i]] = {"records": stats.records, "bytes": stats.bytes, COMPRESSION: shards[i].compression}
     if split is not None and split.workers > 1:
         rows = []
         for i in mine:   # after a failure, the shards not counted are unknown (_PAD), the failed one _FAILED
@@ -306,12 +330,16 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path:
                 if n == _FAILED:
                     bad.append(i)
                 elif n >= 0 and keys[i] not in new and keys[i] not in cached:
-                    new[keys[i]] = {"records": int(n), "bytes": int(nbytes)}
+                    new[keys[i]] = {"records": int(n), "bytes": int(nbytes), COMPRESSION: shards[i].compression}
         if bad:
             count_shard(shards[min(bad)])   # the named error of the first bad shard, on every worker
             raise HarnessError(f"{shards[min(bad)].path}: another worker could not count it (see its log)")
-    if new and use_cache:
-        _save(index_path, new)
+    # entries written before compressions were kept (or by `remember`) learn this run's: the next sniffs none
+    learnt = {k: {**cached[k], COMPRESSION: s.compression} for k, s in zip(keys, shards)
+              if k in cached and k not in new and isinstance(cached[k], dict) and COMPRESSION not in cached[k]
+              and s.compression in (GZIP, NONE)}
+    if (new or learnt) and use_cache:
+        _save(index_path, {**learnt, **new})
     if tally is not None:
         tally.update(shards=len(shards), counted=len(todo), cached=sum(keys[i] in cached for i in mine),
                      gathered=len(shards) - len(mine))

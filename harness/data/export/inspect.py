@@ -10,11 +10,11 @@ from typing import Optional
 
 import yaml
 
-from harness.data.export import index, records
+from harness.data.export import records
 from harness.data.spec import dataspec as spec_lib, infer as infer_lib
 from harness.data.export.records import BYTES
-from harness.data.export.shards import Mixer, check_mixer, discover_shards, find_mixer
-from harness.data.export.source import ShardSet
+from harness.data.export.shards import Mixer, check_mixer
+from harness.data.export.source import open_shards
 from harness.errors import MixerError, SpecError
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,8 @@ def report(paths, *, mixer_path: Optional[str] = None, kernel_margin: Optional[i
            records_to_read: int = 8, infer: bool = True) -> dict:
     """Everything `inspect` prints, as a JSON-ready dict (features, shards, mixer, warnings, config).
     `infer=False`: no spec is inferred (config None): a folder of predictions is not an export to train on."""
-    shards = discover_shards(paths)
-    mixer = find_mixer(shards, mixer_path)
-    stats = index.record_stats(shards)
-    data = ShardSet(shards=tuple(shards), stats=tuple(stats), mixer=mixer,
-                    sources=tuple([paths] if isinstance(paths, str) else paths))
+    data = open_shards([paths] if isinstance(paths, str) else list(paths), mixer=mixer_path)  # gs://: one listing
+    shards, stats, mixer = list(data.shards), list(data.stats), data.mixer
     schema = infer_lib.read_schema(shards, records_to_read, read=data.first_examples)
     warnings = []
     first = {shard.path: {k: (v.dtype, v.length) for k, v in records.schema_of(example).items()}

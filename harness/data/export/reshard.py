@@ -25,7 +25,8 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from harness.data.export import index
-from harness.data.export.shards import discover_shards, find_mixer, read_buffer_bytes
+from harness.data.export.shards import read_buffer_bytes
+from harness.data.export.source import open_shards
 from harness.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,8 @@ def reshard(sources: Sequence[str], output: str, *, workers: int, shards_per_wor
     """
     if workers < 1 or shards_per_worker < 1:
         raise ConfigError(f"--workers and --shards-per-worker must be >= 1, got {workers} and {shards_per_worker}")
-    shards = discover_shards(list(sources))
-    stats = index.record_stats(shards)
+    data = open_shards(list(sources), mixer=mixer)   # gs://: one listing per folder, no stat per shard
+    shards, stats = list(data.shards), list(data.stats)
     total, n_out = sum(st.records for st in stats), workers * shards_per_worker
     if total < n_out:
         raise ConfigError(f"{total} records cannot fill {n_out} shards ({workers} workers x {shards_per_worker})")
@@ -69,7 +70,7 @@ def reshard(sources: Sequence[str], output: str, *, workers: int, shards_per_wor
     for path, n in zip(paths, sizes):
         entries.append({"path": path, "first_record": first, "records": n})
         first += n
-    found = find_mixer(shards, mixer)
+    found = data.mixer
     mixer_out = None
     if found is not None:
         mixer_out = posixpath.join(output, f"{prefix}-mixer.json")

@@ -16,13 +16,14 @@ merge and only logged.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import logging
 import os
 import posixpath
 import re
 import struct
-from typing import Iterable, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -202,36 +203,113 @@ def parse_name(path: str) -> tuple[str, Optional[int], Optional[int]]:
 FOLDER, GLOB, PATH = "folder", "glob", "path"
 
 
-def _expand(source: str) -> tuple[list[str], str]:
-    """Paths for one source and its kind: FOLDER, GLOB or PATH (a folder must hold one complete export)."""
+def _expand(source: str, listed: Optional[gcs.Listings] = None) -> tuple[list[str], str]:
+    """Paths for one source and its kind: FOLDER, GLOB or PATH (a folder must hold one complete export). A gs://
+    source is listed through the JSON API (`_expand_listed`: one request per 1000 objects, each object's size and
+    time kept in `listed`) where it can be; else, as for a local one, through `tf.io.gfile`."""
     source = normalise_path(source)
+    if listed is not None and gcs.is_gcs(source):
+        try:
+            got = _expand_listed(source, listed)
+        except gcs.ListingUnavailable:
+            got = None      # counted and logged by gcs: TensorFlow's way below
+        if got is not None:
+            return got
     if _GLOB_CHARS.search(source):
         found = sorted(normalise_path(p) for p in tf.io.gfile.glob(source))
         matched = found
         found = [p for p in found if not _NOT_SHARD.search(p) and not tf.io.gfile.isdir(p)]
-        if not found:
-            folders = [p for p in matched if tf.io.gfile.isdir(p)]
-            if folders:
-                raise ShardDiscoveryError(f"{source!r} matches only folders ({', '.join(folders[:3])}"
-                                          f"{', ...' if len(folders) > 3 else ''}): add the file pattern, e.g. "
-                                          f"{source.rstrip('/')}/*")
-            raise ShardDiscoveryError(f"no file matches {source!r}")
-        return found, GLOB
+        return _globbed(source, found, lambda: [p for p in matched if tf.io.gfile.isdir(p)]), GLOB
     if tf.io.gfile.isdir(source):
         names = sorted(tf.io.gfile.listdir(source))
         remote = "://" in source   # a bucket's listing marks its folders with a trailing "/": no stat per object
         found = [posixpath.join(source.rstrip("/"), n.rstrip("/")) for n in names if not (remote and n.endswith("/"))]
         found = [p for p in found if not _NOT_SHARD.search(p) and (remote or not tf.io.gfile.isdir(p))]
-        if not found:
-            held = f"it holds {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}" if names else "it is empty"
-            raise ShardDiscoveryError(
-                f"folder {source!r} holds no TFRecord shards ({held}): a shard is any other file, as Earth Engine "
-                "names them <prefix>-00000.tfrecord.gz (or <prefix>.tfrecord.gz, <name>-00000-of-00004); sidecars, "
-                "docs, maps and hidden files (.json .md .txt .csv .yaml .tif .png .html, .name) are not shards")
-        _check_one_export(source, found)  # training beside validation in one folder would be merged
-        return found, FOLDER
+        return _folder(source, names, found), FOLDER
     if not tf.io.gfile.exists(source):
         raise ShardDiscoveryError(f"{source!r} does not exist")
+    return [source], PATH
+
+
+def _globbed(source: str, found: list[str], folders: Callable[[], list[str]]) -> list[str]:
+    """`found` (the files a glob matched), or ShardDiscoveryError naming what it matched instead (`folders()`)."""
+    if not found:
+        folders = folders()
+        if folders:
+            raise ShardDiscoveryError(f"{source!r} matches only folders ({', '.join(folders[:3])}"
+                                      f"{', ...' if len(folders) > 3 else ''}): add the file pattern, e.g. "
+                                      f"{source.rstrip('/')}/*")
+        raise ShardDiscoveryError(f"no file matches {source!r}")
+    return found
+
+
+def _folder(source: str, names: list[str], found: list[str]) -> list[str]:
+    """`found` (a folder's shards), or ShardDiscoveryError naming what the folder holds (`names`, folders with a
+    trailing `/`) when it holds none or several exports."""
+    if not found:
+        held = f"it holds {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}" if names else "it is empty"
+        raise ShardDiscoveryError(
+            f"folder {source!r} holds no TFRecord shards ({held}): a shard is any other file, as Earth Engine "
+            "names them <prefix>-00000.tfrecord.gz (or <prefix>.tfrecord.gz, <name>-00000-of-00004); sidecars, "
+            "docs, maps and hidden files (.json .md .txt .csv .yaml .tif .png .html, .name) are not shards")
+    _check_one_export(source, found)  # training beside validation in one folder would be merged
+    return found
+
+
+def _glob_match(pattern: str, path: str) -> bool:
+    """`path` matches `pattern` as TensorFlow's glob matches it (`fnmatch` with FNM_PATHNAME: no wildcard matches
+    a `/`), compared one path component at a time."""
+    parts, names = pattern.split("/"), path.split("/")
+    return len(parts) == len(names) and all(fnmatch.fnmatchcase(n, p) for n, p in zip(names, parts))
+
+
+def _folders_of(paths: Iterable[str]) -> set[str]:
+    """Every folder above the objects `paths` (`gs://b/x/y/z` -> `gs://b/x`, `gs://b/x/y`; a `DIR/` marker names
+    `DIR`), without a trailing `/`."""
+    out = set()
+    for path in paths:
+        bucket_end = path.index("/", len("gs://")) if "/" in path[len("gs://"):] else len(path)
+        parts = path[bucket_end + 1:].rstrip("/").split("/")
+        top = path.endswith("/")
+        for i in range(1, len(parts) + top):
+            out.add(path[:bucket_end] + "/" + "/".join(parts[:i]))
+    return out
+
+
+def _expand_listed(source: str, listed: gcs.Listings) -> Optional[tuple[list[str], str]]:
+    """`_expand` of a gs:// source from the JSON API's listings (`gcs.list_objects`), which give every object's
+    size and time (kept in `listed`), so no object is stat'ed: a folder is one listing of its level (a page per
+    1000 objects); a glob one listing of every object under its part before the first wildcard; a path that is
+    no folder one object lookup. None where TensorFlow's way must decide (a glob with a `\\` escape).
+
+    Raises:
+      gcs.ListingUnavailable: the API cannot list (the caller goes TensorFlow's way).
+      ShardDiscoveryError: as `_expand`.
+    """
+    wild = _GLOB_CHARS.search(source)
+    if wild:
+        if "\\" in source:
+            return None
+        fixed = source[:wild.start()]
+        objects, _ = gcs.list_objects(fixed, recursive=True)
+        listed.add(fixed, True, objects)
+        folders = _folders_of(o.path for o in objects)
+        files = sorted(o.path for o in objects if not o.path.endswith("/") and o.path not in folders
+                       and _glob_match(source, o.path))
+        found = [p for p in files if not _NOT_SHARD.search(p)]
+        return _globbed(source, found, lambda: sorted(f for f in folders if _glob_match(source, f))), GLOB
+    bucket_only = "/" not in source[len("gs://"):].rstrip("/")
+    folder = source.rstrip("/") + "/"
+    objects, subfolders = gcs.list_objects(folder)
+    listed.add(folder, False, objects)
+    items = [o.path for o in objects if o.path != folder]               # the folder's own `DIR/` marker left out
+    if items or subfolders or len(items) < len(objects) or bucket_only:
+        names = sorted([p[len(folder):] for p in items] + [f[len(folder):] for f in subfolders])
+        return _folder(source, names, [p for p in items if not _NOT_SHARD.search(p)]), FOLDER
+    found = gcs.stat_object(source)
+    if found is None:
+        raise ShardDiscoveryError(f"{source!r} does not exist")
+    listed.objects[source] = found
     return [source], PATH
 
 
@@ -295,14 +373,20 @@ def _check_conflicts(prefix: str, items: list[tuple[str, Optional[int], Optional
                                  "keep one file per index")
 
 
-def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional[str] = None) -> list[Shard]:
-    """List the shards named by a folder, a glob, a path, or a sequence of them, in shard order.
+def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional[str] = None,
+                    listed: Optional[gcs.Listings] = None,
+                    remembered: Optional[Callable[[Sequence[Shard]], Sequence[Optional[str]]]] = None) -> list[Shard]:
+    """List the shards named by a folder, a glob, a path, or a sequence of them, in shard order: `find_shards`,
+    then `with_compression` (each shard's first bytes sniffed, unless `remembered`).
 
     Args:
       sources: folder(s), glob(s) or file path(s), local or `gs://`; `\\` separators are accepted. A folder must
         hold one export (one prefix); a glob or list naming several prefixes merges them, with a warning.
       compression: None to sniff each file (the default); `"GZIP"` or `""` to declare it, in which case a file
         whose bytes disagree raises CompressionMismatchError.
+      listed: filled with the gs:// objects the listings found, with their sizes and times (`find_shards`).
+      remembered: given the shards found (compression None), the compression known of each ("GZIP", "", or None
+        to sniff it): what the record index remembers (`source.open_shards`).
 
     Returns:
       Shards ordered by (prefix, numeric index). The same file named twice (also as `dir` and `./dir`, or by a
@@ -319,14 +403,31 @@ def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional
       CredentialsError, BucketError: a source is on gs:// and no Google Cloud credentials are found, or its
         bucket does not answer, does not exist or refuses them (`harness.data.export.gcs.check`).
     """
+    found = find_shards(sources, listed=listed)
+    return with_compression(found, declared=compression, known=remembered(found) if remembered else ())
+
+
+def find_shards(sources: Union[str, Sequence[str]], *, listed: Optional[gcs.Listings] = None) -> list[Shard]:
+    """`discover_shards` without reading a byte of any shard: the shards in order, each `compression` None.
+
+    A gs:// source is listed through the JSON API (`gcs.list_objects`: one request per 1000 objects of a folder;
+    a glob lists every object under its part before the first wildcard; a file named alone is one lookup): no
+    per-object stat or folder test. `listed` (when given) is filled with those objects, sizes and times included,
+    for `index.identities` and `find_mixer`. Where the API cannot list (`gcs.ListingUnavailable`: no token at hand,
+    an HTTP error), TensorFlow's listing, globbing and stats, as for a local source.
+
+    Raises:
+      the errors of `discover_shards` but CompressionMismatchError.
+    """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
+    listed = gcs.Listings() if listed is None else listed
     gcs.check([str(s) for s in sources])   # credentials and buckets before the first gs:// read, once a process
     groups: dict[str, dict] = {}
     seen: set[str] = set()
     dropped = 0
     for source in sources:
-        paths, kind = _expand(str(source))
+        paths, kind = _expand(str(source), listed)
         for path in paths:
             key = _same_file_key(path)
             if key in seen:
@@ -354,8 +455,28 @@ def discover_shards(sources: Union[str, Sequence[str]], *, compression: Optional
                             to_total=bool(g["kinds"] & {FOLDER, GLOB}))
         for path, index, _ in sorted(g["items"], key=lambda it: (it[1] is not None, it[1] or 0, it[0])):
             shards.append(Shard(path, g["prefix"], index, None))
-    found = _sniff_all([s.path for s in shards], compression)
-    return [dataclasses.replace(s, compression=c) for s, c in zip(shards, found)]
+    return shards
+
+
+def with_compression(shards: Sequence[Shard], *, declared: Optional[str] = None,
+                     known: Sequence[Optional[str]] = ()) -> list[Shard]:
+    """`shards` with their `compression` set: `known[i]` where given (what the record index remembers of that
+    file's identity: `index.compressions`), else sniffed from the file's first 12 bytes (`sniff_compression`, one
+    request each on gs://, SNIFFERS at once).
+
+    Raises:
+      CompressionMismatchError: `declared` ("GZIP" or "") is given and a file's compression is the other.
+    """
+    known = list(known) or [None] * len(shards)
+    todo = [i for i, c in enumerate(known) if c is None]
+    sniffed = dict(zip(todo, _sniff_all([shards[i].path for i in todo], declared)))
+    out = []
+    for i, s in enumerate(shards):
+        c = sniffed[i] if i in sniffed else known[i]
+        if declared is not None and declared != c:
+            raise CompressionMismatchError(_mismatch_message(s.path, declared, c))
+        out.append(dataclasses.replace(s, compression=c))
+    return out
 
 
 SNIFFERS = 16   # files whose first bytes are read at once (`_sniff_all`): on gs:// each is a round trip
@@ -399,9 +520,12 @@ def _mixer_candidates(prefix: str) -> Iterable[str]:
     yield f"{prefix}.json"  # renamed by hand, as the ACES image export of the test data (tests/shared_data.py)
 
 
-def find_mixer(shards: Sequence[Shard], mixer_path: Optional[str] = None) -> Optional[Mixer]:
+def find_mixer(shards: Sequence[Shard], mixer_path: Optional[str] = None,
+               listed: Optional[gcs.Listings] = None) -> Optional[Mixer]:
     """Return the export's mixer: `mixer_path` when given, else `<prefix>-mixer.json` (or `<prefix>.json` holding
     patchDimensions) beside the first shard group that has one; None for tables and mixer-less image exports.
+    A candidate that the discovery's listings covered (`listed`, `gcs.Listings.covers`) is looked up there, not
+    asked for (two requests each on gs://).
 
     Raises:
       MixerError: if `mixer_path` is given but missing or malformed, or if a `<prefix>-mixer.json` is malformed.
@@ -410,7 +534,10 @@ def find_mixer(shards: Sequence[Shard], mixer_path: Optional[str] = None) -> Opt
         return Mixer.read(mixer_path)
     for prefix in dict.fromkeys(s.prefix for s in shards):
         for i, candidate in enumerate(_mixer_candidates(prefix)):
-            if not tf.io.gfile.exists(candidate):
+            if listed is not None and listed.covers(candidate):
+                if candidate not in listed.objects:
+                    continue
+            elif not tf.io.gfile.exists(candidate):
                 continue
             try:
                 return Mixer.read(candidate)

@@ -1,16 +1,17 @@
 """One dataset's shards, discovered, counted and checked once per run: `ShardSet`.
 
 Everything downstream (the feature spec, the epoch plan, every input pipeline, the profile's facts) takes the
-`ShardSet` instead of the paths, so discovery (`shards.discover_shards`), the record index (`index.record_stats`:
-one stat per file, a network round trip on `gs://`) and the mixer lookup run once, however many pipelines are
-built from it.
+`ShardSet` instead of the paths, so discovery (`shards.discover_shards`: on `gs://` one listing per folder, which
+carries each object's size and time), the files' identities (`index.identities`: from that listing, or one stat per
+local file), their compression (remembered in the record index, else sniffed), the record counts
+(`index.record_stats`) and the mixer lookup run once, however many pipelines are built from it.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Iterable, Iterator, Optional, Sequence
 
-from harness.data.export import index
+from harness.data.export import gcs, index
 from harness.data.export.shards import Mixer, Shard, discover_shards, find_mixer
 from harness.errors import TruncatedShardError
 
@@ -28,8 +29,9 @@ class ShardSet:
       stats: `index.ShardStats` per shard (records; serialized bytes, uncompressed).
       mixer: the export's mixer.json, or None (tables, mixer-less exports).
       sources: the folders, globs or paths as given.
-      identities: `index.file_identity` per shard (path, size, modification time), taken once at discovery: the
-        keys of the record index and of the checks passed (`index.passed`); empty when not known.
+      identities: `index.file_identity` per shard (path, size, modification time), taken once at discovery (on
+        gs:// from its listing: `index.listed_identity`): the keys of the record index, of the checks passed
+        (`index.passed`) and of the compressions found (`index.compressions`); empty when not known.
     """
 
     shards: tuple[Shard, ...]
@@ -114,20 +116,33 @@ def open_shards(sources: Sequence[str], *, mixer: Optional[str] = None, split: O
                 tally: Optional[dict] = None) -> ShardSet:
     """Discover, order and count the shards of `sources` and find their mixer: once per dataset and run.
 
+    Requests to a bucket (gs://), measured on the tests' bed (tests/data/export/test_gcs_listing.py): one listing
+    page per 1000 objects of each folder (no stat per object: sizes and times come from the listing), then, per
+    shard not in the record index under its identity, its first 12 bytes (the compression) and its read to the
+    end (the count); a shard in the index costs no request. The mixer candidates are looked up in the listing.
+
     `split`: the job's workers count a share each (`index.record_stats`: every worker must call this at the same
     point); `tally`: filled with what the counting did (`index.record_stats`) and its seconds ("seconds").
 
     Raises:
-      the errors of `shards.discover_shards` (nothing found, a missing index, several exports in one folder),
+      the errors of `shards.discover_shards` (nothing found, a missing index, several exports in one folder;
+      CompressionMismatchError excepted: no compression is declared here),
       `index.record_stats` (truncated or corrupt shard) and `shards.find_mixer` (a malformed mixer).
     """
     import time
 
-    shards = discover_shards(list(sources))
+    listed, keys = gcs.Listings(), []
+
+    def remembered(found):   # identities from the listing (gs://) or a local stat; compressions from the index
+        keys.extend(index.identities(found, listed=listed))
+        return index.compressions(keys)
+
+    shards = discover_shards(list(sources), listed=listed, remembered=remembered)
+    if len(keys) != len(shards):   # a discovery that did not ask (a stand-in): identities taken here
+        keys[:] = index.identities(shards, listed=listed)
     start = time.perf_counter()
-    keys = index.identities(shards)
     stats = index.record_stats(shards, split=split, tally=tally, keys=keys)
     if tally is not None:
         tally["seconds"] = time.perf_counter() - start
-    return ShardSet(shards=tuple(shards), stats=tuple(stats), mixer=find_mixer(shards, mixer), sources=tuple(sources),
-                    identities=tuple(keys))
+    return ShardSet(shards=tuple(shards), stats=tuple(stats), mixer=find_mixer(shards, mixer, listed=listed),
+                    sources=tuple(sources), identities=tuple(keys))

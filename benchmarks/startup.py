@@ -14,9 +14,17 @@ memory: as each `harness train` is) on one `HARNESS_CACHE_DIR` (the record index
   read all  one interleaved `TFRecordDataset` over every shard, drained inside TensorFlow: what reading the whole
             export costs, the floor a start-up that reads every shard is held against.
 Printed per N: seconds of each (first run: counting; second run: from the index), per-shard ratio, and the
-child's peak resident memory. A cost that grows with N beyond the read's is what this benchmark exists to show.
+child's peak resident memory after open and checks. A cost that grows with N beyond the read's is what this
+benchmark exists to show.
+
+Then the same against the export's bytes (`--bytes`, GB; `--bytes-shards` shards of 64x64x8 float32 GZIP patches,
+131 kB a record: an image export as Earth Engine writes it): open, checks and read all per size, first run and
+second, and the child's peak resident memory after open and checks (before `read all`, whose batches of 4096
+records are TensorFlow's, not the harness's), also above what it held once TensorFlow and the harness were
+imported (`above imports`): the data layer's own memory, which must not grow with the bytes (issue 62: flat within 20%).
 
   python benchmarks/startup.py [--shards 10,100,1000] [--records 4000] [--runs 2] [--per-shard-max 1000]
+                               [--bytes 0.1,1,4] [--bytes-shards 64]
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,10 +42,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
-SMOKE = dict(shards="2,8", records=64, runs=2)
+SMOKE = dict(shards="2,8", records=64, runs=2, bytes="0.002,0.008", bytes_shards=4)
+PATCH, BANDS = 64, 8   # the --bytes exports' patches: 64x64x8 float32, 131,072 B of values a record
 
 
-def _child(folder: str, last: bool, per_shard: bool) -> dict:
+def _child(folder: str, last: bool, per_shard: bool, label: str = "class") -> dict:
     """In a fresh process: open and checks timed on the export in `folder` (a run of `harness train` would do
     both); with `last`, also the read of every record and, with `per_shard`, the checks one shard at a time."""
     import harness  # noqa: F401  (environment defaults before TensorFlow)
@@ -47,15 +57,16 @@ def _child(folder: str, last: bool, per_shard: bool) -> dict:
     from harness.data.spec import labels, validate
     from harness.train.inputs import resolve_spec
 
-    out = {}
+    out = {"imports_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     t = time.perf_counter()
     train = open_shards([folder])
     out["open"] = time.perf_counter() - t
     t = time.perf_counter()
-    spec = resolve_spec({"label": "class"}, train)
+    spec = resolve_spec({"label": label}, train)
     report = validate.validate_shards(spec, train, labels=True)
     out["checks"] = time.perf_counter() - t
     out["read_heads"] = len(report.checked) + len(report.empty)
+    out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # open and checks: the data layer
     shards = list(train.shards)
     if last and per_shard:
         t = time.perf_counter()
@@ -68,7 +79,6 @@ def _child(folder: str, last: bool, per_shard: bool) -> dict:
         t = time.perf_counter()
         ds.reduce(tf.constant(0, tf.int64), lambda n, b: n + tf.size(b, out_type=tf.int64))
         out["read_all"] = time.perf_counter() - t
-    out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["shards"], out["records"] = len(shards), train.records
     return out
 
@@ -82,12 +92,16 @@ def main(argv=None) -> int:
                         "the later read the index")
     p.add_argument("--per-shard-max", type=int, default=1000,
                    help="the checks one shard at a time only up to this many shards (20 ms a shard)")
+    p.add_argument("--bytes", default="0.1,1", help="GB of the image exports of the second table, comma-separated "
+                                                  "('' for none)")
+    p.add_argument("--bytes-shards", type=int, default=64, help="shards of each --bytes export")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--label", default="class", help=argparse.SUPPRESS)
     p.add_argument("--last", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--per-shard", action="store_true", help=argparse.SUPPRESS)
     args = smoke.parse(p, argv, SMOKE)
     if args.child:
-        print(json.dumps(_child(args.child, args.last, args.per_shard)))
+        print(json.dumps(_child(args.child, args.last, args.per_shard, args.label)))
         return 0
     from harness.data.export import synth
 
@@ -96,7 +110,7 @@ def main(argv=None) -> int:
           flush=True)
     print(f"  {'N':>6} {'run':>4} {'open s':>8} {'checks s':>9} {'ms/shard':>9} {'heads read':>10}   "
           f"{'per shard s':>11} {'read all s':>10} {'checks/read':>11} {'peak MiB':>9}")
-    rows = []
+    rows, by_size = [], []
     with tempfile.TemporaryDirectory(prefix="harness-startup-") as tmp:
         for n in map(int, args.shards.split(",")):
             folder = os.path.join(tmp, f"n{n}")
@@ -121,6 +135,10 @@ def main(argv=None) -> int:
                           f"{run['checks'] / max(run['read_all'], 1e-9):>11.2f} {run['peak_mib']:>9.0f}" if last
                           else "")).rstrip(), flush=True)
             rows.append({"shards": n, "runs": runs, **runs[-1]})
+        if args.bytes:
+            by_size = _by_bytes(args, tmp)
+            if by_size is None:
+                return 1
     first, last = rows[0], rows[-1]
     which = "second run (the record index read)" if args.runs > 1 else "first run (counting)"
     grow = (last["runs"][-1]["open"] + last["runs"][-1]["checks"]) - (first["runs"][-1]["open"] +
@@ -131,7 +149,56 @@ def main(argv=None) -> int:
         print(f"checks at {last['shards']} shards: one pass {last['runs'][0]['checks']:.2f} s (first run) against "
               f"{last['per_shard']:.2f} s one shard at a time "
               f"({last['per_shard'] / max(last['runs'][0]['checks'], 1e-9):.1f}x)")
+    if by_size:
+        low, high = by_size[0], by_size[-1]
+        for name, key in (("first run (counting)", 0), ("second run (the record index read)", -1)):
+            a, b = low["runs"][key], high["runs"][key]
+            grow = (b["peak_mib"] - b["imports_mib"]) / max(a["peak_mib"] - a["imports_mib"], 1e-9) - 1
+            print(f"{name}: peak memory above the imports at {high['gb']:g} GB against {low['gb']:g} GB: "
+                  f"{b['peak_mib'] - b['imports_mib']:.0f} against {a['peak_mib'] - a['imports_mib']:.0f} MiB "
+                  f"({grow:+.0%}; target: within 20%)")
     return 0
+
+
+def _child_run(folder: str, env: dict, flags: list) -> dict | None:
+    """One child process's figures (`_child`), or None after printing why it failed."""
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", folder, *flags],
+                          capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode != 0:
+        print(done.stdout[-2000:] + done.stderr[-3000:], file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _by_bytes(args, tmp: str) -> list | None:
+    """The second table: one image export per --bytes size, `args.runs` child runs each (first: counting, later:
+    the record index). Returns [{gb, runs}], or None after a child failed."""
+    from harness.data.export import synth
+
+    record = PATCH * PATCH * BANDS * 4
+    print(f"image exports of 64x64x{BANDS} float32 patches ({record:,} B of values a record), GZIP, "
+          f"{args.bytes_shards} shards; {args.runs} run(s) per size", flush=True)
+    print(f"  {'GB':>6} {'records':>8} {'run':>4} {'open s':>8} {'checks s':>9} {'read all s':>10} {'peak MiB':>9} "
+          f"{'above imports':>13}")
+    out = []
+    for gb in map(float, args.bytes.split(",")):
+        folder = os.path.join(tmp, f"gb{gb:g}")
+        n = max(args.bytes_shards, round(gb * 1e9 / record))
+        synth.write_image_export(folder, prefix="img", shards=args.bytes_shards, records=n, patch_size=PATCH,
+                                 bands=tuple(f"B{i}" for i in range(BANDS)), classes=4, seed=2)
+        env = dict(os.environ, HARNESS_CACHE_DIR=os.path.join(tmp, f"cache-gb{gb:g}"), CUDA_VISIBLE_DEVICES="",
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        runs = []
+        for r in range(args.runs):
+            run = _child_run(folder, env, ["--label", "landcover", "--last"])
+            if run is None:
+                return None
+            runs.append(run)
+            print(f"  {gb:>6g} {n:>8} {r + 1:>4} {run['open']:>8.2f} {run['checks']:>9.2f} {run['read_all']:>10.2f} "
+                  f"{run['peak_mib']:>9.0f} {run['peak_mib'] - run['imports_mib']:>13.0f}", flush=True)
+        out.append({"gb": gb, "runs": runs})
+        shutil.rmtree(folder)
+    return out
 
 
 if __name__ == "__main__":

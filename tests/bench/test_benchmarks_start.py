@@ -106,7 +106,18 @@ RUNS = {
         **{f"row {n} 2": rf"^\s+{n}\s+2(?:\s+\d+\.\d+){{3}}\s+0\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$" for n in (2, 8)},
         "growth": r"^second run \(the record index read\), open \+ checks at 8 shards against 2: [+-]\d+\.\d+ s",
         "one pass": rf"^checks at 8 shards: one pass {NUM} s \(first run\) against {NUM} s one shard at a time "
-                    rf"\({NUM}x\)$"})],
+                    rf"\({NUM}x\)$",
+        # against the bytes: 2 and 8 MB image exports (15 and 61 patches of 64x64x8) in 4 shards; a second run's
+        # open may print 0.00
+        "bytes title": r"^image exports of 64x64x8 float32 patches \(131,072 B of values a record\), GZIP, 4 shards",
+        # (the figures of a second run and the memory above the imports may print 0: matched, not required positive)
+        **{f"bytes {gb} 1": rf"^\s+{gb}\s+{n}\s+1\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+\d+$"
+           for gb, n in (("0.002", 15), ("0.008", 61))},
+        **{f"bytes {gb} 2": rf"^\s+{gb}\s+{n}\s+2(?:\s+\d+\.\d+){{3}}\s+{NUM}\s+\d+$"
+           for gb, n in (("0.002", 15), ("0.008", 61))},
+        **{f"memory {name}": rf"^{name}: peak memory above the imports at 0.008 GB against 0.002 GB: \d+ against "
+                             r"\d+ MiB \([+-]\d+%; target: within 20%\)$"
+           for name in (r"first run \(counting\)", r"second run \(the record index read\)")}})],
     "tune.py": [(["--points", "{points}", "--cases", "points"], {
         **{f"{case}": rf"^== {case}: \d+ file\(s\), {NUM} records, batch {NUM}, {NUM} steps per epoch, 2 epochs, 1 runs"
            for case in ("points",)},

@@ -113,20 +113,37 @@ def of_file(path: str) -> Optional[str]:
 
 
 def load_model(path: str, *, flag: str, need: Optional[str] = None):
-    """Load a `.keras` file with the Keras that saved it (`of_file`); with `need`, refuse a file that kind cannot
-    be given.
+    """Load a `.keras` file with the Keras that saved it (`of_file`), after importing the code it was trained with
+    (`harness.model_code.prepare`: the model file recorded in it, so that its registered classes are found); with
+    `need`, refuse a file that kind cannot be given.
 
     Raises:
-      UserCodeError: `need` is TF_KERAS and the file is Keras 3's (tf-keras cannot read it).
+      UserCodeError: `need` is TF_KERAS and the file is Keras 3's (tf-keras cannot read it); the recorded model
+        file is gone or does not import and the model does not load without it (one line: the file, the error,
+        what to do).
       Whatever `load_model` raises for an unreadable file (callers name it).
     """
+    from harness import model_code
+
     kind = of_file(path) or TF_KERAS
     if need == TF_KERAS and kind == KERAS3:
         raise UserCodeError(f"{flag} {path}: a Keras 3 model file; this model is {NAMES[TF_KERAS]}, which cannot "
                             "read Keras 3 files: give a tf-keras file, or write the model with `import keras`")
     if need == KERAS3:
         kind = KERAS3   # Keras 3 reads tf-keras files too
-    return module(kind).models.load_model(path, compile=False)
+    missing = model_code.prepare(path)
+    try:
+        model = module(kind).models.load_model(path, compile=False)
+    except Exception as e:
+        if missing is None:
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserCodeError(f"{flag} {missing} (without it: {type(e).__name__}: {first})") from e
+    if missing is not None:
+        import logging
+
+        logging.getLogger(__name__).warning("%s; the model loaded without it", missing)
+    return model
 
 
 def no_second_sum(optimizer) -> None:

@@ -45,8 +45,12 @@ def load(path: str, *, float32: bool = False) -> LoadedModel:
     (`as_float32`): float16 kernels are slow on CPUs (tensorflow/tensorflow#35379), and a serving host or a
     predicting worker without a GPU gets no gain from them.
 
+    The model file the run was trained with (recorded in the `.keras`, `harness.model_code`) is imported first, so
+    that its registered classes load.
+
     Raises:
-      ModelFileError (a PredictError): if the model file is missing; PredictError: if it cannot be loaded.
+      ModelFileError (a PredictError): if the model file is missing; PredictError: if it cannot be loaded;
+      UserCodeError: the model file it was trained with does not import here and it does not load without it.
     """
     from harness import keras_kinds
 
@@ -63,8 +67,15 @@ def load(path: str, *, float32: bool = False) -> LoadedModel:
     spec = None
     if tf.io.gfile.exists(summary):
         with tf.io.gfile.GFile(summary) as f:
-            config = json.load(f).get("spec")
+            run = json.load(f)
+        config = run.get("spec")
         spec = DataSpec.from_config(config) if config else None
+        if run.get("model_error"):
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "%s: the run's last save failed (%s): %s is the model saved before it; run its `harness train` "
+                "command again to save the trained one", summary, run["model_error"], model_path)
     return LoadedModel(model=model, path=model_path, sha256=digest, spec=spec)
 
 
@@ -244,8 +255,10 @@ def _input_side(loaded: LoadedModel, spec: DataSpec, where: str) -> Optional[int
     model, name = loaded.model, loaded.path
     delivered = spec.input_shape  # crop_margin is off: image sides are S
     keyed = isinstance(delivered, Mapping)
-    shapes = [tuple(t.shape[1:]) for t in model.inputs]
-    takes = dict(zip(model.input_names, shapes)) if keyed or len(shapes) != 1 else shapes[0]
+    names, shapes = _model_inputs(model)
+    if shapes is None:   # a subclassed model built on other than one tensor: its dry run checks it
+        return None
+    takes = dict(zip(names, shapes)) if keyed or len(shapes) != 1 else shapes[0]
     if not spec.band_groups:  # the common case keeps its plainer messages
         if len(shapes) != 1:
             raise ModelMismatchError(f"{name}: the model takes {len(shapes)} inputs; predict feeds one tensor of "
@@ -272,6 +285,23 @@ def _input_side(loaded: LoadedModel, spec: DataSpec, where: str) -> Optional[int
         raise ModelMismatchError(f"{name}: the model's inputs take patches of different sides {sorted(sides)}; "
                                  f"{where} gives every band group the same side")
     return sides.pop() if sides else None
+
+
+def _model_inputs(model) -> tuple:
+    """`(names, shapes)` of the model's inputs without the batch axis: a functional model's `inputs`; a subclassed
+    model's (Keras 3 or tf-keras, which has no `inputs`) from the shape it was built on (`get_build_config`), one
+    tensor; `(None, None)` where that is not one tensor's shape."""
+    inputs = getattr(model, "inputs", None)
+    if inputs:
+        names = getattr(model, "input_names", None) or [getattr(t, "name", "") for t in inputs]   # Keras 3: none
+        return list(names), [tuple(t.shape[1:]) for t in inputs]
+    try:
+        shape = (model.get_build_config() or {}).get("input_shape")
+    except (AttributeError, NotImplementedError):
+        shape = None
+    if not isinstance(shape, (list, tuple)) or not all(d is None or isinstance(d, int) for d in shape):
+        return None, None
+    return [model.name], [tuple(shape[1:])]
 
 
 def _shapes(shapes) -> str:

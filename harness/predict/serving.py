@@ -123,9 +123,9 @@ def export_savedmodel(loaded: model_lib.LoadedModel, spec: DataSpec, output: str
     from harness.predict import vertex
 
     geometry = model_lib.check(loaded, spec, "the run's spec")
-    shape = loaded.model.output_shape
+    shape = getattr(loaded.model, "output_shape", None)   # a subclassed model has none: its dry run's channels
     shape = shape[0] if isinstance(shape, list) else shape      # several outputs: the first is the class scores
-    classes = int(shape[-1]) if len(shape) in (2, 4) and shape[-1] else 1
+    classes = (int(shape[-1]) if len(shape) in (2, 4) and shape[-1] else 1) if shape else geometry.channels
     dtype, pixel_type = vertex.class_dtype(classes)
     module = ServingModule(loaded, spec, geometry, probabilities=probabilities, class_dtype=dtype)
     tf.saved_model.save(module, output, signatures={"serving_default": module.serialized.get_concrete_function(),

@@ -5,15 +5,19 @@ that need no data (shared output folder, the user's model function and loss: `ha
 `--monitor`, callbacks) -> precision policy -> inputs (`harness.train.inputs.plan`: shards counted once, spec checked,
 epoch plan; every rank the same steps, `--check-sharding`; `inputs.finish`: validation, statistics) -> model, schedule
 and optimizer (`RunParts.build`) under the strategy's scope -> the backup restored
-(`harness.train.lifecycle.resume.restore`) -> with `--tune`, the input pipeline's levers (`harness.train.measure.tune`)
--> the datasets, from the restored step -> the loop (`harness.train.loop.factory.build_run`, the run's protections
-as its actions: `harness.train.lifecycle.guard`) -> `Controller.fit` -> final model and `summary.json` (chief only).
+(`harness.train.lifecycle.resume.restore`) -> a user's model saved and loaded again as `predict` will load it
+(`RunParts.check_loadable`) -> with `--tune`, the input pipeline's levers (`harness.train.measure.tune`) -> a run
+already at its last step: nothing to do, or its final model saved from the backup where that save failed -> the
+datasets, from the restored step -> the loop (`harness.train.loop.factory.build_run`, the run's protections as its
+actions: `harness.train.lifecycle.guard`) -> `Controller.fit` -> final model (written whole, then renamed: a failed
+save keeps the previous one, and the summary says so) and `summary.json` (chief only).
 
 The job never branches on the backend: tf.distribute and Horovod differ only inside
 `harness.distribute.backend.TrainingBackend`.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -76,12 +80,14 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     with backend.scope():
         built = parts.build(inputs, say)   # the model, then the schedule and optimizer of its Keras kind
         model, optimizer = built.model, built.optimizer
-        stopper = early_stopping.make(options, model, context, backups.save_model)  # its state is backed up
+        stopper = early_stopping.make(options, model, context,   # its state is backed up
+                                      functools.partial(backups.save_model, code=parts.code))
         data_seed = tf.Variable(-1, dtype=tf.int64, trainable=False, name="data_seed")  # the epochs' order
         fingerprint = backups.Fingerprint.of(plan, spec, policy, context, built.kind)
         backup = backups.Backup(options.output, context, fingerprint=fingerprint, model=model, optimizer=optimizer,
                                 data_seed=data_seed, **({"stopping": stopper.state} if stopper else {}))
         initial_step = resume.restore(backend, backup, model, optimizer, plan, say)
+    parts.check_loadable(model, inputs)   # saved and loaded again as predict will: refused now, not after training
     cluster = peers.Cluster.gather(backend)   # the workers' hosts, for a fault's message (a collective on Horovod)
     last_fault = repeats.previous(backup)     # the last attempt's lost peer: one after the same step is no peer's
     seed = resume.data_seed(backend, int(data_seed.numpy()), options.seed)   # the epochs' order
@@ -96,16 +102,22 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         inputs, tuned = tune_lib.tune(inputs, backend, probe_run, say, resuming=initial_step > 0,
                                       compute_on_cpu=not tf.config.list_physical_devices("GPU"))
     if initial_step >= options.epochs * plan.steps_per_epoch:
-        say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
-            "(raise --epochs to train on, or use a new --output)")
-        return {"initial_step": initial_step, "final_step": initial_step, "history": [], "done": True}
+        missing = _final_model_missing(options.output, backend)
+        if missing is None:
+            say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps); nothing to do "
+                "(raise --epochs to train on, or use a new --output)")
+            return {"initial_step": initial_step, "final_step": initial_step, "history": [], "done": True}
+        say(f"{options.output}: already trained {options.epochs} epochs ({initial_step} steps), but {missing}: "
+            "saving the model from the backup")
+        return _save_from_backup(options, backend, parts, inputs, model, policy=policy, kind=built.kind,
+                                 step=initial_step)
     train_ds, val_ds = inputs.datasets(backend, start_step=initial_step, seed=seed)
     # the training input pipeline as this worker built it, once per worker (its line names the worker)
     print(inputs.pipeline_plan(True, context.rank).describe(), flush=True)
     if val_ds is not None:   # its cache decided on the memory the training cache leaves
         print("validation " + inputs.pipeline_plan(False, context.rank).describe(), flush=True)
     ran = provenance.provenance(options, context, started=started, hosts=list(cluster.hosts),   # what runs
-                                model=_model_name(options, model_fn, inputs.spec.kind))
+                                model=_model_name(options, model_fn, inputs.spec.kind), code=parts.code)
     tracker = _tracker(options, backend, inputs, ran, policy=policy, initial_step=initial_step)   # MLflow, if named
     loop, guard, profiler = _loop(options, backend, parts, inputs, built, backup, loop_args, validating=val_ds is not None,
                                   initial_step=initial_step, cluster=cluster, stopper=stopper,
@@ -136,7 +148,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
         summary = _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed,
                           policy=policy, schedule=built.schedule, preemption=guard.preemption, stopper=stopper,
                           tuned=tuned, ran=provenance.finished(ran, started, time.time()), profiler=profiler,
-                          probe_run=probe_run)
+                          probe_run=probe_run, code=parts.code)
     return summary
 
 
@@ -251,9 +263,15 @@ def _loop(options, backend, parts, inputs, built, backup, loop_args: dict, *, va
 
 
 def _finish(options, backend, inputs, loop, history, *, initial_step, seed, policy, schedule, preemption, stopper,
-            tuned, profiler, probe_run, ran) -> dict:
-    """After the last epoch (or an early stop): the weights checked equal on every worker, the final model saved,
-    and the summary (`summary.json`, the chief's) with the profile report under `--profile`."""
+            tuned, profiler, probe_run, ran, code=None) -> dict:
+    """After the last epoch (or an early stop): the weights checked equal on every worker, the final model saved
+    (with `code`, the model file, recorded in it), and the summary (`summary.json`, the chief's) with the profile
+    report under `--profile`.
+
+    Raises:
+      ModelError: the final model could not be saved (after the summary is written, saying so in "model_error";
+        the previous `model.keras`, if any, is kept, and the same command run again saves it from the backup).
+    """
     from harness.train.lifecycle import backup as backups
     from harness.train.measure import profiling
     from harness.train.model import metrics
@@ -263,7 +281,10 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
     model, optimizer, controller = loop.trainer.model, loop.trainer.optimizer, loop.controller
     digest = run_summary.weights_digest(model)
     workers_digests = check_same_weights(backend, digest)
-    model_path = backups.save_model(model, options.output, context)
+    try:
+        model_path, save_error = backups.save_model(model, options.output, context, code=code), None
+    except Exception as e:  # Keras or the file system: the summary says so, then the run fails
+        model_path, save_error = None, f"{type(e).__name__}: {_first_line(e)}"
     summary = {"policy": policy, "keras": loop.trainer.kind, "context": str(context), "plan": plan.to_dict(),
                "weights_sha256": digest, "workers_weights_sha256": workers_digests,
                "initial_step": initial_step, "final_step": history[-1]["step"] if history else initial_step,
@@ -295,8 +316,97 @@ def _finish(options, backend, inputs, loop, history, *, initial_step, seed, poli
     if profiler:  # every worker: its steps travel to the chief, which writes report.json
         probe = profiling.probe(probe_run, controller, backend, inputs)
         summary["profile"] = profiling.finish(profiler, options, context, inputs, probe=probe)
+    if save_error:
+        summary["model_error"] = save_error
     if context.is_chief:
         run_summary.write_summary(summary, options.output)
+    if save_error:
+        from harness.errors import ModelError
+        from harness.run_folder import MODEL_FILE
+
+        path = os.path.join(options.output, MODEL_FILE)
+        kept = "the previous one is kept" if context.is_chief and _exists(path) else "none was written"
+        raise ModelError(f"{path}: the final model was not saved ({save_error}); {kept}, and summary.json says so "
+                         f"(model_error): run the same command again to save it from the backup of step "
+                         f"{summary['final_step']}")
+    return summary
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__
+
+
+def _exists(path: str) -> bool:
+    import tensorflow as tf
+
+    return tf.io.gfile.exists(path)
+
+
+def _final_model_missing(output: str, backend) -> str | None:
+    """Why a run folder whose backup is at its last step holds no usable final model, or None when it does: its
+    `model.keras` missing or not a Keras file, no `summary.json`, or a summary saying the last save failed. The
+    chief looks; every worker gets its answer (one all-gather), so all save, or none.
+    """
+    import json
+
+    import tensorflow as tf
+
+    from harness import keras_kinds
+    from harness.run_folder import MODEL_FILE
+
+    reason = None
+    if backend.context.is_chief:
+        path, summary = os.path.join(output, MODEL_FILE), os.path.join(output, "summary.json")
+        if not tf.io.gfile.exists(path):
+            reason = f"it holds no {MODEL_FILE}"
+        elif keras_kinds.of_file(path) is None:
+            reason = f"its {MODEL_FILE} is not a Keras file"
+        elif not tf.io.gfile.exists(summary):
+            reason = "it holds no summary.json"
+        else:
+            with tf.io.gfile.GFile(summary) as f:
+                error = json.load(f).get("model_error")
+            reason = f"its last save failed ({error})" if error else None
+    if backend.context.num_workers > 1 and int(backend.allgather([1.0 if reason else 0.0])[0, 0]) and reason is None:
+        reason = "the chief found no usable final model"
+    return reason
+
+
+def _save_from_backup(options: TrainOptions, backend, parts, inputs, model, *, policy: str, kind: str,
+                      step: int) -> dict:
+    """The final model of a run trained to its last step whose save failed (or never ran), saved from the restored
+    backup; its `summary.json` updated ("model" set, "model_error" gone), or, where none was written, one with what
+    the commands that read a run need (the spec, the policy, the Keras kind, the step). Every worker calls it.
+
+    Raises:
+      ModelError: the save failed again (the summary still says so).
+    """
+    import json
+
+    import tensorflow as tf
+
+    from harness.errors import ModelError
+    from harness.train.lifecycle import backup as backups
+    from harness.train.report import run_summary
+
+    context, spec = backend.context, inputs.spec
+    try:
+        path = backups.save_model(model, options.output, context, code=parts.code)
+    except Exception as e:
+        raise ModelError(f"{options.output}: the final model was not saved again ({type(e).__name__}: "
+                         f"{_first_line(e)}); the backup of step {step} is kept") from e
+    summary_path = os.path.join(options.output, "summary.json")
+    summary = {"initial_step": step, "final_step": step, "history": [], "policy": policy, "keras": kind,
+               "plan": inputs.plan.to_dict(), "spec": spec.replace(num_classes=inputs.num_classes).to_config()}
+    if context.is_chief and tf.io.gfile.exists(summary_path):
+        with tf.io.gfile.GFile(summary_path) as f:
+            summary = json.load(f)
+    summary.pop("model_error", None)
+    summary.update(model=path, done=True)
+    if context.is_chief:
+        run_summary.write_summary(summary, options.output)
+        backend.say(f"saved {path} from the backup of step {step}")
     return summary
 
 

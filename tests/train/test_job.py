@@ -257,3 +257,57 @@ def test_a_worker_leaving_on_a_cluster_fault_ignores_the_launchers_sigterm(fault
         assert signal.getsignal(signal.SIGTERM) is before
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_final_save_that_fails_keeps_the_previous_model_and_the_same_command_saves_it(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """In this process (`job.run`, one device): epoch 1 trains and saves; the command again with 2 epochs resumes,
+    and its final save fails once the file is written, before it is put in place (a full disk): epoch 1's
+    model.keras is kept byte for byte, no partial file is left, summary.json says the save failed, the run raises
+    one line; the same command once more saves epoch 2's weights from the backup instead of saying "nothing to
+    do", and a fourth time has nothing to do."""
+    import dataclasses
+
+    from harness import keras_kinds, model_code
+    from harness.errors import ModelError
+    from harness.train import job
+    from harness.train.report.run_summary import weights_digest
+
+    synth.write_table_export(str(tmp_path / "d"), prefix="p", shards=1, records=32, seed=2)
+    out = tmp_path / "out"
+    one = job.TrainOptions(data=(str(tmp_path / "d"),), epochs=1, per_replica_batch_size=16, strategy="single",
+                           output=str(out))
+    two = dataclasses.replace(one, epochs=2)
+    job.run(one, data_config={"label": "class"})
+    before = (out / "model.keras").read_bytes()
+    write = model_code.write
+
+    def full_disk(path, code):
+        write(path, code)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(model_code, "write", full_disk)
+    with pytest.raises(ModelError) as e:
+        job.run(two, data_config={"label": "class"})
+    monkeypatch.undo()
+    error = "OSError: [Errno 28] No space left on device"
+    assert str(e.value) == (f"{out}/model.keras: the final model was not saved ({error}); the previous one is kept, "
+                            "and summary.json says so (model_error): run the same command again to save it from the "
+                            "backup of step 4")
+    assert (out / "model.keras").read_bytes() == before and not [p for p in out.iterdir() if "partial" in p.name]
+    failed = json.loads((out / "summary.json").read_text())
+    assert failed["model"] is None and failed["model_error"] == error and failed["final_step"] == 4
+    assert f"final loss {failed['history'][-1]['loss']:.4f}; model: NOT SAVED ({error})" in capsys.readouterr().out
+
+    job.run(two, data_config={"label": "class"})
+    printed = capsys.readouterr().out
+    assert (f"{out}: already trained 2 epochs (4 steps), but its last save failed ({error}): saving the model "
+            "from the backup") in printed and "nothing to do" not in printed
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["model"] == str(out / "model.keras") and "model_error" not in saved
+    assert saved["history"] == failed["history"] and saved["weights_sha256"] == failed["weights_sha256"]
+    loaded = keras_kinds.load_model(str(out / "model.keras"), flag="--model")
+    assert weights_digest(loaded) == failed["weights_sha256"]   # epoch 2's weights, restored from the backup
+
+    job.run(two, data_config={"label": "class"})
+    assert "already trained 2 epochs (4 steps); nothing to do" in capsys.readouterr().out

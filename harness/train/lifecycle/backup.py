@@ -248,23 +248,40 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def save_model(model, output_dir: str, context) -> str | None:
-    """Save the final model as `output_dir/model.keras` on the chief; every worker must call it (see module doc).
+def save_model(model, output_dir: str, context, code=None) -> str | None:
+    """Save the model as `output_dir/model.keras` on the chief, with `code` (`harness.model_code.ModelCode`, the
+    model file the run was trained with) recorded in it; every worker must call it (see module doc).
+
+    The chief writes the whole file first, then puts it in place in one step (a rename in the same folder; on
+    `gs://` one object upload, which replaces the object only once complete): a save that fails leaves the previous
+    `model.keras` as it was (or none), never a partial or empty file.
 
     Returns the chief's path, None on other workers.
+    Raises:
+      Whatever Keras raises for a model it cannot save (a class without `get_config`), or the file system.
     """
+    from harness import model_code
+
     if _skips_writes(context):
         return None
     if context.is_chief:
         path = os.path.join(output_dir, "model.keras")
         if "://" not in path:
-            model.save(path)
+            partial = os.path.join(output_dir, f".model-{os.getpid()}.partial.keras")   # Keras wants `.keras`
+            try:
+                model.save(partial)
+                model_code.write(partial, code)
+                os.replace(partial, path)
+            finally:
+                if os.path.exists(partial):
+                    os.remove(partial)
             return path
         # tf_keras 2.18 saves a gs:// path into a local temporary folder and never copies it there
         # (`_support_gcs_uri`, tf_keras/src/saving/saving_api.py): the job ended with no model in the bucket.
         scratch = tempfile.mkdtemp(prefix="harness-model-")
         try:
             model.save(os.path.join(scratch, "model.keras"))
+            model_code.write(os.path.join(scratch, "model.keras"), code)
             tf.io.gfile.copy(os.path.join(scratch, "model.keras"), path, overwrite=True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

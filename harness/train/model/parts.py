@@ -18,7 +18,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from harness import keras_kinds as kinds
-from harness.train.model import builtin, losses, metrics, optim, precision, user
+from harness.train.model import builtin, loadable, losses, metrics, optim, precision, user
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +109,25 @@ class RunParts:
         function or the built-in model, checked, then `--init-from`, whose line `say` prints). Call under the
         strategy's scope."""
         return self.builder.build(inputs, self.policy or "float32", say)
+
+    @property
+    def code(self):
+        """The model's code (`harness.model_code.ModelCode`, recorded in every `.keras` the run saves), or None: the
+        built-in model, a function of a script's `__main__`."""
+        return self.builder.code
+
+    def check_loadable(self, model, inputs) -> Optional[float]:
+        """Save the run's built `model` and load it again as the commands that read a run do (`loadable.check`),
+        before the first step; nothing for the built-in model (Keras' own layers). Call on every worker, outside
+        the strategy's scope. Returns the seconds it took, or None.
+
+        Raises:
+          ModelError, UserCodeError: from `loadable.check`, one line naming the class and the fix.
+        """
+        if self.builder.is_builtin:
+            return None
+        described = user.ModelInputs.from_inputs(inputs, self.policy or "float32")
+        return loadable.check(model, described, origin=self.builder.origin, code=self.builder.code)
 
     def build_builtin(self, kind: str, input_shape, num_classes: int, *, mean=None, variance=None,
                       keras_kind: str = kinds.TF_KERAS, batch_norm: bool = True):

@@ -8,19 +8,21 @@ Horovod, the default scope), once per worker, then checks the model before the f
   - its output: `[batch, classes]` for table labels `[batch]`, `[batch, H, W, classes]` for masks `[batch, H, W]`;
   - its output dtype under a mixed policy: float32, else the layer to give `dtype="float32"` is named (Keras mixed
     precision guide: tensorflow.org/guide/mixed_precision#building_the_model).
-`--init-from MODEL.keras|RUN_DIR` then copies trained weights layer by layer, matched by name.
+`--init-from MODEL.keras|RUN_DIR` then copies trained weights layer by layer, matched by name (the model file recorded
+in that `.keras` imported first: `harness.model_code`). The job then saves a user's model and loads it again before
+the first step (`harness.train.model.loadable`), as `predict`, `evaluate`, `export` and `--init-from` will load it.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 import os
-import sys
 from types import MappingProxyType
 from typing import Callable, Mapping, Optional
 
+from harness import model_code
 from harness.errors import ConfigError, ModelError, UserCodeError
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelInputs:
@@ -88,12 +90,17 @@ def load_function(text: str, *, flag: str = "--model") -> Callable:
       UserCodeError: naming the module (or file) and the error: no `:FUNCTION`, a file that does not exist, an
         import that fails (with its exception), no such attribute (with the names the module has), not callable.
     """
+    return _load(text, flag)[1]
+
+
+def _load(text: str, flag: str) -> tuple:
+    """`(module, function)` of `load_function`."""
     module_name, sep, name = text.rpartition(":")
     if not sep or not module_name or not name:
         raise UserCodeError(f"{flag} {text!r}: expected MODULE:FUNCTION or path/to/file.py:FUNCTION")
     try:
         if module_name.endswith(".py") or os.sep in module_name:
-            module = _import_file(module_name, flag)
+            module = model_code.import_file(module_name, flag)
         else:
             module = importlib.import_module(module_name)
     except UserCodeError:
@@ -106,22 +113,7 @@ def load_function(text: str, *, flag: str = "--model") -> Callable:
     fn = getattr(module, name)
     if not callable(fn):
         raise UserCodeError(f"{flag} {text!r}: {module_name}.{name} is a {type(fn).__name__}, not a function")
-    return fn
-
-
-def _import_file(path: str, flag: str):
-    if not os.path.isfile(path):
-        raise UserCodeError(f"{flag}: no file {path!r}")
-    name = "harness_user_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up by name
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    return module, fn
 
 
 class ModelBuilder:
@@ -133,10 +125,19 @@ class ModelBuilder:
       origin: how the user named it (for messages).
       model_args: keyword arguments for `fn`.
       init_from: a `.keras` file or a run folder holding `model.keras`, or None.
+      code: the code `fn` comes from (`harness.model_code.ModelCode`), recorded in every `.keras` the run saves so
+        that the commands that load it import it first; None for the built-in model and a function of `__main__`.
     """
 
-    def __init__(self, fn: Callable, origin: str, model_args: Optional[dict] = None, init_from: Optional[str] = None):
+    def __init__(self, fn: Callable, origin: str, model_args: Optional[dict] = None, init_from: Optional[str] = None,
+                 code: Optional[model_code.ModelCode] = None):
         self.fn, self.origin, self.model_args, self.init_from = fn, origin, dict(model_args or {}), init_from
+        self.code = code
+
+    @property
+    def is_builtin(self) -> bool:
+        """The harness's own model (`builtin`), whose layers are all Keras' own."""
+        return self.fn is builtin
 
     def build(self, inputs, policy: str, say: Callable[..., None] = lambda *a, **k: None):
         """The checked model for a run's `Inputs` under `policy` (call under the strategy's scope).
@@ -176,11 +177,12 @@ def resolve(options, model_fn: Optional[Callable] = None) -> ModelBuilder:
                                 " pass the function that builds it; the harness calls it under the strategy's scope")
         origin = getattr(model_fn, "__name__", repr(model_fn))
         _check_arguments(model_fn, origin, args)
-        return ModelBuilder(model_fn, origin, args, init)
+        return ModelBuilder(model_fn, origin, args, init, code=model_code.of_function(model_fn))
     if options.model:
-        fn = load_function(options.model)
+        module, fn = _load(options.model, "--model")
         _check_arguments(fn, options.model, args)
-        return ModelBuilder(fn, options.model, args, init)
+        return ModelBuilder(fn, options.model, args, init,
+                            code=model_code.of_module(options.model, module, options.model.rpartition(":")[2]))
     if args:
         raise ConfigError(f"--model-args {args} given without --model: the built-in models take no arguments")
     return ModelBuilder(builtin, "built-in", None, init)
@@ -324,10 +326,14 @@ def init_weights(model, source: str) -> str:
     """Copy weights from a saved model (`--init-from MODEL.keras`, or a run folder holding `model.keras`) into
     `model`, layer by layer, matched by name; a layer whose weight shapes differ keeps its initialization.
 
+    The saved model's classes load because the model file recorded in it is imported first
+    (`harness.keras_kinds.load_model`, `harness.model_code`).
+
     Returns:
       a line naming the layers loaded, those whose shapes differ and those missing on either side.
     Raises:
-      UserCodeError: a Keras 3 file for a tf-keras model (`harness.keras_kinds.load_model`).
+      UserCodeError: a Keras 3 file for a tf-keras model; the recorded model file does not import and the model
+        does not load without it (`harness.keras_kinds.load_model`).
       ModelError: the file cannot be loaded (with the error), or no layer matched.
     """
     from harness.run_folder import model_path

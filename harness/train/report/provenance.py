@@ -2,6 +2,8 @@
 `harness report` shows of it.
 
     {"data": [...], "validation_data": [...], "model_file": "examples/pixel_mlp.py:build" | "built-in U-Net",
+     "model_code": {"given", "module", "function", "path" (absolute), "sha256"} (a user's model: what every saved
+     `.keras` of the run records, with the file's text, `harness.model_code`),
      "optimizer": {"name": "adam", ...}, "started": "2026-12-07T02:10:04Z", "ended": ..., "duration_s": 31.2,
      "workers": 2, "replicas_in_sync": 2, "hosts": [...], "options": {every option not at its default},
      "versions": {"harness", "tensorflow", "keras", "tf-keras", "python", ...}}
@@ -49,7 +51,7 @@ def non_default(options) -> dict:
     return out
 
 
-def provenance(options, context, *, started: float, model: str, hosts: Optional[list] = None) -> dict:
+def provenance(options, context, *, started: float, model: str, hosts: Optional[list] = None, code=None) -> dict:
     """The run's "run" entry of `summary.json` as known at its start (`finished` adds its end): built once per run,
     sent to MLflow as parameters (`tracking.params_of`) and written with the summary.
 
@@ -59,11 +61,13 @@ def provenance(options, context, *, started: float, model: str, hosts: Optional[
       started: Unix seconds at the start of `harness.train.job.run`.
       model: what built the model: `options.model` (FILE.py:FUNCTION) or the built-in model's name.
       hosts: every worker's host name in rank order, where known.
+      code: the model's `harness.model_code.ModelCode` (its file's absolute path and digest, not its text), or None.
     """
     from harness.profile.report import versions
 
     return {"data": list(options.data), "validation_data": list(options.validation_data or ()),
-            "model_file": model, "init_from": options.init_from, "optimizer": optimizer(options),
+            "model_file": model, **({"model_code": code.to_dict(source=False)} if code is not None else {}),
+            "init_from": options.init_from, "optimizer": optimizer(options),
             "started": utc(started), "workers": context.num_workers, "replicas_in_sync": context.replicas_in_sync,
             **({"hosts": hosts} if hosts else {}), "options": non_default(options), "versions": versions()}
 

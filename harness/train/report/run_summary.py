@@ -48,15 +48,22 @@ def worker_epochs(backend, history: list) -> list[dict]:
 
 
 def write_summary(summary: dict, output: str) -> None:
-    """Print the final line and write `output/summary.json` (the chief's job)."""
-    t, history = summary["timing"], summary["history"]
+    """Print the final line and write `output/summary.json` (the chief's job). A summary whose final save failed
+    ("model_error") says so in its line, and prints no `next:` line; one without timings (a model saved again from
+    the backup) prints only where its model is."""
+    t, history = summary.get("timing"), summary["history"]
     last = history[-1] if history else {}
-    print(f"summary: {t['examples_per_s']:.1f} examples/s, input stall {100 * t['input_stall_share']:.1f}% "
-          f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
-          + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else "")
-          + f"; model: {summary['model']}", flush=True)
-    print(f"next: harness report {output}  (report.html, opens offline); harness predict --model {output} "
-          "--data EXPORT --output OUT  (predictions, the map)", flush=True)
+    model = summary["model"] or f"NOT SAVED ({summary.get('model_error')})"
+    if t:
+        print(f"summary: {t['examples_per_s']:.1f} examples/s, input stall {100 * t['input_stall_share']:.1f}% "
+              f"over {t['steps']} timed steps, final loss {last.get('loss', float('nan')):.4f}"
+              + (f", val_accuracy {last['val_accuracy']:.4f}" if "val_accuracy" in last else "")
+              + f"; model: {model}", flush=True)
+    else:
+        print(f"summary: model: {model}", flush=True)
+    if summary["model"]:
+        print(f"next: harness report {output}  (report.html, opens offline); harness predict --model {output} "
+              "--data EXPORT --output OUT  (predictions, the map)", flush=True)
     import tensorflow as tf   # tf.io.gfile: the output folder may be on gs://
 
     tf.io.gfile.makedirs(output)

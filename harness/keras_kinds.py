@@ -157,3 +157,45 @@ def no_second_sum(optimizer) -> None:
                                f"{getattr(module(KERAS3), '__version__', '?')} sums gradients elsewhere; the harness "
                                "cannot sum them once")
         opt._all_reduce_sum_gradients = list
+
+
+# What applies softmax as a model's last step: a layer's `activation` (Dense(activation="softmax"),
+# Activation("softmax")), a Softmax layer (Keras 3 also names its `keras.ops.softmax` node so), tf-keras's
+# `tf.nn.softmax` on a Keras tensor (a TFOpLambda of that symbol).
+_SOFTMAX_SYMBOLS = ("nn.softmax", "math.softmax")
+
+
+def softmax_output(model) -> Optional[str]:
+    """The name of the layer that applies softmax to the model's output (its outputs are then probabilities, not
+    logits), else None; Keras 3 or tf-keras. The one place the harness decides it: the loss takes a softmax
+    model's outputs as probabilities (`harness.train.model.losses.of_probabilities`), predict and export do not
+    apply softmax again (`harness.predict.stream`, `harness.predict.serving`).
+
+    The output's layer is the one its Keras history names (a functional model, a Sequential), else the model's
+    last layer (a subclassed model's last layer assigned); a nested model's own output layer, recursively."""
+    layer = _output_layer(model)
+    for _ in range(8):   # nested models
+        if layer is None or not hasattr(layer, "layers") or layer is model:
+            break
+        model, layer = layer, _output_layer(layer)
+    if layer is None:
+        return None
+    activation = getattr(layer, "activation", None)
+    if (getattr(activation, "__name__", "") == "softmax" or type(layer).__name__ == "Softmax"
+            or getattr(layer, "symbol", None) in _SOFTMAX_SYMBOLS):
+        return getattr(layer, "name", type(layer).__name__)
+    return None
+
+
+def _output_layer(model):
+    """The layer (or Keras 3 operation) that makes the model's first output, else its last layer, else None."""
+    try:
+        outputs = model.outputs
+    except AttributeError:   # a Keras 3 subclassed model
+        outputs = None
+    if outputs:
+        history = getattr(outputs[0] if isinstance(outputs, (list, tuple)) else outputs, "_keras_history", None)
+        if history:
+            return history[0]
+    layers = getattr(model, "layers", None)
+    return layers[-1] if layers else None

@@ -127,7 +127,8 @@ def train_args(p: argparse.ArgumentParser) -> dict:
     data.add_argument("--contrast", type=float, default=S, metavar="C",
                       help="training image bands only: around their mean x U(1-C, 1+C) per example (default "
                            f"{D['contrast']:g})")
-    data.add_argument("--seed", type=int, default=S, help=f"file order, shuffle and augmentation (default {D['seed']:g})")
+    data.add_argument("--seed", type=int, default=S,
+                      help=f"the model's initial weights, file order, shuffle and augmentation (default {D['seed']:g})")
     out.add_argument("--progress-every", type=float, default=S, metavar="SECONDS",
                      help="where the output is not a terminal (a pod's log, nohup, a pipe), the chief prints the "
                           "epoch's progress (steps, examples/s, input stall, ETA) every SECONDS; 0: none "

@@ -89,7 +89,8 @@ def run(options: EvaluateOptions, *, say: Callable[[str], None] = print) -> dict
                     options=train_options)
     say(f"evaluate: {sum(plan.records)} records of {len(shards.shards)} file(s), {context.num_workers} worker(s) x "
         f"{context.replicas_per_worker} replica(s), per-replica batch {options.per_replica_batch_size}")
-    evaluator = build_evaluator(backend, loaded.model, parts.loss, parts.build_metrics(spec.num_classes))
+    evaluator = build_evaluator(backend, loaded.model, parts.loss_for(loaded.model),
+                                parts.build_metrics(spec.num_classes))
     scores = evaluator.evaluate(backend.distribute(inputs.dataset_fn(False)))
     class_names = list(spec.class_names) or [str(c) for c in range(spec.num_classes or 0)]
     report = {"kind": EVALUATION_KIND, "evaluated": utc(time.time()), "model": loaded.path,

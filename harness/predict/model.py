@@ -335,9 +335,3 @@ def _zeros(spec: DataSpec, side: Optional[int]):
 def _dry_run(model, inputs) -> tf.Tensor:
     return tf.convert_to_tensor(model(inputs, training=False))
 
-
-def applies_softmax(model) -> bool:
-    """Whether the model's last layer already returns probabilities (a softmax activation), so predict does not
-    apply softmax again."""
-    activation = getattr(model.layers[-1], "activation", None)
-    return getattr(activation, "__name__", "") == "softmax" or type(model.layers[-1]).__name__ == "Softmax"

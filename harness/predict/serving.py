@@ -24,6 +24,7 @@ import re
 
 import tensorflow as tf
 
+from harness import keras_kinds
 from harness.data.input import decode
 from harness.data.spec.dataspec import IMAGE, DataSpec
 from harness.predict import model as model_lib
@@ -52,7 +53,7 @@ class ServingModule(tf.Module):
                                                 if self._image else {}))
         self._geometry = geometry
         self._probabilities = probabilities
-        self._softmax = not model_lib.applies_softmax(loaded.model)
+        self._softmax = keras_kinds.softmax_output(loaded.model) is None   # else its outputs are probabilities
         tile = [None, geometry.input_side, geometry.input_side] if self._image else [None]
         dense = {b: tf.TensorSpec(tile + self._per_pixel(b), tf.float32, name=b) for b in self._bands}
         strings = {b: tf.TensorSpec([None], tf.string, name=b) for b in self._bands}

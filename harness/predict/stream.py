@@ -9,6 +9,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
+from harness import keras_kinds
 from harness.data.export import scan
 from harness.predict import model as model_lib, reader, writer
 from harness.predict.options import CLASSIFICATION, CSV
@@ -67,7 +68,7 @@ def _step_fn(job):
     if cached is not None:
         return cached
     model, g = job.loaded.model, job.geometry
-    softmax = not model_lib.applies_softmax(model)
+    softmax = keras_kinds.softmax_output(model) is None   # a softmax last layer: its outputs are probabilities
     probabilities = job.task == CLASSIFICATION and len(job.band_names) > 1
 
     # Traced as written; AutoGraph converts the user's model only (`harness.tracing`).

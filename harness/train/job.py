@@ -92,7 +92,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     last_fault = repeats.previous(backup)     # the last attempt's lost peer: one after the same step is no peer's
     seed = resume.data_seed(backend, int(data_seed.numpy()), options.seed)   # the epochs' order
     data_seed.assign(seed)
-    loop_args = _loop_args(options, parts, inputs)
+    loop_args = _loop_args(options, parts, inputs, model)
 
     probe_run = _probe_run(backend, parts, inputs, built.schedule, loop_args)
 
@@ -152,10 +152,11 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     return summary
 
 
-def _loop_args(options: TrainOptions, parts, inputs) -> dict:
-    """What every run of the job's step takes besides its model and optimizer: the loss, the class weights, the
-    clipping (the main run's and the probes')."""
-    return dict(loss_fn=parts.loss, class_weights=inputs.class_weights, clip_norm=options.clip_norm)
+def _loop_args(options: TrainOptions, parts, inputs, model) -> dict:
+    """What every run of the job's step takes besides its model and optimizer: the loss of the model's outputs
+    (`RunParts.loss_for`: probabilities where its last layer applies softmax), the class weights, the clipping (the
+    main run's and the probes')."""
+    return dict(loss_fn=parts.loss_for(model), class_weights=inputs.class_weights, clip_norm=options.clip_norm)
 
 
 def _probe_run(backend, parts, inputs, schedule, loop_args: dict):
@@ -207,7 +208,8 @@ def tune(options: TrainOptions, data_config: dict | None = None, *, workers: int
     if compute is None:   # the step is probed: the run's model, built once
         with backend.scope():
             built = parts.build(inputs)
-        probe_run = _probe_run(backend, parts, inputs, built.schedule, _loop_args(options, parts, inputs))
+        probe_run = _probe_run(backend, parts, inputs, built.schedule,
+                               _loop_args(options, parts, inputs, built.model))
     tuning = tune_lib.measure(inputs, backend, probe_run, share=train, records_per_worker=train.records // workers,
                               files=math.ceil(len(train.files_with_records) / workers), workers=workers,
                               records=records or PROBE_RECORDS, compute=compute,

@@ -141,6 +141,31 @@ def make_loss(name: str = "crossentropy", *, focal_gamma: float = 2.0, user_fn: 
     return loss
 
 
+EPSILON = 1e-7   # Keras' `backend.epsilon()`: probabilities are clipped to [EPSILON, 1 - EPSILON] before their log
+
+
+def logits_of(probabilities):
+    """Logits whose softmax gives `probabilities` back, as Keras' crossentropy with `from_logits=False` takes a
+    softmax output (tf-keras `backend.sparse_categorical_crossentropy`, Keras 3 `_get_logits`): in a traced step
+    whose output is the softmax op's, that op's input (the logits themselves); else the log of the probabilities
+    clipped to [EPSILON, 1 - EPSILON]."""
+    if not tf.executing_eagerly() and getattr(getattr(probabilities, "op", None), "type", "") == "Softmax":
+        return tf.cast(probabilities.op.inputs[0], tf.float32)
+    return tf.math.log(tf.clip_by_value(tf.cast(probabilities, tf.float32), EPSILON, 1.0 - EPSILON))
+
+
+def of_probabilities(loss: Callable) -> Callable:
+    """A built-in loss `fn(labels, logits, class_weights)` for a model whose outputs are softmax probabilities (its
+    last layer applies softmax: `harness.keras_kinds.softmax_output`): the same loss of `logits_of` them, so that
+    crossentropy is Keras' `from_logits=False` (it goes to 0 as the true class's probability goes to 1, where
+    softmax applied again could not go below -log(e / (e + classes - 1)): 0.744 for 4 classes); focal and Dice
+    take softmax of those logits, the probabilities themselves."""
+    def on_probabilities(labels, probabilities, class_weights):
+        return loss(labels, logits_of(probabilities), class_weights)
+    on_probabilities.probabilities = True
+    return on_probabilities
+
+
 def checked_user_loss(losses, labels, origin: str):
     """A user's loss value, checked when it is traced: `[batch]` or the labels' shape, float.
 

@@ -100,6 +100,15 @@ class RunParts:
         refused by name before the first step."""
         losses.probe(self.loss, label_shape, num_classes, task)
 
+    def loss_for(self, model):
+        """The loss of `model`'s outputs: `loss`, which takes logits; where the model's last layer applies softmax
+        (`kinds.softmax_output`) and the loss is a built-in one of classification, the same loss of its
+        probabilities (`losses.of_probabilities`, Keras' `from_logits=False`). A user's loss gets the outputs as
+        they are."""
+        if self.task != "classification" or hasattr(self.loss, "origin") or kinds.softmax_output(model) is None:
+            return self.loss
+        return losses.of_probabilities(self.loss)
+
     def loss_name(self, task: Optional[str] = None) -> str:
         """The loss's name (`options.loss`, else the task's default)."""
         return losses.loss_name(self.options, task or self.task)
@@ -168,6 +177,12 @@ class RunParts:
         """
         model = self.build_model(inputs, say)
         kind = kinds.of_model(model)
+        softmax = kinds.softmax_output(model) if self.task == "classification" else None
+        if softmax is not None:
+            takes = (f"--loss {self.loss.origin} gets them as they are (not logits)" if hasattr(self.loss, "origin")
+                     else "the loss takes them as Keras' from_logits=False does")
+            say(f"model {self.builder.origin}: its last layer {softmax!r} applies softmax: its outputs are "
+                f"probabilities; {takes}, and predict, evaluate and export do not apply softmax again")
         kinds.check_same(kind, getattr(self.loss, "keras_object", None), f"--loss {self.options.loss}")
         schedule = schedule if schedule is not None else self.build_schedule(inputs.plan, kind)
         return Built(model, kind, schedule, self.create_optimizer(schedule, kind))

@@ -3,8 +3,12 @@
 
 The function receives one frozen `ModelInputs` (what the input pipeline delivers) and returns a Keras model, of
 Keras 3 (`import keras`) or tf-keras (`import tf_keras`): the run is of the model's kind (`harness.keras_kinds`),
-mapping those inputs to logits with a float32 last layer. The harness calls it under the strategy's scope (under
-Horovod, the default scope), once per worker, then checks the model before the first step:
+mapping those inputs to logits (or to probabilities: a last layer that applies softmax, `keras_kinds.softmax_output`)
+with a float32 last layer. `--seed` seeds the weights it builds (`seed_weights`). The harness calls it under the
+strategy's scope (under Horovod, the default scope), once per worker, then checks the model before the first step:
+  - what the harness would not use, refused by name: a `train_step`, `test_step` or `compute_loss` of the model's
+    own class, a model compiled in the function (its optimizer: the harness builds its own from the flags);
+  - its input: the shape the model declares against the delivered one, named with the bands and their count;
   - its output: `[batch, classes]` for table labels `[batch]`, `[batch, H, W, classes]` for masks `[batch, H, W]`;
   - its output dtype under a mixed policy: float32, else the layer to give `dtype="float32"` is named (Keras mixed
     precision guide: tensorflow.org/guide/mixed_precision#building_the_model).
@@ -127,12 +131,13 @@ class ModelBuilder:
       init_from: a `.keras` file or a run folder holding `model.keras`, or None.
       code: the code `fn` comes from (`harness.model_code.ModelCode`), recorded in every `.keras` the run saves so
         that the commands that load it import it first; None for the built-in model and a function of `__main__`.
+      seed: `--seed`: the random state the function builds the model from (`seed_weights`); None: not seeded.
     """
 
     def __init__(self, fn: Callable, origin: str, model_args: Optional[dict] = None, init_from: Optional[str] = None,
-                 code: Optional[model_code.ModelCode] = None):
+                 code: Optional[model_code.ModelCode] = None, seed: Optional[int] = None):
         self.fn, self.origin, self.model_args, self.init_from = fn, origin, dict(model_args or {}), init_from
-        self.code = code
+        self.code, self.seed = code, seed
 
     @property
     def is_builtin(self) -> bool:
@@ -147,6 +152,7 @@ class ModelBuilder:
           ModelError: from `check_model` and `init_weights`.
         """
         described = ModelInputs.from_inputs(inputs, policy)
+        seed_weights(self.seed)
         try:
             model = self.fn(described, **self.model_args)
         except TypeError as e:
@@ -166,6 +172,7 @@ def resolve(options, model_fn: Optional[Callable] = None) -> ModelBuilder:
       UserCodeError: from `load_function`; a model object passed instead of a function.
     """
     args, init = getattr(options, "model_args", None), getattr(options, "init_from", None)
+    seed = getattr(options, "seed", None)
     if init:
         _check_init_from(init)
     if model_fn is not None and options.model:
@@ -177,15 +184,39 @@ def resolve(options, model_fn: Optional[Callable] = None) -> ModelBuilder:
                                 " pass the function that builds it; the harness calls it under the strategy's scope")
         origin = getattr(model_fn, "__name__", repr(model_fn))
         _check_arguments(model_fn, origin, args)
-        return ModelBuilder(model_fn, origin, args, init, code=model_code.of_function(model_fn))
+        return ModelBuilder(model_fn, origin, args, init, code=model_code.of_function(model_fn), seed=seed)
     if options.model:
         module, fn = _load(options.model, "--model")
         _check_arguments(fn, options.model, args)
         return ModelBuilder(fn, options.model, args, init,
-                            code=model_code.of_module(options.model, module, options.model.rpartition(":")[2]))
+                            code=model_code.of_module(options.model, module, options.model.rpartition(":")[2]),
+                            seed=seed)
     if args:
         raise ConfigError(f"--model-args {args} given without --model: the built-in models take no arguments")
-    return ModelBuilder(builtin, "built-in", None, init)
+    return ModelBuilder(builtin, "built-in", None, init, seed=seed)
+
+
+def seed_weights(seed: Optional[int]) -> None:
+    """`--seed` for the model's weights: Python's `random`, NumPy's and TensorFlow's global seed set, and each Keras
+    the process imported seeded with its `utils.set_random_seed` (Keras 3 also starts its global SeedGenerator
+    again), before the model function runs, so the same command twice on one device builds the same weights and
+    trains to the same losses (the data's order: the same `--seed`, `harness.train.lifecycle.resume.data_seed`).
+    None: nothing seeded."""
+    if seed is None:
+        return
+    import random
+    import sys
+
+    import numpy as np
+    import tensorflow as tf
+
+    random.seed(seed)
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
+    for name in ("keras", "tf_keras"):   # a Keras the model file did not import has no state to seed
+        utils = getattr(sys.modules.get(name), "utils", None)
+        if hasattr(utils, "set_random_seed"):
+            utils.set_random_seed(seed)
 
 
 def _check_arguments(fn: Callable, origin: str, model_args: Optional[dict]) -> None:
@@ -252,20 +283,31 @@ def check_model(model, inputs: ModelInputs, *, origin: str = "model") -> None:
 
     Raises:
       UserCodeError: not a Keras model (`harness.keras_kinds.of_model`).
-      ModelError: with group_delivery "dict", functional model inputs not named and shaped as the groups
-        (`_check_named_inputs`); several outputs; an output shape that does not fit the labels (`[batch, *label_shape,
+      ModelError: what the harness would not use: a `train_step`, `test_step` or `compute_loss` of the model's own
+        class (`_check_own_steps`), a compiled model (`_check_not_compiled`); with group_delivery "dict",
+        functional model inputs not named and shaped as the groups (`_check_named_inputs`); a declared input that
+        is not the delivered shape (`_check_input_shape`: both shapes, the bands and their count), or a model that
+        fails on it; several outputs; an output shape that does not fit the labels (`[batch, *label_shape,
         num_classes]`, the actual shape named); an output that is not float32 under a mixed policy (the layer
         named).
     """
     from harness import keras_kinds as kinds
 
     kinds.of_model(model, f"model {origin}")
+    _check_own_steps(model, origin)
+    _check_not_compiled(model, origin)
     graph = getattr(model, "_is_graph_network", False)
     if graph and isinstance(inputs.input_shape, Mapping):
         _check_named_inputs(model, inputs.input_shape, origin)
+    elif not isinstance(inputs.input_shape, Mapping):
+        _check_input_shape(model, inputs, origin)
     outputs = model.outputs if graph else None
     if outputs is None:
-        outputs = model(_zeros(inputs.input_shape), training=False)
+        try:
+            outputs = model(_zeros(inputs.input_shape), training=False)
+        except Exception as e:   # the user's model may raise anything on the delivered shape
+            raise ModelError(f"model {origin}: fails on the input the export delivers, {_delivered(inputs)}: "
+                             f"{_keras_error(e)}") from e
     outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     if len(outputs) != 1:
         raise ModelError(f"model {origin} has {len(outputs)} outputs; the harness trains one output of logits")
@@ -290,6 +332,111 @@ def check_model(model, inputs: ModelInputs, *, origin: str = "model") -> None:
         layer = getattr(getattr(out, "_keras_history", None), "layer", None) or model.layers[-1]
         raise ModelError(f"model {origin}: output is {dtype} under policy {inputs.policy}: give its last layer "
                          f"{layer.name!r} dtype=\"float32\" (logits and loss in float32; Keras mixed precision guide)")
+
+
+# What the harness runs instead of a model's own methods, which it never calls (docs/model.md, "Your model function").
+NOT_CALLED = {
+    "train_step": "the harness runs its own step on every replica (the model's call(), --loss, the gradients summed "
+                  "over the replicas, --optimizer, --clip-norm): put what it adds in call() (self.add_loss() for a "
+                  "loss term of the model's) or in --loss MODULE:FUNCTION",
+    "test_step": "validation scores the model's call() with the run's loss and metrics",
+    "compute_loss": "the loss is --loss (a built-in, or MODULE:FUNCTION per example) plus the model's add_loss() "
+                    "terms: give yours as --loss MODULE:FUNCTION",
+}
+OPTIMIZER_FLAGS = "--optimizer adam|adamw|sgd, --learning-rate, --schedule, --momentum, --weight-decay"
+
+
+def _check_own_steps(model, origin: str) -> None:
+    """Refuse a model whose own class (not Keras') defines a method of Keras' `fit` that the harness never calls.
+
+    Raises:
+      ModelError: naming the class, the method and what the harness runs instead.
+    """
+    from harness.train.model.loadable import LIBRARIES
+
+    for method, instead in NOT_CALLED.items():
+        owner = next((cls for cls in type(model).__mro__ if method in vars(cls)), None)
+        if owner is not None and (owner.__module__ or "").split(".")[0] not in LIBRARIES:
+            raise ModelError(f"model {origin}: {owner.__qualname__} defines {method}(), which the harness never "
+                             f"calls: {instead}; then remove {method}() (docs/model.md)")
+
+
+def _check_not_compiled(model, origin: str) -> None:
+    """Refuse a model compiled in the model function: the harness trains with the optimizer and loss it builds
+    itself, in the strategy's scope, from its flags (as it refuses a built optimizer object: `optim.refuse_built`).
+
+    Raises:
+      ModelError: naming the compiled optimizer's class and the flags that set the harness's.
+    """
+    if not (getattr(model, "compiled", False) or getattr(model, "_is_compiled", False)):   # Keras 3, tf-keras
+        return
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", None) or optimizer   # a LossScaleOptimizer's
+    named = f" with optimizer {type(inner).__name__}" if inner is not None else ""
+    raise ModelError(f"model {origin} was compiled{named} in the model function, which the harness does not use: it "
+                     f"builds its own optimizer in the strategy's scope, from {OPTIMIZER_FLAGS} (the loss: --loss): "
+                     "remove model.compile(...) and give those flags (a KerasHub task compiles itself: build it "
+                     "with compile=False) (docs/model.md)")
+
+
+def _declared_inputs(model) -> Optional[list]:
+    """The input shapes (without the batch axis) a model declares (a functional model, a Sequential with an
+    Input), else None (a subclassed model, known once called)."""
+    try:
+        declared = model.inputs
+    except (AttributeError, ValueError):   # Keras 3: a subclassed model has none
+        return None
+    if not declared:
+        return None
+    return [tuple(t.shape)[1:] for t in declared]
+
+
+def _check_input_shape(model, inputs: ModelInputs, origin: str) -> None:
+    """The model's declared input against the one tensor the pipeline delivers (`[batch, *input_shape]`).
+
+    Raises:
+      ModelError: one line: the model's input shape, the delivered shape, the bands and their count, the fix.
+    """
+    declared = _declared_inputs(model)
+    if declared is None:
+        return
+    want = tuple(inputs.input_shape)
+    if len(declared) == 1 and len(declared[0]) == len(want) and all(d is None or d == w
+                                                                     for d, w in zip(declared[0], want)):
+        return
+    takes = ", ".join(_batch(shape) for shape in declared)
+    raise ModelError(f"model {origin} takes {'input' if len(declared) == 1 else f'{len(declared)} inputs'} {takes}; "
+                     f"the export delivers {_delivered(inputs)}: build the model's input from the shape it is given "
+                     "(keras.Input(inputs.input_shape))")
+
+
+def _batch(shape) -> str:
+    return "[" + ", ".join(["batch", *("None" if d is None else str(d) for d in shape)]) + "]"
+
+
+def _delivered(inputs: ModelInputs) -> str:
+    """The delivered input: its shape with the batch axis, the bands and their count (with groups: each group's)."""
+    shape = inputs.input_shape
+    if inputs.band_groups:
+        groups = "; ".join(f"{g}: {', '.join(b)}" for g, b in inputs.band_groups.items())
+        shapes = (", ".join(f"{g}: {_batch(s)}" for g, s in shape.items()) if isinstance(shape, Mapping)
+                  else _batch(shape))
+        return f"{shapes} (band groups {groups})"
+    return f"{_batch(shape)} ({len(inputs.bands)} bands: {', '.join(inputs.bands)})"
+
+
+def _keras_error(error: BaseException) -> str:
+    """A Keras call's error in one line: its type, the layer Keras names ("Exception encountered when calling
+    ..."), and the first line of what went wrong (terminal colours and TensorFlow's function names left out)."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    prefix = "Exception encountered when calling "
+    where = next((line[len(prefix):].rstrip(".") for line in lines if line.startswith(prefix)), None)
+    what = next((line for line in lines if not line.startswith(prefix)), "")
+    return f"{type(error).__name__}{f' calling {where}' if where else ''}: {what}".rstrip(": ")
 
 
 def _check_named_inputs(model, delivered: Mapping, origin: str) -> None:

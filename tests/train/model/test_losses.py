@@ -305,3 +305,105 @@ def test_a_loss_that_does_not_depend_on_the_logits_is_refused_by_name():
         losses.probe(argmax, (4, 4), 3)
     losses.probe(losses.make_loss("crossentropy"), (4, 4), 3)  # the built-ins pass
     losses.probe(losses.make_loss("mse", task="regression"), (), 1, "regression")
+
+
+# --- a softmax output: its probabilities taken as Keras' from_logits=False takes them (issue 64) -----------------------
+USER_MODELS = pathlib.Path(__file__).resolve().parent / "user_models"
+MODEL_FILES = {"keras3": USER_MODELS / "keras3_models.py", "tf_keras": USER_MODELS / "tf_keras_models.py"}
+FLOOR = float(-np.log(np.e / (np.e + 3)))   # softmax applied to 4 probabilities: the least crossentropy, 0.744
+
+
+@pytest.mark.parametrize("kind", ["keras3", "tf_keras"])
+def test_the_loss_of_probabilities_is_kerass_crossentropy_from_probabilities(kind):
+    """Eager (the probabilities clipped, then their log) and traced on a softmax op (its own logits): Keras'
+    SparseCategoricalCrossentropy(from_logits=False) of the same probabilities, a probability of 0 included."""
+    import importlib
+
+    stock = importlib.import_module("keras" if kind == "keras3" else "tf_keras").losses.SparseCategoricalCrossentropy(
+        from_logits=False, reduction="none")
+    loss = losses.of_probabilities(losses.make_loss("crossentropy"))
+    labels = tf.constant([0, 1, 2, 3])
+    logits = tf.constant([[4.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 30.0]])
+    probabilities = tf.nn.softmax(logits)
+    eager = loss(labels, probabilities, None)
+    np.testing.assert_allclose(eager, stock(labels, probabilities), rtol=1e-6)
+    zero = loss(labels, tf.constant([[0.0, 1.0, 0.0, 0.0]] * 4), None)   # the true class's probability 0 for one
+    assert np.isfinite(zero).all() and float(zero[0]) == pytest.approx(-np.log(losses.EPSILON), rel=1e-5)
+    traced = tf.function(lambda y, z: loss(y, tf.nn.softmax(z), None))(labels, logits)
+    np.testing.assert_allclose(traced, losses.make_loss("crossentropy")(labels, logits, None), rtol=1e-6)
+    np.testing.assert_allclose(traced, tf.function(lambda y, z: stock(y, tf.nn.softmax(z)))(labels, logits),
+                               rtol=1e-6)
+
+
+def _separable(folder: pathlib.Path, records: int = 64, classes: int = 4) -> None:
+    """A table export whose class c has band b{c} near 1 and the others near 0: linearly separable."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    y = np.arange(records) % classes
+    x = np.eye(classes, dtype=np.float32)[y] + rng.normal(0, 0.1, (records, classes)).astype(np.float32)
+    with tf.io.TFRecordWriter(str(folder / "separable.tfrecord.gz"), "GZIP") as w:
+        for row, label in zip(x, y):
+            values = {**{f"b{c}": float(v) for c, v in enumerate(row)}, "class": float(label)}
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                k: tf.train.Feature(float_list=tf.train.FloatList(value=[v])) for k, v in values.items()})
+            ).SerializeToString())
+
+
+@pytest.fixture(scope="module", params=["keras3", "tf_keras"])
+def softmax_runs(request, tmp_path_factory):
+    """The kind's `softmax_output` model (Keras 3: Dense(activation="softmax"); tf-keras: a Softmax layer), 4
+    classes, trained in this process on a separable export (64 rows, 4 epochs of 4 steps) twice with the same
+    command (`--seed` 0, the default); the first run's stdout."""
+    import contextlib
+    import dataclasses
+    import io
+
+    from harness.train import job
+
+    tmp = tmp_path_factory.mktemp(f"softmax_{request.param}")
+    _separable(tmp / "data")
+    options = TrainOptions(data=(str(tmp / "data"),), epochs=4, per_replica_batch_size=16, strategy="single",
+                           learning_rate=0.05, model=f"{MODEL_FILES[request.param]}:softmax_output",
+                           output=str(tmp / "first"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        first = job.run(options, data_config={"label": "class"})
+    again = job.run(dataclasses.replace(options, output=str(tmp / "again")), data_config={"label": "class"})
+    return dict(kind=request.param, tmp=tmp, first=first, again=again, stdout=out.getvalue())
+
+
+def test_a_softmax_model_trains_on_its_probabilities_below_the_double_softmax_floor(softmax_runs):
+    """With softmax applied again the loss could not go below 0.744 (it stayed at 0.7439 from the 8th epoch on this
+    export); on the probabilities, Keras' from_logits=False, it falls toward 0."""
+    history = [h["loss"] for h in softmax_runs["first"]["history"]]
+    assert len(history) == 4 and history[-1] < FLOOR / 2 and history == sorted(history, reverse=True), history
+    origin = f"{MODEL_FILES[softmax_runs['kind']]}:softmax_output"
+    assert (f"model {origin}: its last layer 'probabilities' applies softmax: its outputs are probabilities; the loss "
+            "takes them as Keras' from_logits=False does, and predict, evaluate and export do not apply softmax "
+            "again") in softmax_runs["stdout"]
+
+
+def test_the_same_command_twice_gives_the_same_losses(softmax_runs):
+    """`--seed` (0 by default) seeds the weights too: the same initial model, hence the same losses, to the bit."""
+    first, again = ([h["loss"] for h in softmax_runs[run]["history"]] for run in ("first", "again"))
+    assert first == again
+
+
+def test_evaluate_scores_the_probabilities_as_training_did(softmax_runs, tmp_path):
+    """`harness evaluate` in this process: val_loss is the crossentropy of the saved model's own probabilities."""
+    import importlib
+
+    from predict_support import cli_in_process
+
+    run, data = softmax_runs["tmp"] / "first", softmax_runs["tmp"] / "data"
+    cli_in_process("evaluate", "--model", run, "--data", data, "--output", tmp_path)
+    metrics = json.loads((tmp_path / "evaluation.json").read_text())["metrics"]
+    rows = [tf.train.Example.FromString(raw.numpy()).features.feature
+            for raw in tf.data.TFRecordDataset(str(data / "separable.tfrecord.gz"), compression_type="GZIP")]
+    x = np.array([[f[f"b{c}"].float_list.value[0] for c in range(4)] for f in rows], np.float32)
+    y = np.array([int(f["class"].float_list.value[0]) for f in rows])
+    keras_module = importlib.import_module("keras" if softmax_runs["kind"] == "keras3" else "tf_keras")
+    p = np.asarray(keras_module.models.load_model(str(run / "model.keras"), compile=False)(x, training=False))
+    np.testing.assert_allclose(p.sum(1), 1, rtol=1e-5)   # probabilities, as saved
+    np.testing.assert_allclose(metrics["val_loss"], -np.log(p[np.arange(len(y)), y]).mean(), rtol=1e-4)
+    assert metrics["val_loss"] < FLOOR / 2 and metrics["val_accuracy"] == 1.0

@@ -23,8 +23,8 @@ EXAMPLES = ROOT / "examples"
 CLI = [sys.executable, "-m", "harness.cli"]
 
 
-def _inputs(shape=(3,), classes=3, label_shape=(), kind="table", policy="float32", **kw):
-    return ModelInputs(input_shape=shape, patch_size=shape[0] if kind == "image" else None, bands=("a", "b", "c"),
+def _inputs(shape=(3,), classes=3, label_shape=(), kind="table", policy="float32", bands=("a", "b", "c"), **kw):
+    return ModelInputs(input_shape=shape, patch_size=shape[0] if kind == "image" else None, bands=bands,
                        band_groups=MappingProxyType({}), num_classes=classes, task="classification", kind=kind,
                        label_shape=label_shape, policy=policy, **kw)
 
@@ -379,3 +379,115 @@ def test_a_missing_model_file_is_one_error_for_init_from_and_predict(tmp_path):
     assert isinstance(init.value, ModelError) and isinstance(predict.value, PredictError)
     tail = f" {tmp_path}: no file {tmp_path}/model.keras (give a .keras model or a run folder holding model.keras)"
     assert (str(init.value), str(predict.value)) == ("--init-from" + tail, "--model" + tail)
+
+
+# --- what the harness trains otherwise or refuses (issue 64) ---------------------------------------------------------
+USER_MODELS = pathlib.Path(__file__).resolve().parent / "user_models"
+MODEL_FILES = {"keras3": USER_MODELS / "keras3_models.py", "tf_keras": USER_MODELS / "tf_keras_models.py"}
+BANDS4 = _inputs(shape=(4,), classes=3)
+
+
+def _kind(kind):
+    import importlib
+
+    return importlib.import_module("keras" if kind == "keras3" else "tf_keras")
+
+
+@pytest.mark.parametrize("kind", ["keras3", "tf_keras"])
+def test_a_softmax_output_is_found_in_every_form_a_user_writes_it(kind):
+    """`keras_kinds.softmax_output`, the one place predict, export and the loss learn it: the output's own layer
+    (its Keras history), a nested model's, a subclassed model's last layer; logits are not probabilities."""
+    import tensorflow as tf
+
+    k = _kind(kind)
+    x = k.Input((4,))
+    h = k.layers.Dense(3, name="scores")(x)
+    ops_softmax = k.ops.softmax(h) if kind == "keras3" else tf.nn.softmax(h)
+    forms = {"dense": k.layers.Dense(3, activation="softmax", name="probs")(x), "layer": k.layers.Softmax(name="sm")(h),
+             "activation": k.layers.Activation("softmax", name="act")(h), "op": ops_softmax}
+    found = {form: keras_kinds.softmax_output(k.Model(x, out)) for form, out in forms.items()}
+    assert found["dense"] == "probs" and found["layer"] == "sm" and found["activation"] == "act" and found["op"]
+    assert keras_kinds.softmax_output(k.Model(x, h)) is None
+    # the softmax feeds a last layer of logits: the output is not probabilities
+    assert keras_kinds.softmax_output(k.Model(x, k.layers.Dense(3)(forms["dense"]))) is None
+    inner = k.Sequential([k.Input((4,)), k.layers.Dense(3, activation="softmax", name="inner_head")])
+    assert keras_kinds.softmax_output(k.Model(x, inner(k.layers.Dense(4)(x)))) == "inner_head"
+    assert keras_kinds.softmax_output(inner) == "inner_head"
+    builder = user_model.resolve(TrainOptions(data=("d",), model=f"{MODEL_FILES[kind]}:subclassed"))
+    assert keras_kinds.softmax_output(builder.fn(BANDS4)) is None   # its last layer: logits
+
+
+@pytest.mark.parametrize("kind", ["keras3", "tf_keras"])
+def test_a_model_input_other_than_the_exports_bands_is_one_line_naming_both(kind):
+    builder = user_model.resolve(TrainOptions(data=("d",), model=f"{MODEL_FILES[kind]}:three_bands"))
+    inputs = dataclasses_replace(BANDS4, bands=("B2", "B3", "B4", "B8"))
+    with pytest.raises(ModelError) as e:
+        check_model(builder.fn(inputs), inputs, origin="m.py:three_bands")
+    assert str(e.value) == ("model m.py:three_bands takes input [batch, 3]; the export delivers [batch, 4] (4 bands: "
+                            "B2, B3, B4, B8): build the model's input from the shape it is given "
+                            "(keras.Input(inputs.input_shape))")
+    k = _kind(kind)
+    x = k.Input((16, 16, 3))
+    patches = _inputs(shape=(16, 16, 4), classes=2, label_shape=(16, 16), kind="image", bands=inputs.bands)
+    with pytest.raises(ModelError, match=r"takes input \[batch, 16, 16, 3\]; the export delivers \[batch, 16, 16, "
+                                         r"4\] \(4 bands: B2, B3, B4, B8\)"):
+        check_model(k.Model(x, k.layers.Conv2D(2, 1)(x)), patches)
+
+    class Fixed(k.Model):   # no declared input: the forward pass fails, named with the delivered input
+        def call(self, x):
+            return k.layers.Reshape((3,))(x)
+
+    with pytest.raises(ModelError) as e:
+        check_model(Fixed(), inputs, origin="m.py:fixed")
+    failed = {"keras3": "ValueError calling Reshape.call(): The total size of the tensor must be unchanged. Received: "
+                        "input_shape=(4,), target_shape=(3,)",
+              "tf_keras": "InvalidArgumentError calling layer 'reshape' (type Reshape): Input to reshape is a tensor "
+                          "with 8 values, but the requested shape has 6 [Op:Reshape]"}
+    assert str(e.value) == ("model m.py:fixed: fails on the input the export delivers, [batch, 4] (4 bands: B2, B3, "
+                            f"B4, B8): {failed[kind]}")
+
+
+@pytest.mark.parametrize("kind", ["keras3", "tf_keras"])
+def test_a_models_own_train_step_and_a_compiled_model_are_refused_by_name(kind):
+    def refusal(function):
+        builder = user_model.resolve(TrainOptions(data=("d",), model=f"{MODEL_FILES[kind]}:{function}"))
+        with pytest.raises(ModelError) as e:
+            check_model(builder.fn(BANDS4), BANDS4, origin=f"m.py:{function}")
+        return str(e.value)
+
+    assert refusal("own_train_step") == (
+        "model m.py:own_train_step: OwnStep defines train_step(), which the harness never calls: the harness runs its "
+        "own step on every replica (the model's call(), --loss, the gradients summed over the replicas, --optimizer, "
+        "--clip-norm): put what it adds in call() (self.add_loss() for a loss term of the model's) or in --loss "
+        "MODULE:FUNCTION; then remove train_step() (docs/model.md)")
+    assert refusal("compiled") == (
+        "model m.py:compiled was compiled with optimizer SGD in the model function, which the harness does not use: "
+        "it builds its own optimizer in the strategy's scope, from --optimizer adam|adamw|sgd, --learning-rate, "
+        "--schedule, --momentum, --weight-decay (the loss: --loss): remove model.compile(...) and give those flags (a "
+        "KerasHub task compiles itself: build it with compile=False) (docs/model.md)")
+
+
+@pytest.mark.parametrize("function, message", [
+    ("three_bands", "takes input [batch, 3]; the export delivers [batch, 4] (4 bands: B2, B3, B4, B8)"),
+    ("compiled", "was compiled with optimizer SGD in the model function"),
+    ("own_train_step", "OwnStep defines train_step(), which the harness never calls"),
+])
+def test_train_refuses_them_before_its_first_step(tmp_path, function, message):
+    """`harness train` in this process, as the command line runs it: exit 2, one line, no step, nothing saved."""
+    import contextlib
+    import io
+
+    from harness import cli
+    from harness.data.export import synth
+
+    synth.write_table_export(str(tmp_path / "data"), prefix="points", shards=1, records=16, classes=3, seed=1)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["train", "--data", str(tmp_path / "data"), "--label", "class", "--epochs", "1",
+                         "--global-batch-size", "8", "--strategy", "single",
+                         "--model", f"{MODEL_FILES['keras3']}:{function}", "--output", str(tmp_path / "run")])
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and "Traceback" not in err.getvalue(), err.getvalue()[-3000:]
+    assert lines[-1].startswith(f"harness train: ModelError: model {MODEL_FILES['keras3']}:{function}"), lines[-1]
+    assert message in lines[-1], lines[-1]
+    assert "epoch 1/1" not in out.getvalue() and not (tmp_path / "run" / "model.keras").exists()

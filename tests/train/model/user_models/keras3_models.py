@@ -1,7 +1,9 @@
-"""A user's model file in Keras 3 (`import keras`), one function per model a user writes: those that load again
-(a registered custom layer, a registered subclassed model with get_config) and those that do not (an unregistered
-layer, a subclassed model without get_config, a Lambda, a get_config that leaves out an argument). Read by
-tests/train/model/test_loadable.py and tests/predict/test_user_models.py; tf_keras_models.py is its tf-keras twin."""
+"""A user's model file in Keras 3 (`import keras`), one function per model a user writes: those that load again (a
+registered custom layer, a registered subclassed model with get_config) and those that do not (an unregistered
+layer, a subclassed model without get_config, a Lambda, a get_config that leaves out an argument), and those the
+harness trains otherwise or refuses: a softmax output, an input of 3 bands hard-coded, a model compiled in the
+function, a subclass's own train_step. Read by tests/train/model/test_loadable.py, test_user.py, test_losses.py and
+tests/predict/test_user_models.py; tf_keras_models.py is its tf-keras twin."""
 import keras
 
 PACKAGE = "harness_tests_keras3"
@@ -97,3 +99,37 @@ def lambda_layer(inputs):
 
 def forgotten_argument(inputs):
     return _functional(inputs, Forgetful(3.0, name="forgetful"))
+
+
+def softmax_output(inputs):
+    """Probabilities, as Keras users write a classifier: Dense(activation=softmax) last."""
+    x = keras.Input(inputs.input_shape)
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(x)
+    out = keras.layers.Dense(inputs.num_classes, activation="softmax", dtype="float32", name="probabilities")(h)
+    return keras.Model(x, out)
+
+
+def three_bands(inputs):
+    """An input of 3 bands, hard-coded."""
+    x = keras.Input((3,))
+    return keras.Model(x, keras.layers.Dense(inputs.num_classes, name="logits")(x))
+
+
+def compiled(inputs):
+    """Compiled in the function with an optimizer of its own."""
+    model = registered_layer(inputs)
+    model.compile(optimizer=keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)),
+                  loss="sparse_categorical_crossentropy")
+    return model
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class OwnStep(Classifier):
+    """A subclassed model with a train_step of its own."""
+
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def own_train_step(inputs):
+    return OwnStep(inputs.num_classes)

@@ -41,6 +41,10 @@ class ServingModule(tf.Module):
         super().__init__()
         self._class_dtype = tf.as_dtype(class_dtype)
         self.model = loaded.model
+        # Keras 3 keeps a random layer's seed state (RandomFlip, RandomRotation: identity at inference, yet their call
+        # reads it) in variables its TensorFlow tracking does not reach from the model: tracked here, else the save
+        # fails with a KeyError (a captured "seed_generator_state" not reachable from the root).
+        self._model_variables = list(loaded.model.variables)
         self._bands = tuple(spec.bands)
         self._image = spec.kind == IMAGE
         # Earth Engine sends each band on its own, an array band as [tile..., depth] (ee.Model's inputShapes), not

@@ -1,7 +1,8 @@
 """`harness export --format savedmodel`: loaded with `tf.saved_model.load`, a request built as Earth Engine builds
 it (per band, a serialized tensor; any key order) gives the classes `harness predict` writes; a missing band is
 an error naming it; the input names survive a reload and re-export; the run was trained under MirroredStrategy.
-A run on band groups (time or dict) serves the Keras model's outputs. The trained run also predicts through its
+A run on band groups (time or dict) serves the Keras model's outputs, and a Keras 3 model holding random augmentation
+layers and a softmax output serves its own predictions. The trained run also predicts through its
 saved spec, checked against the same model called on each patch. Only the training runs in a child process:
 `harness synth`, `export` and `predict` run in this one (`predict_support.cli_in_process`)."""
 import json
@@ -185,3 +186,24 @@ def test_a_mixed_precision_model_is_served_in_float32(tmp_path, kind):
     tile = np.random.default_rng(1).normal(size=(3, 4, 4, 2)).astype(np.float32)
     got = serve(a=tile[..., 0], b=tile[..., 1])["class"].numpy()
     np.testing.assert_array_equal(got, np.argmax(np.asarray(model(tile), np.float32), axis=-1))
+
+
+def test_a_keras3_model_holding_random_augmentation_layers_exports_and_serves_its_predictions(tmp_path):
+    """RandomFlip and RandomRotation keep their seed state in Keras 3 variables that the model's TensorFlow tracking
+    does not reach (the export failed with a raw KeyError); identity at inference, the SavedModel serves what the
+    model's own predict gives. Its last layer applies softmax: the probabilities served are its outputs, not
+    softmax applied to them again."""
+    import keras
+
+    x = keras.Input((8, 8, 2))
+    h = keras.layers.RandomRotation(0.2)(keras.layers.RandomFlip()(x))
+    h = keras.layers.Conv2D(4, 3, padding="same")(h)
+    model = keras.Model(x, keras.layers.Conv2D(3, 1, activation="softmax")(h))
+    model.save(str(tmp_path / "m.keras"))
+    cli_in_process("export", "--model", tmp_path / "m.keras", "--output", tmp_path / "sm", "--bands", "a", "b",
+                   "--patch-size", 8, "--probabilities")
+    tile = np.random.default_rng(2).normal(size=(3, 8, 8, 2)).astype(np.float32)
+    out = tf.saved_model.load(str(tmp_path / "sm")).signatures["grpc"](a=tile[..., 0], b=tile[..., 1])
+    want = model.predict(tile, verbose=0)
+    np.testing.assert_allclose(out["probabilities"].numpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out["class"].numpy(), np.argmax(want, -1))

@@ -23,8 +23,13 @@ second, and the child's peak resident memory after open and checks (before `read
 records are TensorFlow's, not the harness's), also above what it held once TensorFlow and the harness were
 imported (`above imports`): the data layer's own memory, which must not grow with the bytes (issue 62: flat within 20%).
 
+Then the same on 2 workers (`--workers-shards`, a table export of that many shards; two child processes joined by
+MultiWorkerMirroredStrategy over loopback, TF_CONFIG as `harness launch local` writes it, private record indexes as
+on pods that share no disk): each worker counts and checks its share (`index.Split`: the shards rank::2) and gathers
+the others', so the shards read per worker fall as 1/N (`counted here`, `heads here`) beside one worker's run.
+
   python benchmarks/startup.py [--shards 10,100,1000] [--records 4000] [--runs 2] [--per-shard-max 1000]
-                               [--bytes 0.1,1,4] [--bytes-shards 64]
+                               [--bytes 0.1,1,4] [--bytes-shards 64] [--workers-shards 1000]
 """
 from __future__ import annotations
 
@@ -42,28 +47,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import _smoke as smoke  # noqa: E402  (benchmarks/_smoke.py, beside this script)
 
-SMOKE = dict(shards="2,8", records=64, runs=2, bytes="0.002,0.008", bytes_shards=4)
+SMOKE = dict(shards="2,8", records=64, runs=2, bytes="0.002", bytes_shards=4, workers_shards=8, other_runs=1)
 PATCH, BANDS = 64, 8   # the --bytes exports' patches: 64x64x8 float32, 131,072 B of values a record
 
 
-def _child(folder: str, last: bool, per_shard: bool, label: str = "class") -> dict:
+def _child(folder: str, last: bool, per_shard: bool, label: str = "class", workers: bool = False) -> dict:
     """In a fresh process: open and checks timed on the export in `folder` (a run of `harness train` would do
-    both); with `last`, also the read of every record and, with `per_shard`, the checks one shard at a time."""
+    both); with `last`, also the read of every record and, with `per_shard`, the checks one shard at a time; with
+    `workers`, as one worker of the job TF_CONFIG describes (its share of both, the rest gathered)."""
     import harness  # noqa: F401  (environment defaults before TensorFlow)
     import tensorflow as tf
 
     from harness.data.export.records import first_examples
     from harness.data.export.source import open_shards
     from harness.data.spec import labels, validate
-    from harness.train.inputs import resolve_spec
+    from harness.train.inputs import _split, resolve_spec
 
+    split = None
+    if workers:
+        from harness.distribute.backend import make_backend
+        split = _split(make_backend("tf", strategy="auto"))
     out = {"imports_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    tally: dict = {}
     t = time.perf_counter()
-    train = open_shards([folder])
+    train = open_shards([folder], split=split, tally=tally)
     out["open"] = time.perf_counter() - t
+    out["counted"] = tally["counted"]
     t = time.perf_counter()
     spec = resolve_spec({"label": label}, train)
-    report = validate.validate_shards(spec, train, labels=True)
+    report = validate.validate_shards(spec, train, labels=True, split=split)
     out["checks"] = time.perf_counter() - t
     out["read_heads"] = len(report.checked) + len(report.empty)
     out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # open and checks: the data layer
@@ -95,13 +107,18 @@ def main(argv=None) -> int:
     p.add_argument("--bytes", default="0.1,1", help="GB of the image exports of the second table, comma-separated "
                                                   "('' for none)")
     p.add_argument("--bytes-shards", type=int, default=64, help="shards of each --bytes export")
+    p.add_argument("--workers-shards", type=int, default=1000,
+                   help="shards of the table export the 2-worker runs read (0: none)")
+    p.add_argument("--other-runs", type=int, help="runs per size (--bytes) and per worker count (default: --runs)")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--label", default="class", help=argparse.SUPPRESS)
     p.add_argument("--last", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--per-shard", action="store_true", help=argparse.SUPPRESS)
     args = smoke.parse(p, argv, SMOKE)
+    args.other_runs = args.other_runs or args.runs
     if args.child:
-        print(json.dumps(_child(args.child, args.last, args.per_shard, args.label)))
+        print(json.dumps(_child(args.child, args.last, args.per_shard, args.label, args.worker)))
         return 0
     from harness.data.export import synth
 
@@ -139,6 +156,8 @@ def main(argv=None) -> int:
             by_size = _by_bytes(args, tmp)
             if by_size is None:
                 return 1
+        if args.workers_shards and _two_workers(args, tmp) is None:
+            return 1
     first, last = rows[0], rows[-1]
     which = "second run (the record index read)" if args.runs > 1 else "first run (counting)"
     grow = (last["runs"][-1]["open"] + last["runs"][-1]["checks"]) - (first["runs"][-1]["open"] +
@@ -171,13 +190,13 @@ def _child_run(folder: str, env: dict, flags: list) -> dict | None:
 
 
 def _by_bytes(args, tmp: str) -> list | None:
-    """The second table: one image export per --bytes size, `args.runs` child runs each (first: counting, later:
+    """The second table: one image export per --bytes size, `args.other_runs` child runs each (first: counting, later:
     the record index). Returns [{gb, runs}], or None after a child failed."""
     from harness.data.export import synth
 
     record = PATCH * PATCH * BANDS * 4
     print(f"image exports of 64x64x{BANDS} float32 patches ({record:,} B of values a record), GZIP, "
-          f"{args.bytes_shards} shards; {args.runs} run(s) per size", flush=True)
+          f"{args.bytes_shards} shards; {args.other_runs} run(s) per size", flush=True)
     print(f"  {'GB':>6} {'records':>8} {'run':>4} {'open s':>8} {'checks s':>9} {'read all s':>10} {'peak MiB':>9} "
           f"{'above imports':>13}")
     out = []
@@ -189,7 +208,7 @@ def _by_bytes(args, tmp: str) -> list | None:
         env = dict(os.environ, HARNESS_CACHE_DIR=os.path.join(tmp, f"cache-gb{gb:g}"), CUDA_VISIBLE_DEVICES="",
                    TF_CPP_MIN_LOG_LEVEL="2")
         runs = []
-        for r in range(args.runs):
+        for r in range(args.other_runs):
             run = _child_run(folder, env, ["--label", "landcover", "--last"])
             if run is None:
                 return None
@@ -199,6 +218,52 @@ def _by_bytes(args, tmp: str) -> list | None:
         out.append({"gb": gb, "runs": runs})
         shutil.rmtree(folder)
     return out
+
+
+def _two_workers(args, tmp: str) -> list | None:
+    """The third table: one worker, then 2 workers (each its own record index, fresh: a first run, then a second),
+    on one table export of `args.workers_shards` shards. Returns the rows, or None after a child failed."""
+    from harness.data.export import synth
+    from harness.launch.local import free_ports
+
+    n = args.workers_shards
+    folder = os.path.join(tmp, f"workers{n}")
+    synth.write_table_export(folder, prefix="points", shards=n, records=max(args.records, n), seed=3)
+    print(f"{max(args.records, n)} records of a table export in {n} shards, on 1 worker and on 2 (MWMS over "
+          f"loopback, a record index each); {args.other_runs} run(s) each", flush=True)
+    print(f"  {'workers':>7} {'run':>4} {'worker':>6} {'open s':>8} {'checks s':>9} {'counted here':>12} "
+          f"{'heads here':>10} {'peak MiB':>9}")
+    rows = []
+    for workers in (1, 2):
+        caches = [os.path.join(tmp, f"cache-w{workers}-{r}") for r in range(workers)]
+        for run in range(args.other_runs):
+            ports = free_ports(workers)
+            procs = []
+            for rank in range(workers):
+                env = dict(os.environ, HARNESS_CACHE_DIR=caches[rank], CUDA_VISIBLE_DEVICES="",
+                           TF_CPP_MIN_LOG_LEVEL="2")
+                env.pop("TF_CONFIG", None)
+                if workers > 1:
+                    env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                                                   "task": {"type": "worker", "index": rank}})
+                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", folder,
+                                               *(["--worker"] if workers > 1 else [])], env=env, text=True,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            outs = [p.communicate(timeout=3600) for p in procs]
+            if any(p.returncode for p in procs):
+                for p, (so, se) in zip(procs, outs):
+                    print(f"worker exit {p.returncode}\n{so[-2000:]}{se[-3000:]}", file=sys.stderr)
+                return None
+            for rank, (so, _) in enumerate(outs):
+                got = json.loads(so.strip().splitlines()[-1])
+                rows.append({"workers": workers, "run": run + 1, "rank": rank, **got})
+                print(f"  {workers:>7} {run + 1:>4} {rank:>6} {got['open']:>8.2f} {got['checks']:>9.2f} "
+                      f"{got['counted']:>12} {got['read_heads']:>10} {got['peak_mib']:>9.0f}", flush=True)
+    one = next(r for r in rows if r["workers"] == 1 and r["run"] == 1)
+    two = [r for r in rows if r["workers"] == 2 and r["run"] == 1]
+    print(f"first run, shards counted per worker: {one['counted']} on 1 worker, "
+          f"{' and '.join(str(r['counted']) for r in two)} on 2 (1/N: {n / 2:g})")
+    return rows
 
 
 if __name__ == "__main__":

@@ -107,17 +107,18 @@ RUNS = {
         "growth": r"^second run \(the record index read\), open \+ checks at 8 shards against 2: [+-]\d+\.\d+ s",
         "one pass": rf"^checks at 8 shards: one pass {NUM} s \(first run\) against {NUM} s one shard at a time "
                     rf"\({NUM}x\)$",
-        # against the bytes: 2 and 8 MB image exports (15 and 61 patches of 64x64x8) in 4 shards; a second run's
-        # open may print 0.00
+        # against the bytes: a 2 MB image export (15 patches of 64x64x8) in 4 shards, one run (the first: counting);
+        # the memory above the imports may print 0 (matched, not required positive)
         "bytes title": r"^image exports of 64x64x8 float32 patches \(131,072 B of values a record\), GZIP, 4 shards",
-        # (the figures of a second run and the memory above the imports may print 0: matched, not required positive)
-        **{f"bytes {gb} 1": rf"^\s+{gb}\s+{n}\s+1\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+\d+$"
-           for gb, n in (("0.002", 15), ("0.008", 61))},
-        **{f"bytes {gb} 2": rf"^\s+{gb}\s+{n}\s+2(?:\s+\d+\.\d+){{3}}\s+{NUM}\s+\d+$"
-           for gb, n in (("0.002", 15), ("0.008", 61))},
-        **{f"memory {name}": rf"^{name}: peak memory above the imports at 0.008 GB against 0.002 GB: \d+ against "
+        "bytes 0.002": rf"^\s+0\.002\s+15\s+1\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+\d+$",
+        **{f"memory {name}": rf"^{name}: peak memory above the imports at 0.002 GB against 0.002 GB: \d+ against "
                              r"\d+ MiB \([+-]\d+%; target: within 20%\)$"
-           for name in (r"first run \(counting\)", r"second run \(the record index read\)")}})],
+           for name in (r"first run \(counting\)", r"second run \(the record index read\)")},
+        # on 1 worker then 2 (MWMS on loopback): 8 shards, each worker counts and checks its half on a first run
+        "workers title": r"^64 records of a table export in 8 shards, on 1 worker and on 2 \(MWMS over loopback",
+        "one worker": rf"^\s+1\s+1\s+0\s+{NUM}\s+{NUM}\s+8\s+8\s+{NUM}$",
+        **{f"worker {rank} of 2": rf"^\s+2\s+1\s+{rank}\s+{NUM}\s+{NUM}\s+4\s+4\s+{NUM}$" for rank in (0, 1)},
+        "per worker": r"^first run, shards counted per worker: 8 on 1 worker, 4 and 4 on 2 \(1/N: 4\)$"})],
     "tune.py": [(["--points", "{points}", "--cases", "points"], {
         **{f"{case}": rf"^== {case}: \d+ file\(s\), {NUM} records, batch {NUM}, {NUM} steps per epoch, 2 epochs, 1 runs"
            for case in ("points",)},

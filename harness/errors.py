@@ -149,6 +149,12 @@ class RepeatedFaultError(HarnessError):
     protobuf's message size limit): a retry cannot help, so the exit is permanent; the message names both causes."""
 
 
+class AttemptsExhaustedError(HarnessError):
+    """Attempts past `HARNESS_MAX_ATTEMPTS` started from the same backup step (a pod recreated on every 137 or
+    138): the retryable fault is made permanent (`harness.train.lifecycle.attempts`); the message gives the
+    attempt, the limit, the step and the fault."""
+
+
 class ConfigError(HarnessError):
     """A run config (YAML or flags) has unknown keys, missing required values or values of the wrong type."""
 

@@ -202,6 +202,31 @@ GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 NETWORK_INTERFACES = "HARNESS_NETWORK_INTERFACES"
 
 
+# Attempts a run may start from the same backup step (a restarted pod, a re-run) before a retryable fault is made
+# permanent (harness.train.lifecycle.attempts): restartPolicy ExitCode recreates a 137/138 pod without end.
+MAX_ATTEMPTS = "HARNESS_MAX_ATTEMPTS"
+DEFAULT_MAX_ATTEMPTS = 5
+
+
+def read_max_attempts(environ: Optional[Mapping[str, str]] = None) -> int:
+    """`HARNESS_MAX_ATTEMPTS` (default 5): how many attempts may start from the same backup step before a
+    retryable exit becomes permanent (`harness.train.lifecycle.attempts`).
+
+    Raises:
+      ClusterConfigError: if it is not a positive integer.
+    """
+    raw = _environ(environ).get(MAX_ATTEMPTS, "").strip()
+    if not raw:
+        return DEFAULT_MAX_ATTEMPTS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ClusterConfigError(f"{MAX_ATTEMPTS}={raw!r} must be a positive whole number of attempts")
+    return value
+
+
 def read_worker_wait_s(environ: Optional[Mapping[str, str]] = None) -> float:
     """`HARNESS_WORKER_WAIT_S` (default 120 s): how long a worker waits for a late peer, in the harness's own wait
     (`harness.distribute.strategy.wait_for_workers`), in MultiWorkerMirroredStrategy's constructor (its

@@ -55,7 +55,7 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     import tensorflow as tf
 
     from harness.train import inputs as inputs_lib
-    from harness.train.lifecycle import (backup as backups, early_stopping, faults, interrupt, peers, repeats,
+    from harness.train.lifecycle import (attempts, backup as backups, early_stopping, faults, interrupt, peers, repeats,
                                          resume, shared_output)
     from harness.train.loop import keras_callbacks
     from harness.train.loop.controller import StopTraining
@@ -90,6 +90,8 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
     parts.check_loadable(model, inputs)   # saved and loaded again as predict will: refused now, not after training
     cluster = peers.Cluster.gather(backend)   # the workers' hosts, for a fault's message (a collective on Horovod)
     last_fault = repeats.previous(backup)     # the last attempt's lost peer: one after the same step is no peer's
+    attempt = (attempts.begin(backup, context, initial_step, environment.read_max_attempts())   # 137/138 bounded
+               if initial_step < options.epochs * plan.steps_per_epoch else None)
     seed = resume.data_seed(backend, int(data_seed.numpy()), options.seed)   # the epochs' order
     data_seed.assign(seed)
     loop_args = _loop_args(options, parts, inputs, model)
@@ -138,13 +140,14 @@ def run(options: TrainOptions, spec=None, *, data_config: dict | None = None, mo
                                      optimizer=optimizer, last_fault=last_fault, initial_step=initial_step)
             if fault is None:
                 raise
-            raise fault from None
+            raise attempt.judge(fault) from None
         finally:
             guard.close()
             backup.close()   # a non-chief's copy: no backup is written after the last epoch, nor after a fault
         controller.end()
         if last_fault is not None:
             repeats.clear(backup, context)
+        attempts.clear(backup, context)
         summary = _finish(options, backend, inputs, loop, history, initial_step=initial_step, seed=seed,
                           policy=policy, schedule=built.schedule, preemption=guard.preemption, stopper=stopper,
                           tuned=tuned, ran=provenance.finished(ran, started, time.time()), profiler=profiler,

@@ -1,0 +1,123 @@
+"""Attempts counted beside the backup: a retryable fault that keeps coming back becomes permanent.
+
+Under `restartPolicy: ExitCode` the operators recreate a pod that exits 137 or 138 without end and never count it
+against `backoffLimit` (kubeflow/trainer#2045): a worker killed by the OOM killer at the same batch, or a peer
+lost on every attempt, restarted for days. The chief counts the attempts that start from the same backup step
+(`attempts.json` beside the backup; an attempt that moved the backup on starts the count again at 1):
+
+- the attempt numbered `HARNESS_MAX_ATTEMPTS` (default 5) turns a retryable fault of its own
+  (`harness.errors.ClusterFault`: 138) into `AttemptsExhaustedError` (exit 2), said in its line:
+  `attempt 5 of 5 from the backup at step 16: PeerLostError: ...; permanent: ...`;
+- an attempt past it (the one after a process that could not say so: a SIGKILL's 137, the watchdog's 138) stops
+  before its first step with the same error, naming the last attempt's fault where one was recorded.
+
+A preemption (`PreemptedError`: SIGTERM) is not counted.
+A run that ends well deletes the count. Delete `attempts.json` (or raise the limit) to allow more attempts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+from harness.errors import AttemptsExhaustedError, ClusterFault, PreemptedError
+
+FILE = "attempts.json"
+UNSAID = "none recorded: a process ended by a signal (137: the OOM killer, an eviction) or by the step watchdog (138)"
+
+
+def _path(backup) -> Optional[str]:
+    folder = getattr(backup, "chief_dir", None)
+    return os.path.join(folder, FILE) if folder else None
+
+
+def _read(path: str) -> Optional[dict]:
+    import tensorflow as tf
+
+    try:
+        if tf.io.gfile.exists(path):
+            with tf.io.gfile.GFile(path) as f:
+                found = json.load(f)
+            if isinstance(found, dict) and isinstance(found.get("step"), int) and isinstance(found.get("attempt"), int):
+                return found
+    except (OSError, ValueError, tf.errors.OpError):
+        return None
+    return None
+
+
+def _write(path: str, record: dict) -> None:
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.makedirs(os.path.dirname(path))
+        with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    except (OSError, tf.errors.OpError):
+        pass
+
+
+@dataclasses.dataclass
+class Attempt:
+    """This run's attempt: `number` of `limit` from the backup at `step` (number None: not the chief, which
+    alone counts)."""
+
+    number: Optional[int]
+    limit: int
+    step: int
+    path: Optional[str] = None
+
+    def _remedy(self) -> str:
+        return (f"permanent: find the cause in the earlier attempts' logs, then delete {self.path} (or raise "
+                "HARNESS_MAX_ATTEMPTS) to try again")
+
+    def judge(self, fault: BaseException) -> BaseException:
+        """The error to raise for `fault`: on the last attempt allowed, a `ClusterFault` becomes
+        `AttemptsExhaustedError` (permanent); the fault is recorded for the next attempt's line."""
+        if self.number is None or not isinstance(fault, ClusterFault):
+            return fault
+        said = f"{type(fault).__name__}: {fault}"
+        if isinstance(fault, PreemptedError):   # the cluster's doing, not the run's: not counted
+            _write(self.path, {"step": self.step, "attempt": self.number - 1})
+            return fault
+        _write(self.path, {"step": self.step, "attempt": self.number, "cause": said})
+        if self.number < self.limit:
+            return fault
+        return AttemptsExhaustedError(f"attempt {self.number} of {self.limit} from the backup at step {self.step}: "
+                                      f"{said}; {self._remedy()}")
+
+
+def begin(backup, context, step: int, limit: int) -> Attempt:
+    """Count this attempt (the chief, beside `backup`), resuming at global step `step`.
+
+    Raises:
+      AttemptsExhaustedError: past `limit` attempts from that step."""
+    path = _path(backup)
+    if not context.is_chief or path is None:
+        return Attempt(None, limit, step)
+    before = _read(path)
+    same = before is not None and before["step"] == step
+    number = before["attempt"] + 1 if same else 1
+    cause = before.get("cause") if same else None
+    attempt = Attempt(number, limit, step, path)
+    if number > limit:   # not counted: a higher limit lets the next attempt run
+        raise AttemptsExhaustedError(
+            f"attempt {number} of {limit} from the backup at step {step}: the {number - 1} before it ended with "
+            "a retryable exit (137, 138, 143) and no backup past that step"
+            f" (the last one's fault: {cause or UNSAID}); {attempt._remedy()}")
+    _write(path, {"step": step, "attempt": number})   # the cause of this one, if it can say it: `Attempt.judge`
+    return attempt
+
+
+def clear(backup, context) -> None:
+    """Forget the count (the chief, once a run ends well)."""
+    import tensorflow as tf
+
+    path = _path(backup)
+    if context.is_chief and path:
+        try:
+            if tf.io.gfile.exists(path):
+                tf.io.gfile.remove(path)
+        except (OSError, tf.errors.OpError):
+            pass

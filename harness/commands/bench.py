@@ -88,6 +88,8 @@ def bench_scale(args) -> int:
         runs = [calibrate.Run.parse(text) for text in args.measured]
         fit = calibrate.calibrate(m, setup, runs)
         print(calibrate.describe(fit))
+        for line in ([fit.note] if fit.note else []) + calibrate.reproduction(m, fit, runs):
+            print(line)
         line, setup = setup, fit.setup   # the forecast's refits search from the line rate
     points = scale.sweep(m, setup, args.max_gpus)
     print(scale.format_table(points, m, setup))

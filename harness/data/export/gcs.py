@@ -81,16 +81,31 @@ def _adc_file(environ) -> str:
     return os.path.join(config, "application_default_credentials.json")
 
 
+_TF_FILE_TYPES = ("service_account", "authorized_user")
+
+
 def _key_file(path: str) -> Optional[str]:
     """None when `path` is a readable JSON credential file, else why not."""
     try:
         with open(path) as f:
-            kind = json.load(f).get("type")
+            found = json.load(f)
+        kind = found.get("type")
     except FileNotFoundError:
         return "no such file"
     except (OSError, ValueError, AttributeError) as e:
         return f"not a JSON credential file ({e.__class__.__name__})"
-    return None if kind else "no \"type\" in it: not a credential file"
+    if not kind:
+        return "no \"type\" in it: not a credential file"
+    # TensorFlow signs a service-account key ("private_key") or refreshes a user's token ("refresh_token"), nothing
+    # else ("Unexpected content of the JSON credentials file", tsl/platform/cloud/google_auth_provider.cc): a
+    # Workload Identity Federation file would leave every read anonymous.
+    if kind in _TF_FILE_TYPES or "private_key" in found or "refresh_token" in found:
+        return None
+    what = " (Workload Identity Federation)" if kind.startswith("external_account") else ""
+    return (f"type {kind!r}{what}, which TensorFlow's Cloud Storage file system cannot use: it takes a "
+            "service-account key file or gcloud's user login only; use one of those, run on Google Cloud with a "
+            "service account (GKE Workload Identity), or put an access token in GOOGLE_AUTH_TOKEN_FOR_TESTING "
+            "(google-github-actions/auth with token_format: access_token; it lasts an hour)")
 
 
 def _metadata(host: str, timeout: float) -> Optional[str]:

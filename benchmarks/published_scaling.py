@@ -72,6 +72,7 @@ def main(argv=None) -> int:
           + (f"; not reproduced: {', '.join(misses)}" if misses else ""))
     print(ceiling(checked))
     print(calibrated_check(rows))
+    print(one_node_check(rows))
     return 0
 
 
@@ -106,27 +107,7 @@ def calibrated_check(rows) -> str:
     points: the figure `calibrate.EXTRAPOLATION_POINTS` holds."""
     from harness.bench import calibrate
 
-    series = {}
-    for r in rows:
-        series.setdefault(r["series"], []).append(r)
-    fitted = []     # (series, m, s, runs, fit, calibration points, held-out points)
-    for name, points in series.items():
-        points = sorted(points, key=lambda r: int(r["gpus"]))
-        if len(points) < 2:
-            continue
-        first = points[:2] if len(points) >= 3 else points[:1]
-        m, s = _setup(first[0])
-        runs = [calibrate.Run(int(r["gpus"]), int(r["gpus"]) * float(r["single_gpu_examples_per_s"]) *
-                              float(r["published_efficiency"]), PUBLISHED_SPREAD) for r in first]
-        node = first[0]["node_examples_per_s"]
-        if node and all(run.replicas != s.gpus_per_node for run in runs):
-            runs.insert(0, calibrate.Run(s.gpus_per_node, float(node), PUBLISHED_SPREAD))
-        fitted.append((name, m, s, runs, calibrate.calibrate(m, s, runs), first, points[len(first):]))
-    per_doubling = []   # (source, the miss in points per doubling beyond the largest calibration run)
-    for name, m, s, runs, fit, first, held in fitted:
-        for r in held:
-            miss = (scale.predict(m, fit.setup, int(r["gpus"])).efficiency - float(r["published_efficiency"])) * 100
-            per_doubling.append((_source(r), miss / calibrate.doublings(int(r["gpus"]), runs)))
+    fitted, per_doubling = _fitted(rows)
 
     def rms(values):
         return math.sqrt(sum(v * v for v in values) / len(values))
@@ -159,6 +140,101 @@ def calibrated_check(rows) -> str:
                  f"all {len(per_doubling)} held-out points (calibrate.EXTRAPOLATION_POINTS = "
                  f"{calibrate.EXTRAPOLATION_POINTS:g}: {'the same' if same else 'DIFFERS: update it'})")
     return "\n".join(lines)
+
+
+def _fitted(rows):
+    """Each series of two or more points calibrated on its smallest point(s) with the node its source measured
+    (`calibrated_check`), and the misses of its held-out points per doubling of N beyond the calibration runs:
+    `([(series, m, s, runs, fit, calibration points, held-out points)], [(source, points per doubling)])`."""
+    from harness.bench import calibrate
+
+    series = {}
+    for r in rows:
+        series.setdefault(r["series"], []).append(r)
+    fitted = []     # (series, m, s, runs, fit, calibration points, held-out points)
+    for name, points in series.items():
+        points = sorted(points, key=lambda r: int(r["gpus"]))
+        if len(points) < 2:
+            continue
+        first = points[:2] if len(points) >= 3 else points[:1]
+        m, s = _setup(first[0])
+        runs = [calibrate.Run(int(r["gpus"]), int(r["gpus"]) * float(r["single_gpu_examples_per_s"]) *
+                              float(r["published_efficiency"]), PUBLISHED_SPREAD) for r in first]
+        node = first[0]["node_examples_per_s"]
+        if node and all(run.replicas != s.gpus_per_node for run in runs):
+            runs.insert(0, calibrate.Run(s.gpus_per_node, float(node), PUBLISHED_SPREAD))
+        fitted.append((name, m, s, runs, calibrate.calibrate(m, s, runs), first, points[len(first):]))
+    per_doubling = []   # (source, the miss in points per doubling beyond the largest calibration run)
+    for name, m, s, runs, fit, first, held in fitted:
+        for r in held:
+            miss = (scale.predict(m, fit.setup, int(r["gpus"])).efficiency - float(r["published_efficiency"])) * 100
+            per_doubling.append((_source(r), miss / calibrate.doublings(int(r["gpus"]), runs)))
+
+    return fitted, per_doubling
+
+
+def one_node_check(rows) -> str:
+    """Each series whose source measured one full node (`node_examples_per_s`), calibrated on that node alone as a
+    user who has one machine would (`harness bench scale --measured G=RATE±2%`, issue 67); every published point
+    beyond the node is held out. Prints whether the node's run is reproduced (or which is not and why), then per
+    held-out point the published efficiency, the forecast before issue 67 (the overlap fitted to the node: the
+    same least squares with the overlap free, `calibrate._fit`), the calibrated forecast now and its interval (the
+    model's error from the other sources' points, as `calibrated_check`), and why in numbers where a point is
+    missed or outside; the last line counts both within ±5 points."""
+    from harness.bench import calibrate
+
+    _, per_doubling = _fitted(rows)
+    series = {}
+    for r in rows:
+        series.setdefault(r["series"], []).append(r)
+    lines = [f"calibrated on one node alone (--measured G=RATE±{PUBLISHED_SPREAD:.0%}, the source's one-node run; "
+             "before: the overlap fitted to it, as before issue 67):",
+             f"  {'held-out point':<24} {'N':>4} {'published':>9} {'before':>7} {'calibrated':>10} {'interval':>15} "
+             f"{'diff':>6}  check"]
+    nodes = reproduced = checked = within = before_within = inside = 0
+    for name, points in series.items():
+        points = sorted(points, key=lambda r: int(r["gpus"]))
+        if not points[0]["node_examples_per_s"]:
+            continue
+        m, s = _setup(points[0])
+        g, rate = s.gpus_per_node, float(points[0]["node_examples_per_s"])
+        runs = [calibrate.Run(g, rate, PUBLISHED_SPREAD)]
+        fit = calibrate.calibrate(m, s, runs)
+        old = calibrate._fit(m, s, runs, (calibrate.OVERLAP,), {})
+        held = [r for r in points if int(r["gpus"]) > g]
+        others = _rms([e for src, e in per_doubling if src != _source(points[0])])
+        missed = calibrate.reproduction(m, fit, runs)
+        nodes, reproduced = nodes + 1, reproduced + (not missed)
+        measured = rate / (g * float(points[0]["single_gpu_examples_per_s"]))
+        at_node = scale.predict(m, fit.setup, g).efficiency
+        lines.append(f"  {name}: on N = {g} ({measured:.1%}); {calibrate.describe(fit)}; the node's run "
+                     f"{'reproduced' if not missed else 'NOT reproduced'}: {at_node:.1%} (before "
+                     f"{scale.predict(m, old.setup, g).efficiency:.1%}); the other sources' error {others:.1f} "
+                     "points per doubling")
+        lines += [f"    {fit.note}"] + [f"    {line}" for line in missed]
+        node_row = {"gpus": str(g), "published_efficiency": str(measured)}
+        forecasts = calibrate.forecast(m, s, runs, [int(r["gpus"]) for r in held], fit, others)
+        for r, f in zip(held, forecasts):
+            published = float(r["published_efficiency"])
+            before = scale.predict(m, old.setup, int(r["gpus"])).efficiency
+            diff = (f.point.efficiency - published) * 100
+            ok, covered = abs(diff) <= TOLERANCE_POINTS, f.efficiency_low <= published <= f.efficiency_high
+            checked, within, inside = checked + 1, within + ok, inside + covered
+            before_within += abs(before - published) * 100 <= TOLERANCE_POINTS
+            lines.append(f"  {r['point']:<24} {int(r['gpus']):>4} {published:>9.1%} {before:>7.1%} "
+                         f"{f.point.efficiency:>10.1%} {f.efficiency_low:>6.1%}-{f.efficiency_high:<7.1%} "
+                         f"{diff:>+6.1f}  {'ok' if ok else 'MISS'}, {'inside' if covered else 'OUTSIDE'} the interval")
+            if not (ok and covered):
+                lines.append("    why: " + _why(m, fit.setup, node_row, r, f))
+        lines += [f"  {line.strip()}" for line in calibrate.open_lines(forecasts, runs)]
+    lines.append(f"one node alone: the node's run reproduced in {reproduced} of {nodes} series; within "
+                 f"±{TOLERANCE_POINTS:g} points: {within} of {checked} held-out points (before issue 67: "
+                 f"{before_within} of {checked}); inside the interval: {inside} of {checked}")
+    return "\n".join(lines)
+
+
+def _rms(values):
+    return math.sqrt(sum(v * v for v in values) / len(values))
 
 
 def _why(m: scale.Measurement, fitted: scale.Setup, last: dict, held: dict, f) -> str:

@@ -85,7 +85,12 @@ RUNS = {
                       rf"{NUM}$",
         # the constant the CLI's interval uses is the figure this run computes
         "extrapolation": rf"^extrapolation error: {NUM} points RMS per doubling .*EXTRAPOLATION_POINTS = {NUM}: "
-                         r"the same\)$"})],
+                         r"the same\)$",
+        # issue 67: each series with a published node, calibrated on that node alone, reproduces it
+        "one node row": rf"^  aws-16-resnet50\s+16\s+{NUM}%\s+{NUM}%\s+{NUM}%\s+{NUM}%-{NUM}%\s+[+-][0-9.]+  "
+                        r"(?:ok|MISS), (?:inside|OUTSIDE) the interval$",
+        "one node": rf"^one node alone: the node's run reproduced in (\d+) of \1 series; within ±5 points: \d+ of "
+                    rf"{NUM} held-out points \(before issue 67: \d+ of {NUM}\); inside the interval: \d+ of {NUM}$"})],
     "reshard.py": [([], {
         "header": r"^  data\s+pipeline\s+examples/s\s+spread\s+MB/s$",
         **{f"row {data} {pipe}": rf"^  {data}\s+{pipe}\s+{NUM}\s+[0-9.]+%\s+{NUM}$"

@@ -14,7 +14,10 @@ series of two or more points (the `series` column) is calibrated on its smallest
 it has three or more, with the one node its source measured, and every other point of it is held out and checked
 against the calibrated forecast and its interval, whose term for the model's own error comes from the other
 sources' held-out points (leave one source out); the last line gives that error over all of them, the figure
-`harness bench scale --measured` uses (`calibrate.EXTRAPOLATION_POINTS`), and whether the two agree.
+`harness bench scale --measured` uses (`calibrate.EXTRAPOLATION_POINTS`), and whether the two agree. Last, each
+series whose source measured one full node is calibrated on that node alone, as a user with one machine would
+(`--measured G=RATE`, issue 67): whether the node is reproduced, and its held-out points before (the overlap fitted
+to the node) and now, with the counts within ±5 points.
 
     python benchmarks/published_scaling.py [--csv PATH] [--smoke]
 """

@@ -276,3 +276,31 @@ def test_one_node_faster_than_the_model_fits_the_overlap_and_an_impossible_run_s
     (line,) = calibrate.reproduction(m, calibrate.calibrate(m, LINE, fast), fast)
     assert re.fullmatch(r"not reproduced: 8 GPUs measured [0-9,.]+ examples/s ±0%, the calibrated model [0-9,.]+ "
                         r"\(-[0-9.]+%\): the run's step 19.0 ms is shorter than one replica's compute 20.0 ms .*", line)
+
+
+def test_the_docs_one_node_calibration_runs_as_printed(tmp_path, monkeypatch, capsys):
+    """docs/scaling.md's one-node `--measured 8=...` line, run as printed (a one-replica report of 872 img/s at
+    batch 64): every line the page shows is in what it prints (issue 67)."""
+    import shlex
+
+    from scale_support import write_report
+
+    from harness import cli
+
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text().splitlines()
+    start = next(i for i, ln in enumerate(page) if ln.startswith("harness bench scale") and "--measured 8=" in
+                 " ".join(page[i:i + 3]) and "--measured 16=" not in " ".join(page[i:i + 3]))
+    line = page[start]
+    while line.endswith("\\"):
+        start += 1
+        line = line[:-1] + " " + page[start].strip()
+    shown_at = page.index("```", page.index("```", start) + 1) + 1
+    shown = page[shown_at:page.index("```", shown_at)]
+    (tmp_path / "runs" / "bench" / "one").mkdir(parents=True)
+    write_report(tmp_path / "runs" / "bench" / "one" / "report.json", step_times=(64 / 872,) * 4, batch=64)
+    monkeypatch.chdir(tmp_path)
+    argv = shlex.split(line)
+    assert argv[:3] == ["harness", "bench", "scale"] and "--measured" in argv
+    assert cli.main(argv[1:]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(shown) == 6 and [ln for ln in shown if ln not in out] == []

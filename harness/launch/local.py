@@ -72,10 +72,12 @@ def worker_environments(workers: int, *, gpus_per_worker: int = 0, base: Mapping
     return envs
 
 
-def _stream(proc: subprocess.Popen, prefix: str, out) -> None:
+def _stream(proc: subprocess.Popen, prefix: str, out, seen: dict | None = None, index: int = 0) -> None:
     for line in proc.stdout:
         out.write(f"{prefix} {line}")
         out.flush()
+        if seen is not None and index not in seen and stopping.peer_lost_line(line):
+            seen[index] = line.strip()   # the first line of this worker's that says a peer is gone
 
 
 def _stop(procs: Sequence[subprocess.Popen], signum: int = signal.SIGTERM) -> None:
@@ -167,8 +169,8 @@ def _private_network(network: str, addresses: Sequence[str], err) -> netns.Priva
 
 
 def _run(command: Sequence[str], envs, addresses, timeout_s, out) -> None:
-    procs, threads, exits = [], [], queue.Queue()
-    failure = timed_out = None
+    procs, threads, exits, seen = [], [], queue.Queue(), {}
+    failure = timed_out = peer_lost = None
     with stopping.StopSignals() as stop:
         try:
             for i, env in enumerate(envs):
@@ -176,7 +178,7 @@ def _run(command: Sequence[str], envs, addresses, timeout_s, out) -> None:
                 p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
                 procs.append(p)
-                for target, args in ((_stream, (p, f"[worker {i}]", out)), (_wait, (i, p, exits))):
+                for target, args in ((_stream, (p, f"[worker {i}]", out, seen, i)), (_wait, (i, p, exits))):
                     t = threading.Thread(target=target, args=args, daemon=True)
                     t.start()
                     threads.append(t)
@@ -194,6 +196,9 @@ def _run(command: Sequence[str], envs, addresses, timeout_s, out) -> None:
                 running -= 1
                 if code != 0:
                     failure = (i, code)
+                    if stopping.is_abort(code):   # a peer already gone, before the others are stopped
+                        peer_lost = next((f"worker {j} had already exited with code {p.returncode}"
+                                          for j, p in enumerate(procs) if j != i and p.poll() not in (None, 0)), None)
         finally:
             signum = stop.signum
             _stop(procs, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
@@ -201,8 +206,11 @@ def _run(command: Sequence[str], envs, addresses, timeout_s, out) -> None:
                 t.join(timeout=5)
     if failure:
         i, code = failure
-        raise WorkerFailedError(f"worker {i} {stopping.describe(code)}: the first to fail, at {addresses[i]}; "
-                                "stopped the other workers", exit_code=stopping.launcher_code(code))
+        if stopping.is_abort(code) and peer_lost is None and i in seen:
+            peer_lost = f"its line {seen[i][:160]!r}"
+        raise WorkerFailedError(f"worker {i} {stopping.describe(code, peer_lost)}: the first to fail, at "
+                                f"{addresses[i]}; stopped the other workers",
+                                exit_code=stopping.launcher_code(code, peer_lost))
     if timed_out:
         raise WorkerFailedError(timed_out)
     if signum == signal.SIGINT:

@@ -243,21 +243,30 @@ _PROCESS_NAME = re.compile(r"Process name:\s*(?:\[\[\d+,\d+\],(\d+)\]|(\d+))")
 _EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 _SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 # A rank's own line, as `--tag-output` (mpirun) and horovodrun prefix it: never read as the launcher's report.
-_RANK_LINE = re.compile(r"^\[\d+(,\d+)?\]<std(out|err)>:")
+_RANK_LINE = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 
 
 class FirstFailure:
     """Reads the launcher's output lines (`feed`) for the rank that failed first, as mpirun and horovodrun name it:
-    `rank`, `code` (the shell's: 137 for SIGKILL) and `host` (mpirun's "on node H", else None)."""
+    `rank`, `code` (the shell's: 137 for SIGKILL) and `host` (mpirun's "on node H", else None); and each rank's
+    first own line that says a peer is gone (`peer_lost`: {rank: line}), which makes its SIGABRT retryable
+    (`harness.launch.stopping.launcher_code`)."""
 
     def __init__(self):
         self.rank: Optional[int] = None
         self.code: Optional[int] = None
         self.host: Optional[str] = None
+        self.peer_lost: dict = {}
         self._named: Optional[int] = None
 
     def feed(self, line: str) -> None:
-        if self.rank is not None or _RANK_LINE.match(line):
+        own = _RANK_LINE.match(line)
+        if own:
+            rank = int(own.group(1))
+            if rank not in self.peer_lost and stopping.peer_lost_line(line[own.end():]):
+                self.peer_lost[rank] = line[own.end():].strip()
+            return
+        if self.rank is not None:
             return
         m = _SIGNALLED.search(line)
         if m:
@@ -343,8 +352,10 @@ def run(line: Sequence[str], *, timeout_s: Optional[float] = None, environ: Opti
             raise WorkerFailedError(f"{message} ({stopping.describe(code)})", exit_code=stopping.launcher_code(code))
         host = first.host or rank_host(line, first.rank)
         where = f", on {host}" if host else ""
-        raise WorkerFailedError(f"{message}: rank {first.rank} {stopping.describe(first.code)}: the first to "
-                                f"fail{where}", exit_code=stopping.launcher_code(first.code))
+        seen = first.peer_lost.get(first.rank)
+        peer_lost = f"its line {seen[:160]!r}" if seen else None
+        raise WorkerFailedError(f"{message}: rank {first.rank} {stopping.describe(first.code, peer_lost)}: the "
+                                f"first to fail{where}", exit_code=stopping.launcher_code(first.code, peer_lost))
 
 
 def _stop(proc: subprocess.Popen, signum: int = signal.SIGTERM) -> None:

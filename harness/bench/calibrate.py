@@ -277,7 +277,9 @@ def forecast(m: scale.Measurement, s: scale.Setup, runs: Sequence[Run], ns: Sequ
       within their spread (or 1%),
     widened by the fit's relative RMS residual when the runs are more than the parameters, and holding at least
     the forecast ± EXTRAPOLATION_Z x `extrapolation_points` per doubling of N beyond the largest run (the model's
-    own error out of sample: EXTRAPOLATION_POINTS).
+    own error out of sample: EXTRAPOLATION_POINTS). Calibrated on one node alone (`one_node_only`), the interval
+    leaves out the second item, which `Forecast.open_low`/`open_high` carry and `format_forecast` prints with why
+    (module docstring): from one node to two it is the model's error and the run's spread.
 
     Args:
       m, s, runs: as `calibrate` (`s` at line rate: the refits search from it). ns: replica counts.

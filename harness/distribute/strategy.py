@@ -49,7 +49,7 @@ from typing import Mapping, Optional, Union
 import tensorflow as tf
 
 from harness.choices import STRATEGIES
-from harness.distribute import environment
+from harness.distribute import environment, proxy
 from harness.distribute.context import Backend, WorkerContext
 from harness.errors import ClusterConfigError, PeerLostError
 
@@ -195,6 +195,9 @@ def _multi_worker(config: Optional[environment.TFConfig], gpus: int, communicati
             tf.train.ClusterSpec({t: list(a) for t, a in config.cluster.items()}), task_type=config.task_type,
             task_id=config.task_index, num_accelerators={"GPU": gpus}, rpc_layer="grpc")
         context = WorkerContext.from_tf_config(config, replicas_per_worker=local_devices)
+        off_proxy = proxy.keep_peers_off_proxy(config) if len(config.tasks()) > 1 else None
+        if off_proxy:   # before gRPC starts: a proxy for the internet would carry the workers' gRPC and hang them
+            print(off_proxy, file=sys.stderr, flush=True)
         if _runtime_started():   # the strategy would fail at once: say so before waiting for the peers
             raise ClusterConfigError(_TOO_LATE.format("TensorFlow's runtime is already initialized"))
         if len(config.tasks()) > 1:

@@ -54,9 +54,17 @@ def main(argv=None) -> int:
     quiet(args.verbose)
     name = " ".join(filter(None, [args.command, getattr(args, "launcher", None)]))
     try:
-        if args.command != "launch":   # a launcher's workers check for themselves
-            _check_cloud_storage(args)
-        return int(args.handler(args) or 0)
+        try:
+            if args.command != "launch":   # a launcher's workers check for themselves
+                _check_cloud_storage(args)
+            return int(args.handler(args) or 0)
+        except BaseException as e:
+            # a training attempt counted beside the backup, which ended permanent or by Ctrl-C: not counted
+            # (harness.train.lifecycle.attempts; loaded only where a run counted one)
+            counted = sys.modules.get("harness.train.lifecycle.attempts")
+            if counted is not None:
+                counted.settle(e)
+            raise
     except KeyboardInterrupt:
         print(f"harness {name}: interrupted; run the same command again to resume from the last backup",
               file=sys.stderr)

@@ -12,7 +12,8 @@ lost on every attempt, restarted for days. The chief counts the attempts that st
   before its first step with the same error, naming the last attempt's fault where one was recorded.
 
 A preemption (`PreemptedError`: SIGTERM) is not counted.
-A run that ends well deletes the count. Delete `attempts.json` (or raise the limit) to allow more attempts.
+A run that ends well deletes the count; one that ends permanent otherwise (bad input, a NaN loss, a traceback) or by
+Ctrl-C is taken out of it (`settle`, from `harness.cli`): the operators do not restart those. Delete `attempts.json` (or raise the limit) to allow more attempts.
 """
 from __future__ import annotations
 
@@ -67,6 +68,13 @@ class Attempt:
     limit: int
     step: int
     path: Optional[str] = None
+    before: Optional[str] = None   # the last attempt's fault, as recorded
+
+    def uncount(self) -> None:
+        """Take this attempt back out of the count (it ended in a way a restart does not repeat)."""
+        if self.number is not None:
+            _write(self.path, {"step": self.step, "attempt": self.number - 1,
+                               **({"cause": self.before} if self.before else {})})
 
     def _remedy(self) -> str:
         return (f"permanent: find the cause in the earlier attempts' logs, then delete {self.path} (or raise "
@@ -79,7 +87,7 @@ class Attempt:
             return fault
         said = f"{type(fault).__name__}: {fault}"
         if isinstance(fault, PreemptedError):   # the cluster's doing, not the run's: not counted
-            _write(self.path, {"step": self.step, "attempt": self.number - 1})
+            self.uncount()
             return fault
         _write(self.path, {"step": self.step, "attempt": self.number, "cause": said})
         if self.number < self.limit:
@@ -100,20 +108,34 @@ def begin(backup, context, step: int, limit: int) -> Attempt:
     same = before is not None and before["step"] == step
     number = before["attempt"] + 1 if same else 1
     cause = before.get("cause") if same else None
-    attempt = Attempt(number, limit, step, path)
+    attempt = Attempt(number, limit, step, path, cause)
     if number > limit:   # not counted: a higher limit lets the next attempt run
         raise AttemptsExhaustedError(
             f"attempt {number} of {limit} from the backup at step {step}: the {number - 1} before it ended with "
             "a retryable exit (137, 138, 143) and no backup past that step"
             f" (the last one's fault: {cause or UNSAID}); {attempt._remedy()}")
     _write(path, {"step": step, "attempt": number})   # the cause of this one, if it can say it: `Attempt.judge`
+    _current[0] = attempt
     return attempt
+
+
+_current: list = [None]   # this process's counted attempt, for `settle`
+
+
+def settle(error: BaseException) -> None:
+    """How this process's attempt ended, as `harness.cli` sees it: one that ends permanent otherwise (bad input, a
+    NaN loss, a bug's traceback) or by Ctrl-C is taken out of the count, since the operators do not restart it (a
+    person fixing a run is not refused); a retryable fault, and the refusal itself, stay counted."""
+    attempt, _current[0] = _current[0], None
+    if attempt is not None and not isinstance(error, (ClusterFault, AttemptsExhaustedError)):
+        attempt.uncount()
 
 
 def clear(backup, context) -> None:
     """Forget the count (the chief, once a run ends well)."""
     import tensorflow as tf
 
+    _current[0] = None
     path = _path(backup)
     if context.is_chief and path:
         try:

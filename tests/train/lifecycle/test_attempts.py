@@ -89,3 +89,20 @@ def test_train_stops_past_the_limit_before_its_first_step_and_trains_under_a_hig
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         assert cli.main(argv) == 0, err.getvalue()[-3000:]
     assert not counted.exists() and (tmp_path / "run" / "model.keras").exists()
+
+
+def test_an_attempt_that_ends_permanent_otherwise_is_not_counted(tmp_path):
+    """`settle` (harness.cli, on the way out): bad input, a traceback or Ctrl-C take the attempt out of the count;
+    a retryable fault and the refusal keep it."""
+    from harness.errors import ConfigError
+
+    backup, chief = SimpleNamespace(chief_dir=str(tmp_path / "backup")), WorkerContext.single()
+    path = tmp_path / "backup" / "attempts.json"
+    attempts.begin(backup, chief, 8, 5).judge(PeerLostError(LOST))
+    attempts.settle(PeerLostError(LOST))
+    for ended in (ConfigError("bad"), ValueError("a bug"), KeyboardInterrupt()):
+        assert attempts.begin(backup, chief, 8, 5).number == 2
+        attempts.settle(ended)
+        assert json.loads(path.read_text()) == {"step": 8, "attempt": 1, "cause": f"PeerLostError: {LOST}"}
+    attempts.settle(ConfigError("no attempt of this process: nothing"))
+    assert json.loads(path.read_text())["attempt"] == 1

@@ -62,18 +62,21 @@ PIPELINE_VERSION = 2
 
 # --- cache -------------------------------------------------------------------------------------------------------
 def cache_name(spec: DataSpec, assignment: ShardAssignment, compressions: Sequence[str], *,
-               read_batch: Optional[int], training: bool) -> str:
+               read_batch: Optional[int], training: bool, identities: Optional[dict] = None) -> str:
     """The name of this input pipeline's file cache: a digest of everything the cached elements depend on, so that
     a cache is never read for other data.
 
     Digested: PIPELINE_VERSION; the spec (`to_config`: bands, dtypes, label, crop, resize, ...); the parse order
     (`read_batch`: records per parsed read batch, None when serialized records are cached); the sharding policy;
-    and each assigned file's identity (`index.file_identity`: path, size in bytes, modification time in ns) and
-    compression. Files re-exported under the same names, or another spec, give another name: a new cache.
+    and each assigned file's identity (`index.file_identity`: path, size in bytes, modification time in ns; from
+    `identities`, {path: identity} as `ShardSet.identities` took them at discovery, else stat'ed here: a request
+    each on gs://) and compression. Files re-exported under the same names, or another spec, give another name: a
+    new cache.
     """
+    known = identities or {}
     parts = [f"pipeline v{PIPELINE_VERSION}", json.dumps(spec.to_config(), sort_keys=True),
              f"read_batch={read_batch}", f"policy={assignment.policy}",
-             *(f"{index.file_identity(p)}|{c}" for p, c in zip(assignment.files, compressions))]
+             *(f"{known.get(p) or index.file_identity(p)}|{c}" for p, c in zip(assignment.files, compressions))]
     digest = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
     return (f"harness-{digest}-{'train' if training else 'eval'}-p{assignment.input_pipeline_id}of"
             f"{assignment.num_input_pipelines}")
@@ -188,8 +191,9 @@ def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
     if options.per_replica_batch_size < 1:
         raise BatchSizeError(f"per_replica_batch_size must be >= 1, got {options.per_replica_batch_size}")
     if not isinstance(data, ShardSet):
-        shards = tuple(data)
-        data = ShardSet(shards=shards, stats=tuple(index.record_stats(shards)), mixer=None, sources=())
+        shards, keys = tuple(data), index.identities(data)
+        data = ShardSet(shards=shards, stats=tuple(index.record_stats(shards, keys=keys)), mixer=None, sources=(),
+                        identities=tuple(keys))
     if options.validate:
         _validate_once(spec, data)
     holding = data.files_with_records
@@ -201,6 +205,7 @@ def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         assignment = assign_nonempty(data.counts, num_input_pipelines, input_pipeline_id)
     compression = {s.path: s.compression for s in data.shards}
     compressions = [compression[p] for p in assignment.files]
+    identities = dict(zip((s.path for s in data.shards), data.identities))
     mean_bytes = data.nbytes() / data.records  # zero-record shards hold zero bytes
     plan = stages_lib.decide(
         options, files=assignment.files, compressions=compressions,
@@ -212,7 +217,7 @@ def plan_pipeline(data: Union[ShardSet, Sequence[Shard]], spec: DataSpec, option
         available_memory=resources.memory_bytes if resources else None,
         thread_limit=resources_lib.quota_threads(resources or resources_lib.for_this_process()),
         cache_name=lambda read_batch: cache_name(spec, assignment, compressions, read_batch=read_batch,
-                                                 training=options.training))
+                                                 training=options.training, identities=identities))
     log.info("%s", plan.describe())   # shown with -v; the training one is printed once by the job
     return plan
 

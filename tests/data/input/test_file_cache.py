@@ -134,3 +134,20 @@ def test_a_cache_being_filled_by_a_live_process_is_refused_by_name(export, every
     assert sorted(result["ids"]) == every_id  # the owner was unharmed
     assert filecache.complete(str(next(cache.glob("harness-*.index")))[:-len(".index")])
     assert sorted(_read_back(export, cache, monkeypatch)) == every_id  # complete: anyone reads it
+
+
+def test_the_cache_name_takes_the_identities_discovery_took(export, tmp_path, monkeypatch):
+    """`cache_name` digests each assigned file's identity: from `ShardSet.identities` (on gs:// from the listing),
+    not a stat per file (a request each on gs://); the name is the one the stats give."""
+    import dataclasses
+
+    from harness.data.export import index
+    from harness.data.export.source import open_shards
+
+    train = open_shards([str(export)])
+    spec = SP.infer_spec(list(train.shards), read=train.first_examples)
+    options = stages.PipelineOptions(per_replica_batch_size=1, training=False, cache="file",
+                                     cache_dir=str(tmp_path), validate=False)
+    stated = P.plan_pipeline(dataclasses.replace(train, identities=()), spec, options).cache.path
+    monkeypatch.setattr(index, "file_identity", lambda path: pytest.fail(f"{path} stat'ed"))
+    assert P.plan_pipeline(train, spec, options).cache.path == stated

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from harness.data.export import gcs, records
 from harness.distribute import environment
-from harness.data.export.shards import GZIP, NONE, Shard, read_buffer_bytes
+from harness.data.export.shards import GZIP, NONE, Shard, read_buffer_bytes, sniff_compression
 from harness.tracing import graph_fn
 from harness.errors import HarnessError, NotTFRecordError, TruncatedShardError
 
@@ -75,16 +75,28 @@ def identities(shards: Sequence[Shard], *, listed: Optional[gcs.Listings] = None
     return [listed_identity(objects[s.path]) if s.path in objects else file_identity(s.path) for s in shards]
 
 
-def _size_of(key: str) -> int:
+def size_of(key: str) -> int:
+    """The size in bytes that an identity (`file_identity`) holds."""
     return int(key.rsplit("|", 2)[1])
 
 
-def compressions(keys: Sequence[str], *, index_path: Optional[str] = None) -> list[Optional[str]]:
-    """For each identity in `keys`: the compression ("GZIP" or "") its file was found to have in an earlier run
-    (sniffed from its first bytes, then remembered in its index entry by `record_stats`), or None when not known."""
+def lookup(keys: Sequence[str], *, index_path: Optional[str] = None) -> list[Optional[dict]]:
+    """The record index's entry for each identity in `keys` ({"records", "bytes", "compression", "checked"}), None
+    where it holds none (a file not counted yet)."""
     entries = _load(index_path or os.path.join(cache_dir(), INDEX_NAME))
-    known = [(entries.get(k) or {}).get(COMPRESSION) if isinstance(entries.get(k), dict) else None for k in keys]
-    return [c if c in (GZIP, NONE) else None for c in known]
+    return [e if isinstance(e, dict) else None for e in (entries.get(k) for k in keys)]
+
+
+def compression_of(entry: Optional[dict]) -> Optional[str]:
+    """The compression ("GZIP" or "") an index entry (`lookup`) remembers of its file, found in an earlier run
+    (sniffed from its first bytes or verified by its count, then kept by `record_stats`); None when not known."""
+    c = (entry or {}).get(COMPRESSION)
+    return c if c in (GZIP, NONE) else None
+
+
+def compressions(keys: Sequence[str], *, index_path: Optional[str] = None) -> list[Optional[str]]:
+    """For each identity in `keys`: the compression its index entry remembers (`compression_of`), or None."""
+    return [compression_of(e) for e in lookup(keys, index_path=index_path)]
 
 
 def remember(paths: Sequence[str], stats: Sequence[ShardStats], *, index_path: Optional[str] = None) -> None:
@@ -171,11 +183,18 @@ def _save(path: str, new: dict) -> None:
             os.remove(tmp)
 
 
-def _read_sizes(shards: Sequence[Shard]) -> np.ndarray:
+HEADS_KEPT_BYTES = 64 << 20   # the first records a counting read keeps for the checks (`_read_sizes`): 64 MiB in all
+
+
+def _read_sizes(shards: Sequence[Shard], depths: Sequence[int] = ()) -> tuple[np.ndarray, dict]:
     """`[len(shards), 2]` int64: records and uncompressed record bytes of each shard, read in one tf.data pipeline
     (shards interleaved on TensorFlow's own threads; each record's length taken as it is read, so only lengths are
     batched, 4096 per element: memory does not grow with the records' size; no per-record Python). Batching whole
     records held 4096 of them per shard read at once (issue 62 measured 1.6 GB at the peak for a 1 GB export).
+    With `depths` (per shard, how many of its first records to keep), the same read also keeps them: each record
+    passes with its position and, past the first `depths[i]`, as an empty string, so the batches stay lengths;
+    `{i: (record 0, ...)}` for the shards kept, HEADS_KEPT_BYTES in all (a shard whose records would pass that
+    is kept out: its records are read again where they are needed, `source.ShardSet.heads`).
 
     One pipeline, called from this thread alone: TensorFlow's Python API dispatcher keeps the arguments of the call
     it is checking in storage shared by every thread (`PythonAPIDispatcher::Dispatch`,
@@ -186,25 +205,40 @@ def _read_sizes(shards: Sequence[Shard]) -> np.ndarray:
     Raises:
       tf.errors.DataLossError: from whichever shard failed first (the caller names it).
     """
-    sizes = np.zeros((len(shards), 2), np.int64)
+    sizes, heads = np.zeros((len(shards), 2), np.int64), {}
     if not shards:
-        return sizes
+        return sizes, heads
     parallel = min(8, len(shards))
     buffer = read_buffer_bytes([s.path for s in shards])
 
-    def read(i, path, compression):
+    def read(i, path, compression, depth):
         def size(lengths):   # int32 each; their sum in int64 (4096 records of 2 MB overflow int32)
             return i, tf.size(lengths, out_type=tf.int64), tf.reduce_sum(tf.cast(lengths, tf.int64))
-        return (tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
-                .map(graph_fn(tf.strings.length))   # each record's bytes dropped once its length is taken
-                .batch(_COUNT_BATCH).map(graph_fn(size)))
+
+        def length_and_head(j, record):   # the record itself only among the first `depth`
+            return j, tf.strings.length(record), tf.where(j < depth, record, "")
+
+        def size_and_heads(j, lengths, kept):
+            return (*size(lengths), j[0], kept[:depth])
+
+        ds = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=buffer)
+        if not depths:   # each record's bytes dropped once its length is taken
+            return ds.map(graph_fn(tf.strings.length)).batch(_COUNT_BATCH).map(graph_fn(size))
+        return (ds.enumerate().map(graph_fn(length_and_head)).batch(_COUNT_BATCH)
+                .map(graph_fn(size_and_heads)))
 
     ds = (tf.data.Dataset.from_tensor_slices((np.arange(len(shards), dtype=np.int64), [s.path for s in shards],
-                                              [s.compression for s in shards]))
+                                              [s.compression for s in shards],
+                                              np.asarray(list(depths) or [0] * len(shards), np.int64)))
           .interleave(graph_fn(read), cycle_length=parallel, num_parallel_calls=parallel, deterministic=False))
-    for i, n, nbytes in ds.as_numpy_iterator():
+    held = 0
+    for i, n, nbytes, *first in ds.as_numpy_iterator():
         sizes[i] += (n, nbytes)
-    return sizes
+        if first and first[0] == 0 and len(first[1]):   # the shard's first batch: its first records
+            kept = tuple(first[1])
+            if held + sum(map(len, kept)) <= HEADS_KEPT_BYTES:
+                heads[int(i)], held = kept, held + sum(map(len, kept))
+    return sizes, heads
 
 
 def _checked(shard: Shard, n: int, nbytes: int, size: Optional[int] = None) -> ShardStats:
@@ -234,24 +268,53 @@ def count_shard(shard: Shard) -> ShardStats:
     return count_shards([shard])[0]
 
 
-def count_shards(shards: Sequence[Shard], *, sizes: Optional[Sequence[int]] = None) -> list[ShardStats]:
+@dataclasses.dataclass
+class Found:
+    """What counting reads found besides the counts (`record_stats(found=)`, `source.open_shards`).
+
+    Attributes:
+      deep, depth: the path whose first `depth` records a counting read keeps (the spec's inference reads them);
+        of every other gs:// shard it keeps record 0 (the checks read it). Locally none is kept: a local file's
+        head is read again for microseconds, and counting takes one length per record.
+      heads: {path: (its first records, ...)} kept by the counting reads (`_read_sizes`: HEADS_KEPT_BYTES in all).
+      compressions: {path: compression} of the shards whose counting read refuted the compression given (a guess,
+        `source.open_shards`): sniffed, then counted again with it.
+    """
+
+    deep: str = ""
+    depth: int = 1
+    heads: dict = dataclasses.field(default_factory=dict)
+    compressions: dict = dataclasses.field(default_factory=dict)
+
+
+def count_shards(shards: Sequence[Shard], *, sizes: Optional[Sequence[int]] = None,
+                 found: Optional[Found] = None) -> list[ShardStats]:
     """ShardStats of each shard, in order, read in one pipeline (no cache). When a read fails, the shards are
     read again one by one, so that the error names the first bad shard in order and its last good record.
     `sizes`: each file's bytes, when known (from its identity), so an uncompressed one's framing check stats none.
+    `found` (`Found`): the read also keeps the first records of each gs:// shard, and a shard whose read fails
+    where its first bytes (sniffed then: a request) say the other compression is counted again with that one.
 
     Raises:
-      the errors of count_shard, for the first bad shard.
+      the errors of count_shard, for the first bad shard (with `found`, CompressionMismatchError excepted).
     """
-    try:
-        counted = _read_sizes(shards)
-    except tf.errors.DataLossError as e:
-        if len(shards) == 1:
-            good = records.count_until_error(shards[0].path, shards[0].compression)
-            raise records.data_loss_error(shards[0], good, e) from None
-        for shard in shards:
-            count_shard(shard)
-        raise  # no shard failed alone: not expected; TensorFlow's own error, unnamed
     known = list(sizes) if sizes is not None else [None] * len(shards)
+    depths = [0 if not gcs.is_gcs(s.path) else found.depth if s.path == found.deep else 1
+              for s in shards] if found is not None else []
+    try:
+        counted, heads = _read_sizes(shards, depths if any(depths) else ())
+    except tf.errors.DataLossError as e:
+        if len(shards) > 1:
+            return [st for s, size in zip(shards, known) for st in count_shards([s], sizes=[size], found=found)]
+        shard = shards[0]
+        sniffed = sniff_compression(shard.path) if found is not None else shard.compression
+        if sniffed != shard.compression:
+            found.compressions[shard.path] = sniffed
+            return count_shards([dataclasses.replace(shard, compression=sniffed)], sizes=sizes, found=found)
+        good = records.count_until_error(shard.path, shard.compression)
+        raise records.data_loss_error(shard, good, e) from None
+    if found is not None:
+        found.heads.update((shards[i].path, kept) for i, kept in heads.items())
     return [_checked(s, n, nbytes, size) for s, (n, nbytes), size in zip(shards, counted, known)]
 
 
@@ -271,12 +334,14 @@ class Split:
     gather: Callable[[Sequence[float]], np.ndarray]
 
 
-_FAILED, _PAD = -1.0, -2.0   # a gathered row's records: this worker's count of that shard raised; no shard
+# A gathered row's records: this worker's count of that shard raised; no shard; counted here with another
+# compression than the one given (a guess refuted: every worker counts it itself, finding the compression too).
+_FAILED, _PAD, _RECOUNT = -1.0, -2.0, -3.0
 
 
 def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path: Optional[str] = None,
                  split: Optional[Split] = None, tally: Optional[dict] = None,
-                 keys: Optional[Sequence[str]] = None) -> list[ShardStats]:
+                 keys: Optional[Sequence[str]] = None, found: Optional[Found] = None) -> list[ShardStats]:
     """ShardStats for each shard, in order, from the cached index or by counting (count_shards: one pipeline).
 
     With `split`, each worker reads only its share (the shards `rank::workers`: from its index, else counted) and
@@ -285,7 +350,8 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path:
     worker, with the same named error (each reads that shard again to name it), so no worker waits for a worker
     that stopped. `tally` (a dict), when given, is filled with what was done: {"shards", "counted", "cached",
     "gathered"} (gathered: counted or cached by the other workers). `keys`: the shards' `identities`, when the
-    caller has them (else stat'ed here).
+    caller has them (else stat'ed here). `found` (`Found`): the counting reads keep the first records of the gs://
+    shards they read, and a compression they refute is corrected (`count_shards`; in the index, the corrected one).
 
     Zero-record shards are valid: they are counted and logged, not an error.
 
@@ -299,41 +365,52 @@ def record_stats(shards: Sequence[Shard], *, use_cache: bool = True, index_path:
         list(range(split.rank, len(shards), split.workers))
     todo = [i for i in mine if keys[i] not in cached]
     new, failed = {}, None
+    fixed = found.compressions if found is not None else {}
+
+    def count(indices):   # their index entries, counted (the compression a read found, where it refuted a guess)
+        got = count_shards([shards[i] for i in indices], sizes=[size_of(keys[i]) for i in indices], found=found)
+        new.update((keys[i], {"records": st.records, "bytes": st.bytes,
+                              COMPRESSION: fixed.get(shards[i].path, shards[i].compression)})
+                   for i, st in zip(indices, got))
+
     if todo:
         log.info("counting records of %d shard(s) (cached in %s)", len(todo), index_path)
         try:
-            for i, stats in zip(todo, count_shards([shards[i] for i in todo],
-                                                   sizes=[_size_of(keys[i]) for i in todo])):
-                new[keys[i]] = {"records": stats.records, "bytes": stats.bytes, COMPRESSION: shards[i].compression}
+            count(todo)
         except HarnessError:
             if split is None or split.workers == 1:
                 raise
             for i in todo:   # which one: the others are told, and name it themselves (below)
                 try:
-                    stats = count_shard(shards[i])
+                    count([i])
                 except HarnessError:
                     failed = i
                     break
-                new[keys[i]] = {"records": stats.records, "bytes": stats.bytes, COMPRESSION: shards[i].compression}
     if split is not None and split.workers > 1:
         rows = []
         for i in mine:   # after a failure, the shards not counted are unknown (_PAD), the failed one _FAILED
             got = new.get(keys[i]) or cached.get(keys[i])
             rows += [_FAILED, 0.0] if i == failed else [_PAD, 0.0] if got is None else \
-                [float(got["records"]), float(got["bytes"])]
+                [_RECOUNT, 0.0] if shards[i].path in fixed else [float(got["records"]), float(got["bytes"])]
         width = 2 * -(-len(shards) // split.workers)
         gathered = split.gather(rows + [_PAD] * (width - len(rows)))
-        bad = []
+        bad, recount = [], []
         for w, row in enumerate(gathered):
             for j, i in enumerate(range(w, len(shards), split.workers)):
                 n, nbytes = row[2 * j], row[2 * j + 1]
                 if n == _FAILED:
                     bad.append(i)
-                elif n >= 0 and keys[i] not in new and keys[i] not in cached:
+                elif keys[i] in new or keys[i] in cached:
+                    continue
+                elif n == _RECOUNT:
+                    recount.append(i)
+                elif n >= 0:
                     new[keys[i]] = {"records": int(n), "bytes": int(nbytes), COMPRESSION: shards[i].compression}
         if bad:
-            count_shard(shards[min(bad)])   # the named error of the first bad shard, on every worker
+            count_shards([shards[min(bad)]], found=found)   # the named error of the first bad shard, on every worker
             raise HarnessError(f"{shards[min(bad)].path}: another worker could not count it (see its log)")
+        if recount:
+            count(recount)
     # entries written before compressions were kept (or by `remember`) learn this run's: the next sniffs none
     learnt = {k: {**cached[k], COMPRESSION: s.compression} for k, s in zip(keys, shards)
               if k in cached and k not in new and isinstance(cached[k], dict) and COMPRESSION not in cached[k]

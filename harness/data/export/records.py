@@ -17,20 +17,18 @@ import dataclasses
 import gzip
 import os
 import re
+import struct
 import tempfile
 import zlib
 from typing import Iterator, Optional, Sequence
-
-import numpy as np
 
 import tensorflow as tf
 from google.protobuf import message as pb_message
 from google.protobuf import unknown_fields
 
 from harness.data.export.shards import (GZIP, NONE, RECORD_HEADER_BYTES, Shard, check_compression, is_record_header,
-                                 read_buffer_bytes, sniff_compression)
+                                        read_buffer_bytes, read_head, sniff_compression)
 from harness.choices import DTYPES
-from harness.tracing import graph_fn
 from harness.errors import (CompressionMismatchError, CorruptShardError, HarnessError, NotExampleError,
                             NotTFRecordError, TruncatedShardError)
 
@@ -163,7 +161,10 @@ def has_payload(shard: Shard) -> bool:
 
 
 def read_records(shard: Shard, n: int) -> list[bytes]:
-    """The first `n` serialized records of `shard` (fewer if it holds fewer; [] for a zero-record shard).
+    """The first `n` serialized records of `shard` (fewer if it holds fewer; [] for a zero-record shard), read with
+    its compression in one TensorFlow read (one request on gs:// for records within its 16 MiB buffer): the
+    compression is not sniffed first; a read that fails is traced to its named error (`data_loss_error`, which
+    sniffs it then).
 
     Raises:
       CompressionMismatchError: if the shard's declared compression disagrees with its bytes.
@@ -171,9 +172,9 @@ def read_records(shard: Shard, n: int) -> list[bytes]:
       TruncatedShardError: if the shard ends inside one of the first `n` records.
       CorruptShardError: if a CRC fails, or the GZIP stream is corrupt, in the first `n` records.
     """
-    check_compression(shard)
     out: list[bytes] = []
     if n < 1:
+        check_compression(shard)
         return out  # nothing asked for: nothing to read, and no record missing
     try:
         for r in dataset(shard).take(n):
@@ -181,51 +182,96 @@ def read_records(shard: Shard, n: int) -> list[bytes]:
     except tf.errors.DataLossError as e:
         raise data_loss_error(shard, len(out), e) from None
     if not out and has_payload(shard):
+        check_compression(shard)
         raise NotTFRecordError(f"{shard.path}: not a TFRecord file (it has bytes but no complete record)")
     return out
 
 
 HEAD_READERS = 16            # shards whose first record is read at once (`first_records`)
-HEAD_BUFFER_BYTES = 1 << 18  # a first record's read buffer: 256 KiB, not a whole 4-16 MiB fill per shard
+HEAD_READ_BYTES = 1 << 18    # a file's first read for its record 0: 256 KiB, one request on gs://
+_BAD = object()              # `_first_record`: the framing or the GZIP stream is bad (TensorFlow names it)
+_TOO_LONG = 1 << 31          # a record length no protobuf reaches (2 GiB): a header claiming it is bad
+
+
+def _first_record(shard: Shard):
+    """Record 0 of `shard` from the start of the file: one read of its first HEAD_READ_BYTES (`read_head`: one
+    request on gs://, whatever the count); a record longer than that is read again from the start, as many bytes as
+    it needs: uncompressed exactly, GZIP at most what deflate can take for them (zlib's `deflateBound`: n + n/4096 +
+    n/16384 + 13 bytes, bounded here by n + n/2048 + HEAD_READ_BYTES). So one more request, and about the record's
+    size in memory.
+
+    Returns:
+      the record's bytes; None where the file ends before record 0 is whole (empty, or cut); `_BAD` where the first
+      12 bytes are no record header (or claim 2 GiB or more, beyond a protobuf) or the GZIP stream does not
+      inflate. The record's data CRC is not checked: the shard was read whole through TensorFlow, which checks it,
+      by the counting of this run or of the one that put its identity (path, size, mtime) in the record index.
+    """
+    want = HEAD_READ_BYTES
+    while True:
+        data = read_head(shard.path, want)
+        whole = len(data) < want   # the file ends inside what was read
+        try:
+            if shard.compression == GZIP:
+                inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                head = inflate.decompress(data, RECORD_HEADER_BYTES)
+                length = struct.unpack("<Q", head[:8])[0] if is_record_header(head) else None
+                body = inflate.decompress(inflate.unconsumed_tail, length) if length and length < _TOO_LONG else b""
+                whole = whole or inflate.eof
+            else:
+                head = data[:RECORD_HEADER_BYTES]
+                length = struct.unpack("<Q", head[:8])[0] if is_record_header(head) else None
+                body = data[RECORD_HEADER_BYTES:RECORD_HEADER_BYTES + (length or 0)]
+        except zlib.error:
+            return _BAD
+        if len(head) == RECORD_HEADER_BYTES and (length is None or length >= _TOO_LONG):
+            return _BAD
+        if length is not None and len(body) == length:
+            return body
+        if whole:
+            return None
+        need = RECORD_HEADER_BYTES + (length or 0)
+        bound = need + (need // 2048 + HEAD_READ_BYTES if shard.compression == GZIP else 0)
+        want = bound if length is not None and bound > want else 2 * want
 
 
 def first_records(shards: Sequence[Shard]) -> Iterator[tuple[int, bytes]]:
-    """`(i, serialized record 0 of shards[i])` for every shard that holds a record, in shard order: one tf.data
-    pipeline, HEAD_READERS shards read at once on TensorFlow's threads (deterministic interleave), each through a
-    read buffer of HEAD_BUFFER_BYTES; yielded one at a time, so no more than a few records are held whatever the
-    number of shards. Measured (`python benchmarks/startup.py`, 2 cores): 1000 GZIP shards of 4 records, the spec and
-    label checks of every shard's record 0 in 1.55 s, against 48.5 s with one `read_records` per shard (a dataset
-    built and drained per shard: ~48 ms each).
+    """`(i, serialized record 0 of shards[i])` for every shard whose record 0 is whole, in shard order: each from
+    the start of its file (`_first_record`: one read of HEAD_READ_BYTES, one request on gs://, and one more for a
+    longer record), HEAD_READERS files at once on threads (file reads only, no TensorFlow op: safe from several
+    threads), at most HEAD_READERS records held whatever the number of shards. Measured (`python
+    benchmarks/startup.py --shards 1000 --runs 2`, 2 shared cores, 3 interleaved runs): 1000 local GZIP shards of 4
+    records, every shard's record 0 read and checked in 0.83-1.37 s, against 1.10-2.78 s through one tf.data
+    pipeline (the reader before this one, whose 256 KiB buffer made one request per 256 KiB of a long record) and
+    48.5 s with one `read_records` per shard (a dataset built and drained per shard: ~48 ms each).
 
-    The shards' framing is not checked here (their counting read them whole, `index.count_shards`). One pipeline
-    from one thread (`index._read_sizes` says why).
+    The shards are counted (`index.record_stats`): their framing and CRCs were checked as they were read whole.
 
     Raises:
-      the errors of `read_records`, for the first shard in order whose record 0 cannot be read: the pipeline's
-      DataLossError is traced back shard by shard.
+      the errors of `read_records`, for a shard whose record header or GZIP stream is bad: read again through
+      TensorFlow (`read_records`), from this thread, to name it.
     """
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
     if not shards:
         return
-    paths = [s.path for s in shards]
+    with ThreadPoolExecutor(min(HEAD_READERS, len(shards))) as pool:
+        pending = deque()
+        for i, shard in enumerate(shards):
+            pending.append((i, shard, pool.submit(_first_record, shard)))
+            if len(pending) == HEAD_READERS:
+                yield from _done(*pending.popleft())
+        while pending:
+            yield from _done(*pending.popleft())
 
-    def head(i, path, compression):
-        return (tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=HEAD_BUFFER_BYTES)
-                .take(1).map(graph_fn(lambda r: (i, r))))
 
-    readers = min(HEAD_READERS, len(shards))
-    ds = (tf.data.Dataset.from_tensor_slices((np.arange(len(shards), dtype=np.int64), paths,
-                                              [s.compression for s in shards]))
-          .interleave(graph_fn(head), cycle_length=readers, block_length=1, num_parallel_calls=readers,
-                      deterministic=True))
-    done = -1
-    try:
-        for i, raw in ds.as_numpy_iterator():
-            done = int(i)
-            yield done, raw
-    except tf.errors.DataLossError:
-        for i in range(done + 1, len(shards)):
-            read_records(shards[i], 1)   # raises the named error of the first bad shard
-        raise
+def _done(i: int, shard: Shard, future) -> Iterator[tuple[int, bytes]]:
+    """`first_records`' yield of shard i once its read is done (a bad one named by `read_records`)."""
+    record = future.result()
+    if record is _BAD:
+        record = next(iter(read_records(shard, 1)), None)   # raises the named error
+    if record is not None:
+        yield i, record
 
 
 def _unknown(msg) -> bool:
@@ -308,16 +354,25 @@ def schema_of(ex) -> dict[str, FeatureInfo]:
 
 
 def first_examples(shard: Shard, n: int) -> list[tf.train.Example]:
-    """Decode the first `n` records of a shard (see read_records and decode_example for the errors; also
-    NotExampleError when Examples and SequenceExamples are mixed, naming the first record of the other kind)."""
-    out = [decode_example(r, path=shard.path, index=i) for i, r in enumerate(read_records(shard, n))]
+    """Decode the first `n` records of a shard (see read_records and decode_examples for the errors)."""
+    return decode_examples(read_records(shard, n), shard.path)
+
+
+def decode_examples(raw: Sequence[bytes], path: str) -> list:
+    """`raw`, a file's first records in order, each decoded (`decode_example`).
+
+    Raises:
+      NotExampleError: a record is not an Example, or Examples and SequenceExamples are mixed (naming the first
+        record of the other kind).
+    """
+    out = [decode_example(r, path=path, index=i) for i, r in enumerate(raw)]
     for i, ex in enumerate(out):
         if type(ex) is not type(out[0]):
-            raise NotExampleError(f"{shard.path}: record {i} is a tf.train.{type(ex).__name__}, unlike record 0 "
+            raise NotExampleError(f"{path}: record {i} is a tf.train.{type(ex).__name__}, unlike record 0 "
                                   f"(tf.train.{type(out[0]).__name__}): one export holds one kind of record")
     return out
 
 
 __all__ = ["FeatureInfo", "FLOAT", "INT64", "BYTES", "EMPTY", "dataset", "read_records", "decode_example",
-           "schema_of", "features_of", "first_examples", "first_records", "data_loss_error", "has_payload",
-           "sniff_compression"]
+           "schema_of", "features_of", "first_examples", "decode_examples", "first_records", "data_loss_error",
+           "has_payload", "sniff_compression"]

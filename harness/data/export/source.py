@@ -12,7 +12,7 @@ import dataclasses
 from typing import Iterable, Iterator, Optional, Sequence
 
 from harness.data.export import gcs, index
-from harness.data.export.shards import Mixer, Shard, discover_shards, find_mixer
+from harness.data.export.shards import NONE, Mixer, Shard, discover_shards, find_mixer, sniff_compression
 from harness.errors import TruncatedShardError
 
 # Records of the first shard holding any read at its first look: what the spec inference (8) and the label check
@@ -40,6 +40,8 @@ class ShardSet:
     sources: tuple[str, ...]
     identities: tuple[str, ...] = ()
     _heads: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
+    # {path: (its first records, serialized)} kept by the counting read (gs://: `index.Found`), each taken once
+    _kept: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def counts(self) -> list[tuple[str, int]]:
@@ -54,9 +56,10 @@ class ShardSet:
 
     def first_examples(self, shard: Shard, n: int) -> list:
         """The first `n` records of `shard` as `tf.train.Example`s (fewer if it holds fewer), read once per run
-        (`records.first_examples`: two round trips on gs://, the compression sniff and the read) and shared by
-        the spec inference, `validate_spec` and `check_first_labels`. The first shard holding records is read
-        FIRST_SHARD_RECORDS deep at once; a later ask for more records than were read reads again.
+        and shared by the spec inference, `validate_spec` and `check_first_labels`: those its counting read kept
+        (gs://, `index.Found`: no request), else `records.first_examples` (one read, one request on gs://). The
+        first shard holding records is read FIRST_SHARD_RECORDS deep at once; a later ask for more records than
+        were read reads again.
 
         Raises:
           the errors of `records.first_examples` (bad framing, compression, not an Example), at every ask.
@@ -68,16 +71,22 @@ class ShardSet:
             return have[0][:n]
         first = next((s for s, st in zip(self.shards, self.stats) if st.records > 0), None)
         asked = max(n, FIRST_SHARD_RECORDS) if first is not None and shard.path == first.path else n
-        examples = records.first_examples(shard, asked)
+        kept = self._kept.pop(shard.path, ())
+        held = next((st.records for s, st in zip(self.shards, self.stats) if s.path == shard.path), None)
+        if kept and len(kept) >= min(asked, held if held is not None else asked):
+            examples = records.decode_examples(kept[:asked], shard.path)
+        else:
+            examples = records.first_examples(shard, asked)
         self._heads[shard.path] = (examples, asked)
         return examples[:n]
 
     def heads(self, skip: Sequence[bool] = ()) -> Iterator[tuple[Shard, Optional[object]]]:
         """`(shard, its record 0 as a tf.train.Example or SequenceExample)` for every shard in order, None for a
         zero-record shard (known from the counts: not read): what `validate_spec` and the label check read of
-        each shard. Read in one parallel pass (`records.first_records`), one record held at a time; the first
-        shard holding records from `first_examples` (read once). `skip[i]` true: shard i is neither read nor
-        yielded (its checks passed in an earlier run: `index.passed`).
+        each shard. Those the counting read kept (gs://, `index.Found`) are taken (once) without a read; the others
+        read in one parallel pass (`records.first_records`: one request each on gs://), one record held at a time;
+        the first shard holding records from `first_examples` (read once). `skip[i]` true: shard i is neither
+        read nor yielded (its checks passed in an earlier run: `index.passed`).
 
         Raises:
           the errors of `records.first_records` and `records.decode_example`, naming the shard and record 0.
@@ -86,7 +95,8 @@ class ShardSet:
 
         skip = list(skip) or [False] * len(self.shards)
         first = next((i for i, st in enumerate(self.stats) if st.records > 0), None)
-        rest = [i for i, st in enumerate(self.stats) if st.records > 0 and i != first and not skip[i]]
+        rest = [i for i, st in enumerate(self.stats) if st.records > 0 and i != first and not skip[i]
+                and self.shards[i].path not in self._kept]
         read = records.first_records([self.shards[i] for i in rest])
         for i, (shard, st) in enumerate(zip(self.shards, self.stats)):
             if skip[i]:
@@ -95,6 +105,8 @@ class ShardSet:
                 yield shard, None
             elif i == first:
                 yield shard, self.first_examples(shard, 1)[0]
+            elif shard.path in self._kept:
+                yield shard, records.decode_example(self._kept.pop(shard.path)[0], path=shard.path, index=0)
             else:
                 j, raw = next(read, (None, None))
                 if j is None or rest[j] != i:
@@ -117,9 +129,12 @@ def open_shards(sources: Sequence[str], *, mixer: Optional[str] = None, split: O
     """Discover, order and count the shards of `sources` and find their mixer: once per dataset and run.
 
     Requests to a bucket (gs://), measured on the tests' bed (tests/data/export/test_gcs_listing.py): one listing
-    page per 1000 objects of each folder (no stat per object: sizes and times come from the listing), then, per
-    shard not in the record index under its identity, its first 12 bytes (the compression) and its read to the
-    end (the count); a shard in the index costs no request. The mixer candidates are looked up in the listing.
+    page per 1000 objects of each folder (no stat per object: sizes and times come from the listing); per shard
+    not in the record index under its identity, its read to the end (the count), which also keeps its first
+    records for the checks (`index.Found`: the first shard's FIRST_SHARD_RECORDS, record 0 of the others); its
+    compression is not sniffed but taken from the first such shard of its export (its first 12 bytes: one request
+    per export), and a read that refutes it sniffs that shard and counts it again. A shard in the index costs no
+    request. The mixer candidates are looked up in the listing, the mixer read in one request.
 
     `split`: the job's workers count a share each (`index.record_stats`: every worker must call this at the same
     point); `tally`: filled with what the counting did (`index.record_stats`) and its seconds ("seconds").
@@ -135,14 +150,37 @@ def open_shards(sources: Sequence[str], *, mixer: Optional[str] = None, split: O
 
     def remembered(found):   # identities from the listing (gs://) or a local stat; compressions from the index
         keys.extend(index.identities(found, listed=listed))
-        return index.compressions(keys)
+        return _compressions(found, keys)
 
     shards = discover_shards(list(sources), listed=listed, remembered=remembered)
     if len(keys) != len(shards):   # a discovery that did not ask (a stand-in): identities taken here
         keys[:] = index.identities(shards, listed=listed)
     start = time.perf_counter()
-    stats = index.record_stats(shards, split=split, tally=tally, keys=keys)
+    found = index.Found(deep=shards[0].path, depth=FIRST_SHARD_RECORDS)
+    stats = index.record_stats(shards, split=split, tally=tally, keys=keys, found=found)
     if tally is not None:
         tally["seconds"] = time.perf_counter() - start
+    shards = [dataclasses.replace(s, compression=found.compressions.get(s.path, s.compression)) for s in shards]
     return ShardSet(shards=tuple(shards), stats=tuple(stats), mixer=find_mixer(shards, mixer, listed=listed),
-                    sources=tuple(sources), identities=tuple(keys))
+                    sources=tuple(sources), identities=tuple(keys), _kept=found.heads)
+
+
+def _compressions(shards: Sequence[Shard], keys: Sequence[str]) -> list[Optional[str]]:
+    """Each shard's compression as discovery takes it (None: sniffed from its first bytes, a request each on
+    gs://): the one the record index remembers under its identity; for a gs:// object the index does not hold
+    (to be counted), "" when it is empty, else the sniffed compression of the first such object of its export
+    (prefix), which the counting read verifies (`index.Found`: a refuted guess costs that shard a sniff and a
+    second read)."""
+    guesses: dict = {}
+    out = []
+    for shard, key, entry in zip(shards, keys, index.lookup(keys)):
+        known = index.compression_of(entry)
+        if known is None and entry is None and gcs.is_gcs(shard.path):
+            if index.size_of(key) == 0:
+                known = NONE
+            else:
+                if shard.prefix not in guesses:
+                    guesses[shard.prefix] = sniff_compression(shard.path)
+                known = guesses[shard.prefix]
+        out.append(known)
+    return out

@@ -65,30 +65,32 @@ def _per_object(requests, url) -> collections.Counter:
     return out
 
 
-def test_a_first_run_costs_three_requests_a_shard_and_a_second_run_a_constant(gcs, folder, tmp_path):
-    """12 GZIP shards on gs://. The first run makes 3 x 12 + 3 = 39 requests:
+def test_a_first_run_costs_one_request_a_shard_and_a_second_run_a_constant(gcs, folder, tmp_path):
+    """12 GZIP shards on gs://. The first run makes 12 + 3 = 15 requests:
       1  the bucket probe (`gcs.check`: GET storage/v1/b/bucket, once a process);
       1  the listing of the folder (`gcs.list_objects`: sizes and `updated` times of every object; no stat, no
          folder test per object, the mixer candidates looked up in it);
-      per shard 3: its first 12 bytes (the compression), its read to the end (the count, `index.record_stats`),
-         its first record (the checks, `validate_shards`: read with the others in one pass);
-      the first shard 1 more: the spec inferred from its first 16 records reads it once more, after its own
-         compression check (`records.read_records`: 2 requests, where the pass over the heads skips it: 3 + 1).
-    Before issue 62's listing (`tf.io.gfile`): 4 x 12 + 8 = 56 (a stat per shard for its identity, another for
-    the listing's folder test, two of each mixer candidate).
-    The second run makes 4, whatever the number of shards: the probe, the listing, and the first shard's 2 for
-    the spec; every count, compression and check of a shard comes from the record index under its identity.
-    Before: 2 x 12 + 9 = 33 (the sniff and the stat of every shard again).
-    An object rewritten (another `updated` and generation) is another identity: its 3 requests again, its count
-    new. Every identity from the listing equals TensorFlow's `tf.io.gfile.stat` one (`index.file_identity`)."""
+      1  the first 12 bytes of the first shard: the export's compression, taken for every shard not in the record
+         index (`source._compressions`), which each shard's count verifies;
+      per shard 1: its read to the end (the count, `index.record_stats`), which keeps its first records
+         (`index.Found`: 16 of the first shard for the spec, record 0 of the others for the checks), so neither
+         the spec's inference nor `validate_shards` asks for any.
+    Before: 3 x 12 + 3 = 39 (a sniff, the count, a first-record read per shard; the first shard's spec read 2
+    more: its own sniff, then the read), and before issue 62's listing 4 x 12 + 8 = 56.
+    The second run makes 3, whatever the number of shards: the probe, the listing, and the first shard's 16
+    records for the spec (one read, its compression from the index: no sniff); every count, compression and check
+    of a shard comes from the record index under its identity. Before: 4; before the listing 2 x 12 + 9 = 33.
+    An object rewritten (another `updated` and generation) is another identity: 2 requests more than a second
+    run (its sniff, the guess of its export's compression, then its count), its count and compression new.
+    Every identity from the listing equals TensorFlow's `tf.io.gfile.stat` one (`index.file_identity`)."""
     local = _export(tmp_path, "export")
     url = f"{folder}/export"
     gcs.upload_tree(str(local), url)
     names = [f"points-{i:05d}.tfrecord.gz" for i in range(N)]
 
     first, got = _run(gcs, url)
-    assert len(got) == 3 * N + 3, "\n".join(got)
-    assert _per_object(got, url) == {**{n: 3 for n in names}, names[0]: 4}, "\n".join(got)
+    assert len(got) == N + 3, "\n".join(got)
+    assert _per_object(got, url) == {**{n: 1 for n in names}, names[0]: 2}, "\n".join(got)
     assert [r.split()[2].split("?")[0] for r in got if r.startswith("GET www.googleapis.com")] == \
         ["/storage/v1/b/bucket", "/storage/v1/b/bucket/o"]                     # the probe, one listing
     assert first.counts == [(f"{url}/{n}", 4) for n in names]
@@ -96,13 +98,13 @@ def test_a_first_run_costs_three_requests_a_shard_and_a_second_run_a_constant(gc
     assert [kept[k]["compression"] for k in first.identities] == ["GZIP"] * N
 
     second, got = _run(gcs, url)
-    assert len(got) == 4 and _per_object(got, url) == {names[0]: 2}, "\n".join(got)
+    assert len(got) == 3 and _per_object(got, url) == {names[0]: 1}, "\n".join(got)
     assert second.identities == first.identities and second.counts == first.counts
 
     replacement = _export(tmp_path, "other", shards=2, seed=5, compressed=False)   # 4 records, uncompressed
     gcs.put(f"{url}/{names[5]}", (replacement / "points-00001.tfrecord").read_bytes())
     third, got = _run(gcs, url)
-    assert len(got) == 4 + 3 and _per_object(got, url) == {names[0]: 2, names[5]: 3}, "\n".join(got)
+    assert len(got) == 3 + 2 and _per_object(got, url) == {names[0]: 1, names[5]: 2}, "\n".join(got)
     assert third.identities[5] != first.identities[5] and third.identities[:5] == first.identities[:5]
     assert third.shards[5].compression == "" and third.counts[5] == (f"{url}/{names[5]}", 4)
 
@@ -113,8 +115,9 @@ def test_a_first_run_costs_three_requests_a_shard_and_a_second_run_a_constant(gc
 
 def test_a_glob_and_a_file_named_alone_are_listed_the_mixer_looked_up_in_the_listing(gcs, folder, tmp_path):
     """A glob is one listing of every object under its part before the wildcard (the mixer beside the shards
-    included: no request for it but its read, TensorFlow's stat and read of the file); a file named alone is one
-    object lookup; what they find is what TensorFlow's glob and stat find."""
+    included: no request for it but its read, one request: `shards.read_whole`, where TensorFlow's GFile made two,
+    a stat and the read); a file named alone is one object lookup; what they find is what TensorFlow's glob and
+    stat find."""
     local = tmp_path / "scene"
     synth.write_image_export(str(local), prefix="scene", shards=3, records=6, bands=["B1"], label=None,
                              patch_size=4, seed=3)
@@ -133,7 +136,7 @@ def test_a_glob_and_a_file_named_alone_are_listed_the_mixer_looked_up_in_the_lis
     assert mixer is not None and mixer.total_patches == 6
     listing = [r for r in got if r.startswith("GET www.googleapis.com /storage/v1/b/bucket/o?")]
     assert len(listing) == 1 and "delimiter" not in listing[0], got
-    assert _per_object(got, url) == {**{s.path.rsplit("/", 1)[1]: 1 for s in found}, "scene-mixer.json": 2}, got
+    assert _per_object(got, url) == {**{s.path.rsplit("/", 1)[1]: 1 for s in found}, "scene-mixer.json": 1}, got
     assert index.identities(found, listed=listed) == [index.file_identity(s.path) for s in found]
 
     before = len(gcs.requests())
@@ -223,3 +226,58 @@ def test_a_second_run_sniffs_no_shard_whose_identity_the_index_holds(tmp_path, m
     third = open_shards([str(local)])
     assert sniffed == [str(local / "points-00002.tfrecord.gz")] and third.shards[2].compression == ""
     assert [s.compression for s in third.shards] == ["GZIP", "GZIP", "", "GZIP"]
+
+
+def test_first_records_not_kept_by_the_count_cost_one_request_each_and_a_long_one_two(gcs, folder, tmp_path,
+                                                                                      monkeypatch):
+    """Where the counting read keeps no first record (its HEADS_KEPT_BYTES passed: 0 here; or the count came from
+    the index), the checks read each shard's record 0 from one read of its head (`records.first_records`: 256 KiB,
+    one request) and the spec the first shard's 16 records (one request): a first run of 12 shards then makes
+    12 + 3 + 12 = 27. A record 0 longer than the head read (300 KB here, uncompressed or GZIP of random bytes)
+    costs one request more, where TensorFlow's 256 KiB buffer made one per 256 KiB; the records are TensorFlow's."""
+    import numpy as np
+    import tensorflow as tf
+
+    from harness.data.export import records
+
+    local = _export(tmp_path, "export")
+    url = f"{folder}/export"
+    gcs.upload_tree(str(local), url)
+    monkeypatch.setattr(index, "HEADS_KEPT_BYTES", 0)
+    first, got = _run(gcs, url)
+    assert len(got) == 2 * N + 3 and _per_object(got, url) == {**{n.rsplit("/", 1)[1]: 2 for n, _ in first.counts},
+                                                               first.shards[0].path.rsplit("/", 1)[1]: 3}, got
+
+    rng = np.random.default_rng(7)
+    long, short = rng.bytes(300_000), rng.bytes(1000)
+    shards = []
+    for gz in (False, True):
+        for name, head in (("long", long), ("short", short)):
+            path = tmp_path / f"{name}{int(gz)}.tfrecord"
+            with tf.io.TFRecordWriter(str(path), "GZIP" if gz else "") as w:
+                for r in (head, short, long):
+                    w.write(r)
+            shards.append(shards_lib.Shard(f"{folder}/{path.name}", "", None, "GZIP" if gz else ""))
+            gcs.put(shards[-1].path, path.read_bytes())
+    before = len(gcs.requests())
+    assert list(records.first_records(shards)) == [(0, long), (1, short), (2, long), (3, short)]
+    assert _per_object(gcs.requests()[before:], folder) == {"long0.tfrecord": 2, "short0.tfrecord": 1,
+                                                            "long1.tfrecord": 2, "short1.tfrecord": 1}
+
+
+def test_an_export_compressed_otherwise_than_its_first_shard_is_counted_right(gcs, folder, tmp_path):
+    """Shard 3 of a GZIP export uncompressed (under its .gz name): the export's compression, taken from shard 0's
+    first bytes, is refuted by shard 3's count read, which sniffs it and counts it again (requests beyond the N + 3:
+    the shards the failed pipeline had read, read again one by one, and shard 3's sniff); its compression is found
+    and kept in the index, so the second run makes 3 requests as for any export."""
+    local = _export(tmp_path, "export")
+    other = _export(tmp_path, "other", shards=2, seed=5, compressed=False)
+    os.replace(other / "points-00001.tfrecord", local / "points-00003.tfrecord.gz")
+    url = f"{folder}/export"
+    gcs.upload_tree(str(local), url)
+    first, got = _run(gcs, url)
+    assert [s.compression for s in first.shards] == ["GZIP"] * 3 + [""] + ["GZIP"] * (N - 4)
+    assert first.counts == [(f"{url}/points-{i:05d}.tfrecord.gz", 4) for i in range(N)]
+    assert N + 3 < len(got) <= 2 * N + 6, "\n".join(got)
+    second, got = _run(gcs, url)
+    assert len(got) == 3 and second.shards == first.shards, "\n".join(got)

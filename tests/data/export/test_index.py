@@ -135,3 +135,39 @@ def test_split_counting_gathers_each_workers_share_and_a_bad_shard_fails_every_w
     with pytest.raises(CorruptShardError, match=rf"t-0000{bad}\.tfrecord\.gz"):
         index.record_stats(found, index_path=path, split=index.Split(1, 2, gather), tally=tally)
     assert gathered == [mine]
+
+
+def test_a_refuted_compression_is_sniffed_counted_again_and_told_to_the_other_workers(tmp_path):
+    """With `found` (`index.Found`, as `source.open_shards` counts), a shard whose given compression (a guess on
+    gs://: the first shard's, `source._compressions`) fails its count read is sniffed and counted again: its stats,
+    and the compression found in the index and in `found.compressions`. Without `found`, the mismatch is named as
+    before. Split across 2 workers, the worker that refuted it says so in its gathered row (`_RECOUNT`) and every
+    other worker counts that shard itself."""
+    import dataclasses
+
+    import numpy as np
+
+    from harness.errors import CompressionMismatchError
+
+    found = _four_shards(tmp_path)   # GZIP, given here as uncompressed for shards 0 and 3
+    good = [index.count_shard(s) for s in found]
+    wrong = [dataclasses.replace(s, compression="") if i in (0, 3) else s for i, s in enumerate(found)]
+    with pytest.raises(CompressionMismatchError, match="t-00000"):
+        index.record_stats(wrong, use_cache=False)
+    told, path = index.Found(), str(tmp_path / "one.json")
+    assert index.record_stats(wrong, index_path=path, found=told) == good
+    assert told.compressions == {found[0].path: "GZIP", found[3].path: "GZIP"}
+    assert [e["compression"] for e in index.lookup(index.identities(found), index_path=path)] == ["GZIP"] * 4
+
+    rank0 = [index._RECOUNT, 0.0, good[2].records, good[2].bytes]   # rank 0 refuted shard 0's, counted shard 2
+    sent = []
+
+    def gather(values):
+        sent.append(list(values))
+        return np.array([rank0, values], np.float64)
+
+    told, path = index.Found(), str(tmp_path / "two.json")
+    assert index.record_stats(wrong, index_path=path, split=index.Split(1, 2, gather), found=told) == good
+    assert sent == [[good[1].records, good[1].bytes, index._RECOUNT, 0.0]]   # shard 3 refuted here
+    assert told.compressions == {found[3].path: "GZIP", found[0].path: "GZIP"}
+    assert [e["compression"] for e in index.lookup(index.identities(found), index_path=path)] == ["GZIP"] * 4

@@ -18,45 +18,25 @@ Ctrl-C is taken out of it (`settle`, from `harness.cli`): the operators do not r
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Optional
 
 from harness.errors import AttemptsExhaustedError, ClusterFault, PreemptedError
+from harness.train.lifecycle import beside_backup
 
 FILE = "attempts.json"
 UNSAID = "none recorded: a process ended by a signal (137: the OOM killer, an eviction) or by the step watchdog (138)"
 
 
 def _path(backup) -> Optional[str]:
-    folder = getattr(backup, "chief_dir", None)
-    return os.path.join(folder, FILE) if folder else None
+    return beside_backup.path(backup, FILE)
 
 
-def _read(path: str) -> Optional[dict]:
-    import tensorflow as tf
-
-    try:
-        if tf.io.gfile.exists(path):
-            with tf.io.gfile.GFile(path) as f:
-                found = json.load(f)
-            if isinstance(found, dict) and isinstance(found.get("step"), int) and isinstance(found.get("attempt"), int):
-                return found
-    except (OSError, ValueError, tf.errors.OpError):
-        return None
-    return None
+def _read(path: Optional[str]) -> Optional[dict]:
+    found = beside_backup.read(path)
+    return found if found and isinstance(found.get("step"), int) and isinstance(found.get("attempt"), int) else None
 
 
-def _write(path: str, record: dict) -> None:
-    import tensorflow as tf
-
-    try:
-        tf.io.gfile.makedirs(os.path.dirname(path))
-        with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-            json.dump(record, f)
-        tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-    except (OSError, tf.errors.OpError):
-        pass
+_write = beside_backup.write
 
 
 @dataclasses.dataclass
@@ -133,13 +113,5 @@ def settle(error: BaseException) -> None:
 
 def clear(backup, context) -> None:
     """Forget the count (the chief, once a run ends well)."""
-    import tensorflow as tf
-
     _current[0] = None
-    path = _path(backup)
-    if context.is_chief and path:
-        try:
-            if tf.io.gfile.exists(path):
-                tf.io.gfile.remove(path)
-        except (OSError, tf.errors.OpError):
-            pass
+    beside_backup.remove(_path(backup), context)

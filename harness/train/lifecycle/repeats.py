@@ -11,11 +11,10 @@ own text is permanent at once.
 """
 from __future__ import annotations
 
-import json
-import os
 from typing import Optional
 
 from harness.errors import PeerLostError, RepeatedFaultError
+from harness.train.lifecycle import beside_backup
 
 FILE = "fault.json"
 # Steps apart that count as the same: a worker ends a step's all-reduce or draws the next batch while its peer's
@@ -28,24 +27,14 @@ REMEDY = ("a tensor of the model sent in one collective message passes protobuf'
 
 
 def _path(backup) -> Optional[str]:
-    folder = getattr(backup, "chief_dir", None)
-    return os.path.join(folder, FILE) if folder else None
+    return beside_backup.path(backup, FILE)
 
 
 def previous(backup) -> Optional[dict]:
     """The fault the last attempt recorded beside this run's backup (`{"step", "cause"}`), or None. Read before
     training: a run compares a new fault with its predecessor's, never with its own."""
-    import tensorflow as tf
-
-    path = _path(backup)
-    try:
-        if path and tf.io.gfile.exists(path):
-            with tf.io.gfile.GFile(path) as f:
-                found = json.load(f)
-            return found if isinstance(found, dict) and isinstance(found.get("step"), int) else None
-    except (OSError, ValueError, tf.errors.OpError):
-        return None
-    return None
+    found = beside_backup.read(_path(backup))
+    return found if found and isinstance(found.get("step"), int) else None
 
 
 def completed_step(optimizer, reported: int) -> int:
@@ -64,14 +53,8 @@ def judge(lost: PeerLostError, error: BaseException, step: int, before: Optional
     the same step (within SAME_STEP), which this attempt (resumed at `initial_step`) reached again; else `lost`. The step is the last
     one the controller saw complete (a K-step call's end). The chief records this fault for the next attempt."""
     text = str(error)
-    if context.is_chief and _path(backup):
-        import tensorflow as tf
-        try:
-            tf.io.gfile.makedirs(os.path.dirname(_path(backup)))
-            with tf.io.gfile.GFile(_path(backup), "w") as f:
-                json.dump({"step": step, "cause": str(lost)}, f)
-        except (OSError, tf.errors.OpError):
-            pass
+    if context.is_chief:
+        beside_backup.write(_path(backup), {"step": step, "cause": str(lost)})
     if PROTOBUF_LIMIT in text:
         return RepeatedFaultError(f"{lost}; not a lost peer, and a retry fails the same way: {REMEDY}")
     if before is not None and abs(before["step"] - step) <= SAME_STEP and step >= initial_step:
@@ -86,12 +69,4 @@ def judge(lost: PeerLostError, error: BaseException, step: int, before: Optional
 
 def clear(backup, context) -> None:
     """Forget the last attempt's fault (the chief, once a run ends well)."""
-    import tensorflow as tf
-
-    path = _path(backup)
-    if context.is_chief and path:
-        try:
-            if tf.io.gfile.exists(path):
-                tf.io.gfile.remove(path)
-        except (OSError, tf.errors.OpError):
-            pass
+    beside_backup.remove(_path(backup), context)

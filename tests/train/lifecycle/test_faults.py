@@ -9,7 +9,7 @@ import tensorflow as tf
 from harness.distribute import environment
 from harness.distribute.context import Backend, WorkerContext
 from harness.errors import PeerLostError, RepeatedFaultError, StorageError
-from harness.train.lifecycle import faults, peers
+from harness.train.lifecycle import faults, peers, repeats
 
 # TensorFlow's Cloud Storage file system after its retries (tsl/platform/retrying_utils.cc), as an AbortedError: a type
 # a lost peer's errors share
@@ -65,6 +65,11 @@ def test_storage_first_then_a_lost_peer_then_a_repeat_else_as_it_is(tmp_path):
     again = _translate(tf.errors.UnavailableError(None, None, RESET), cluster, context, backup,
                        last_fault=recorded, initial_step=32)
     assert isinstance(again, RepeatedFaultError) and "the same fault after step 41" in str(again), again
+    assert repeats.previous(backup) == recorded and not list(tmp_path.glob("*.tmp"))   # written whole
+    repeats.clear(backup, _two_workers(me=1)[1])   # not the chief: it keeps the record
+    assert repeats.previous(backup) == recorded
+    repeats.clear(backup, context)
+    assert repeats.previous(backup) is None and not (tmp_path / "fault.json").exists()
     # anything else (the user's code, a bug) is raised as it is
     assert _translate(ValueError("unavailable"), cluster, context, backup) is None
     assert _translate(tf.errors.InvalidArgumentError(None, None, "bad shape"), cluster, context, backup) is None

@@ -129,10 +129,10 @@ def test_bench_scale_with_measured_runs_prints_the_calibration_and_the_forecast_
     assert abs(float(row["64"][1].replace(",", "")) / rates[64] - 1) < 0.01     # the truth, forecast from 8 and 16
 
 
-def test_the_docs_calibration_line_runs_as_printed_and_prints_the_forecast_shown(tmp_path, monkeypatch, capsys):
-    """docs/scaling.md's `harness bench scale ... --measured ...` line (continued over `\\`), run as printed in a
-    folder of the test's with a one-replica report of the step the page names (872 img/s at batch 64): every line
-    of the forecast the page shows is in what it prints."""
+def _docs_scale_block(tmp_path, monkeypatch, capsys, found) -> tuple[list, list]:
+    """The first docs/scaling.md `harness bench scale` line (continued over `\\`) whose first 3 lines satisfy
+    `found(text)`, run as printed in a folder of the test's with a one-replica report of the step the page names
+    (872 img/s at batch 64). Returns (the lines the page shows after it, the lines it printed)."""
     import shlex
 
     from scale_support import write_report
@@ -140,8 +140,8 @@ def test_the_docs_calibration_line_runs_as_printed_and_prints_the_forecast_shown
     from harness import cli
 
     page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text().splitlines()
-    start = next(i for i, ln in enumerate(page) if ln.startswith("harness bench scale") and "--measured" in
-                 " ".join(page[i:i + 3]))
+    start = next(i for i, ln in enumerate(page) if ln.startswith("harness bench scale") and
+                 found(" ".join(page[i:i + 3])))
     line = page[start]
     while line.endswith("\\"):
         start += 1
@@ -152,9 +152,15 @@ def test_the_docs_calibration_line_runs_as_printed_and_prints_the_forecast_shown
     write_report(tmp_path / "runs" / "bench" / "one" / "report.json", step_times=(64 / 872,) * 4, batch=64)
     monkeypatch.chdir(tmp_path)
     argv = shlex.split(line)
-    assert argv[:3] == ["harness", "bench", "scale"]
+    assert argv[:3] == ["harness", "bench", "scale"] and "--measured" in argv
     assert cli.main(argv[1:]) == 0
-    out = capsys.readouterr().out.splitlines()
+    return shown, capsys.readouterr().out.splitlines()
+
+
+def test_the_docs_calibration_line_runs_as_printed_and_prints_the_forecast_shown(tmp_path, monkeypatch, capsys):
+    """docs/scaling.md's `harness bench scale ... --measured ...` line, run as printed: every line of the forecast
+    the page shows is in what it prints."""
+    shown, out = _docs_scale_block(tmp_path, monkeypatch, capsys, lambda text: "--measured" in text)
     assert len(shown) == 6 and [ln for ln in shown if ln not in out] == []
 
 
@@ -279,28 +285,8 @@ def test_one_node_faster_than_the_model_fits_the_overlap_and_an_impossible_run_s
 
 
 def test_the_docs_one_node_calibration_runs_as_printed(tmp_path, monkeypatch, capsys):
-    """docs/scaling.md's one-node `--measured 8=...` line, run as printed (a one-replica report of 872 img/s at
-    batch 64): every line the page shows is in what it prints (issue 67)."""
-    import shlex
-
-    from scale_support import write_report
-
-    from harness import cli
-
-    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text().splitlines()
-    start = next(i for i, ln in enumerate(page) if ln.startswith("harness bench scale") and "--measured 8=" in
-                 " ".join(page[i:i + 3]) and "--measured 16=" not in " ".join(page[i:i + 3]))
-    line = page[start]
-    while line.endswith("\\"):
-        start += 1
-        line = line[:-1] + " " + page[start].strip()
-    shown_at = page.index("```", page.index("```", start) + 1) + 1
-    shown = page[shown_at:page.index("```", shown_at)]
-    (tmp_path / "runs" / "bench" / "one").mkdir(parents=True)
-    write_report(tmp_path / "runs" / "bench" / "one" / "report.json", step_times=(64 / 872,) * 4, batch=64)
-    monkeypatch.chdir(tmp_path)
-    argv = shlex.split(line)
-    assert argv[:3] == ["harness", "bench", "scale"] and "--measured" in argv
-    assert cli.main(argv[1:]) == 0
-    out = capsys.readouterr().out.splitlines()
+    """docs/scaling.md's one-node `--measured 8=...` line, run as printed: every line the page shows is in what it
+    prints (issue 67)."""
+    shown, out = _docs_scale_block(tmp_path, monkeypatch, capsys,
+                                   lambda text: "--measured 8=" in text and "--measured 16=" not in text)
     assert len(shown) == 6 and [ln for ln in shown if ln not in out] == []

@@ -1,10 +1,8 @@
 """harness/train/model/loadable.py: a user's model saved and loaded again before the first step, in Keras 3 and in
 tf-keras (the model files of tests/train/model/user_models/): those that load again pass; an unregistered layer, a
 subclassed model without get_config, a Lambda and a get_config that leaves out an argument are each refused with
-one line naming the class and the fix; `harness train` refuses one before its first step (exit 2, nothing written);
-the built-in models load again. The check builds no strategy and trains nothing: all of it runs in this process."""
-import contextlib
-import io
+one line naming the class and the fix (`harness train` refusing the Lambda model before its first step: test_user.py's
+`test_train_refuses_them_before_its_first_step`); the built-in models load again. The check builds no strategy and trains nothing: all of it runs in this process."""
 import pathlib
 import re
 from types import MappingProxyType
@@ -121,25 +119,6 @@ def test_the_saved_copy_records_the_model_file_and_its_text(tmp_path):
     assert code.given == f"{FILES['keras3']}:registered_layer" and code.path == str(FILES["keras3"])
     assert code.module == "harness_user_keras3_models" and code.function == "registered_layer"
     assert code.source == FILES["keras3"].read_text() and code.sha256 == builder.code.sha256
-
-
-def test_train_refuses_an_unloadable_model_before_its_first_step(tmp_path):
-    """`harness train` in this process: the model is built, then refused before any step: exit 2, one line, no
-    epoch line, no model.keras."""
-    from harness import cli
-    from harness.data.export import synth
-
-    synth.write_table_export(str(tmp_path / "data"), prefix="points", shards=1, records=16, classes=3, seed=1)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(["train", "--data", str(tmp_path / "data"), "--label", "class", "--epochs", "1",
-                         "--global-batch-size", "8", "--strategy", "single",
-                         "--model", f"{FILES['keras3']}:lambda_layer", "--output", str(tmp_path / "run")])
-    lines = err.getvalue().strip().splitlines()
-    assert code == 2, err.getvalue()[-3000:]
-    assert lines[-1].startswith(f"harness train: ModelError: model {FILES['keras3']}:lambda_layer: Lambda layer "
-                                "'halve' holds a Python lambda"), lines
-    assert "epoch 1/1" not in out.getvalue() and not (tmp_path / "run" / "model.keras").exists()
 
 
 def test_the_cost_script_prints_its_figures():

@@ -471,6 +471,7 @@ def test_a_models_own_train_step_and_a_compiled_model_are_refused_by_name(kind):
     ("three_bands", "takes input [batch, 3]; the export delivers [batch, 4] (4 bands: B2, B3, B4, B8)"),
     ("compiled", "was compiled with optimizer SGD in the model function"),
     ("own_train_step", "OwnStep defines train_step(), which the harness never calls"),
+    ("lambda_layer", ": Lambda layer 'halve' holds a Python lambda"),   # unloadable (train/model/loadable.py)
 ])
 def test_train_refuses_them_before_its_first_step(tmp_path, function, message):
     """`harness train` in this process, as the command line runs it: exit 2, one line, no step, nothing saved."""

@@ -435,7 +435,7 @@ def test_a_model_input_other_than_the_exports_bands_is_one_line_naming_both(kind
 
     class Fixed(k.Model):   # no declared input: the forward pass fails, named with the delivered input
         def call(self, x):
-            return k.layers.Reshape((3,))(x)
+            return k.layers.Reshape((3,), name="reshape")(x)   # named: an automatic name counts the process's layers
 
     with pytest.raises(ModelError) as e:
         check_model(Fixed(), inputs, origin="m.py:fixed")

@@ -15,13 +15,13 @@ LINE = scale.Setup(gradient_bytes=100e6, tensors=100, gpus_per_node=8, node=scal
                    net=scale.parse_link("25Gbit/s"), backend="horovod")
 
 
-def _cluster_bench():
-    """benchmarks/cluster.py as a module (benchmarks/ is not a package)."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "cluster.py"
-    spec = importlib.util.spec_from_file_location("cluster_bench", path)
-    cluster = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cluster)
-    return cluster
+def _bench(script: str):
+    """benchmarks/SCRIPT.py as a module (benchmarks/ is not a package)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / f"{script}.py"
+    spec = importlib.util.spec_from_file_location(f"{script}_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _runs(truth: scale.Setup, ns, spread=0.0):
@@ -171,7 +171,7 @@ def test_the_bed_calibrated_on_two_hosts_predicts_three_and_four(tmp_path, backe
     2-host row alone recovers the 40% and the 3- and 4-host efficiencies follow."""
     import json
 
-    cluster = _cluster_bench()
+    cluster = _bench("cluster")
 
     def sweep(name, link):
         (tmp_path / name).write_text(json.dumps({"fit": {"alpha_s": link.alpha_s,
@@ -205,7 +205,7 @@ def test_a_bed_row_off_target_says_whether_the_beds_noise_covers_it():
     the median 50%, moved by the larger of 7% of it (a half range of 3.5 points) and 10% (half the drift):
     45-55%; 46.5-53.5% without the drift. A prediction of
     60% (58-62%) lies 3 points beyond it, one of 56% (54-58%) meets it."""
-    cluster = _cluster_bench()
+    cluster = _bench("cluster")
     measured = cluster.row_efficiency({"drift": 0.2}, [0.45, 0.5, 0.52])
     assert measured == pytest.approx((0.5, 0.45, 0.55))
     assert cluster.row_efficiency({"drift": 0.0}, [0.45, 0.5, 0.52]) == pytest.approx((0.5, 0.465, 0.535))
@@ -220,21 +220,12 @@ def test_a_bed_row_off_target_says_whether_the_beds_noise_covers_it():
 def test_a_bed_row_says_how_much_link_time_it_hid():
     """cluster.py's hidden_why, hand-computed from the 4-host tf row at 100 Mbit/s of 2026-12-06: step 108.7 ms
     against a 72.0 ms loopback step, all-reduce of the gradient 59.4 ms against 9.3 ms: 13.4 ms hidden."""
-    cluster = _cluster_bench()
+    cluster = _bench("cluster")
     base, row = {"step_s": 0.072, "allreduce_s": 0.0093}, {"step_s": 0.1087, "allreduce_s": 0.0594, "workers": 4}
     assert cluster.hidden_why(base, row, 2) == (
         "the row's step is 36.7 ms over loopback's, its all-reduce of the gradient 50.1 ms over loopback's: 13.4 ms "
         "of link time hidden (4 processes on 2 cores: one waiting on the link leaves its core to another)")
     assert cluster.hidden_why(base, dict(row, workers=2), 2).endswith(": 13.4 ms of link time hidden")
-
-
-def _published_bench():
-    """benchmarks/published_scaling.py as a module (benchmarks/ is not a package)."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "published_scaling.py"
-    spec = importlib.util.spec_from_file_location("published_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
 
 
 @pytest.mark.parametrize("point, node_rate, at8, at16", [
@@ -246,7 +237,7 @@ def test_one_node_alone_reproduces_its_run_and_the_forecast_does_not_rise(point,
     does: the run is reproduced within its spread, its loss beyond the node's link is a fixed cost, the forecast
     does not rise across N, and the interval from one node to two is the model's error (±2 x 2 points) and the
     spread, with what the node leaves open printed beside it."""
-    bench = _published_bench()
+    bench = _bench("published_scaling")
     row = next(r for r in bench.csv.DictReader(open(bench.CSV, newline="")) if r["point"] == point)
     m, s = bench._setup(row)
     runs = [calibrate.Run(8, node_rate, 0.02)]
